@@ -1,0 +1,119 @@
+// THE matrix engine: one GEMM for every operator of the library (MoE and GDN, forward and backward).
+//
+//   C[M,N] (=|+=) epilogue( A[M,K] x B[K,N] )     fp32 accumulation
+//
+// Two ways to give B:
+//   * PackedB: weights packed once by prepack() (from [K,N] or torch-Linear [N,K] storage) into the
+//     layout of the micro-kernel chosen at pack time, reused across calls (MoE experts).
+//   * MatView: any strided matrix (activations, e.g. GDN's K.K^T, Q.K^T, K^T.V per chunk), packed on
+//     the fly. A transposed operand is the same memory with rows/cols and strides swapped, which is
+//     how the backward passes get A^T x B.
+// Calls made inside a parallel region run on the calling thread only (GDN parallelises over
+// (sequence, head) and calls small GEMMs per chunk); calls made outside one use all threads.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "ot/cpu.h"
+#include "ot/tensor.h"
+
+namespace ot::gemm {
+
+// A strided matrix: element (i, j) at data + i*rs + j*cs (elements).
+struct MatView {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+  int64_t rows = 0, cols = 0;
+  int64_t rs = 0, cs = 1;
+  MatView t() const { return {data, dtype, cols, rows, cs, rs}; }  // transpose, no copy
+  static MatView of(const TensorView& v2d);  // 2-D view
+};
+struct MutMatView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int64_t rows = 0, cols = 0;
+  int64_t rs = 0, cs = 1;
+  static MutMatView of(const TensorView& v2d);
+};
+
+enum class BLayout { KN, NK };  // KN: B[k][n]; NK: B stored [N][K] (torch nn.Linear weight)
+enum class Act { none, relu, gelu, silu, swiglu };
+const char* act_name(Act a);
+
+// Weights packed once. For Act::swiglu the B columns are [gate (N/2) | up (N/2)] and the output
+// has N/2 columns: silu(gate) * up.
+class PackedB {
+ public:
+  PackedB();
+  ~PackedB();
+  PackedB(PackedB&&) noexcept;
+  PackedB& operator=(PackedB&&) noexcept;
+  int64_t K() const;
+  int64_t N() const;
+  DType dtype() const;        // dtype of the source weights
+  cpu::Isa isa() const;       // micro-kernel family this packing serves
+  size_t bytes() const;       // packed size (for bandwidth accounting)
+  bool empty() const { return impl_ == nullptr; }
+  struct Impl;
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  friend PackedB prepack(const TensorView&, BLayout);
+};
+
+// b: 2-D view, [K,N] for BLayout::KN or [N,K] for BLayout::NK; bf16, fp16 or fp32.
+PackedB prepack(const TensorView& b, BLayout layout);
+
+// A operand: row i of the logical A is at data + (rows ? rows[i] : i) * ld (gather through rows).
+struct AOperand {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+  int64_t ld = 0;
+  const int32_t* rows = nullptr;
+};
+
+// Output and epilogue. Order: acc -> + bias[n] -> activation -> * row_scale[m] -> store
+// (to C row `scatter_rows ? scatter_rows[m] : m`), adding to C instead when accumulate.
+struct COperand {
+  void* data = nullptr;
+  DType dtype = DType::f32;  // f32, bf16 or f16
+  int64_t ld = 0;
+};
+struct Epilogue {
+  const float* bias = nullptr;          // [N] (the pre-activation width)
+  Act act = Act::none;
+  const float* row_scale = nullptr;     // [M]
+  const int32_t* scatter_rows = nullptr;  // [M] output row of each A row
+  bool accumulate = false;              // C += result (race-free: see grouped_gemm)
+};
+
+// C = epilogue(A x B) with M rows.
+void gemm(int64_t M, const AOperand& a, const PackedB& b, const COperand& c, const Epilogue& ep = {});
+
+// Many independent GEMMs (MoE experts), balanced over threads with dynamic chunking so groups of
+// very different M keep every core busy. When groups scatter-accumulate into the same C rows the
+// driver never lets two threads write the same element at the same time.
+struct Group {
+  int64_t M = 0;
+  AOperand a;
+  const PackedB* b = nullptr;
+  COperand c;
+  Epilogue ep;
+};
+void grouped_gemm(const Group* groups, int64_t count);
+
+// General strided form for activations: C = alpha * A x B + beta * C (beta = 0 ignores C's
+// contents, so it may hold NaN). A, B: f32/bf16/f16 (A and B may differ); C: f32, bf16 or f16.
+void matmul(const MatView& a, const MatView& b, const MutMatView& c, float alpha = 1.f, float beta = 0.f);
+
+// Name of the kernel the engine would use for these operand dtypes now (for logs and benchmarks).
+const char* kernel_name(DType a, DType b, int64_t M);
+
+// The plain reference (triple loop, fp64 accumulation) used by tests and `ot bench`.
+namespace ref {
+void gemm(int64_t M, const AOperand& a, const TensorView& b, BLayout layout, const COperand& c, const Epilogue& ep = {});
+void matmul(const MatView& a, const MatView& b, const MutMatView& c, float alpha = 1.f, float beta = 0.f);
+}  // namespace ref
+
+}  // namespace ot::gemm

@@ -1,0 +1,200 @@
+#include "ot/tensor.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "ot/error.h"
+#include "ot/numeric.h"
+#include "ot/workspace.h"
+
+namespace ot {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: case DType::i32: return 4;
+    case DType::bf16: case DType::f16: return 2;
+    case DType::i64: return 8;
+    case DType::u8: return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "fp32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "fp16";
+    case DType::i32: return "int32";
+    case DType::i64: return "int64";
+    case DType::u8: return "uint8";
+  }
+  return "?";
+}
+
+bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+static void set_contiguous(TensorView& v) {
+  int64_t s = 1;
+  for (int i = v.ndim - 1; i >= 0; --i) { v.strides[i] = s; s *= v.sizes[i]; }
+}
+
+TensorView::TensorView(void* d, DType t, std::initializer_list<int64_t> shape)
+    : TensorView(d, t, std::vector<int64_t>(shape)) {}
+
+TensorView::TensorView(void* d, DType t, const std::vector<int64_t>& shape) : data(d), dtype(t) {
+  OT_CHECK(shape.size() <= size_t(kMaxDims), "TensorView", "shape", "at most 6 dims", shape.size());
+  ndim = int(shape.size());
+  for (int i = 0; i < ndim; ++i) sizes[i] = shape[i];
+  set_contiguous(*this);
+}
+
+TensorView::TensorView(void* d, DType t, const std::vector<int64_t>& shape, const std::vector<int64_t>& st)
+    : TensorView(d, t, shape) {
+  OT_CHECK(st.size() == shape.size(), "TensorView", "strides", "one stride per dim", st.size());
+  for (int i = 0; i < ndim; ++i) strides[i] = st[i];
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= sizes[i];
+  return n;
+}
+
+bool TensorView::is_contiguous() const {
+  int64_t s = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    if (sizes[i] != 1 && strides[i] != s) return false;
+    s *= sizes[i];
+  }
+  return true;
+}
+
+std::string TensorView::shape_str() const {
+  std::ostringstream o;
+  o << "[";
+  for (int i = 0; i < ndim; ++i) o << (i ? ", " : "") << sizes[i];
+  o << "] " << dtype_name(dtype);
+  return o.str();
+}
+
+int64_t TensorView::offset(std::initializer_list<int64_t> idx) const {
+  int64_t off = 0;
+  int i = 0;
+  for (int64_t x : idx) off += x * strides[i++];
+  return off;
+}
+
+TensorView TensorView::select(int dim, int64_t i) const {
+  TensorView r = *this;
+  r.data = static_cast<char*>(data) + i * strides[dim] * int64_t(dtype_size(dtype));
+  for (int d = dim; d < ndim - 1; ++d) { r.sizes[d] = sizes[d + 1]; r.strides[d] = strides[d + 1]; }
+  r.ndim = ndim - 1;
+  return r;
+}
+
+TensorView TensorView::narrow(int dim, int64_t begin, int64_t len) const {
+  TensorView r = *this;
+  r.data = static_cast<char*>(data) + begin * strides[dim] * int64_t(dtype_size(dtype));
+  r.sizes[dim] = len;
+  return r;
+}
+
+TensorView TensorView::reshape(const std::vector<int64_t>& shape) const {
+  OT_CHECK(is_contiguous(), "reshape", "self", "a contiguous view", shape_str());
+  TensorView r(data, dtype, shape);
+  OT_CHECK(r.numel() == numel(), "reshape", "shape", "the same number of elements", r.numel(), " vs ", numel());
+  return r;
+}
+
+Tensor Tensor::empty(DType t, const std::vector<int64_t>& shape) {
+  Tensor r;
+  TensorView v(nullptr, t, shape);
+  size_t bytes = v.nbytes();
+  r.storage_ = std::shared_ptr<void>(aligned_alloc64(bytes ? bytes : 1), aligned_free);
+  v.data = r.storage_.get();
+  r.view_ = v;
+  return r;
+}
+
+Tensor Tensor::zeros(DType t, const std::vector<int64_t>& shape) {
+  Tensor r = empty(t, shape);
+  std::memset(r.view_.data, 0, r.view_.nbytes());
+  return r;
+}
+
+Tensor Tensor::copy_of(const TensorView& v) {
+  Tensor r = empty(v.dtype, v.shape());
+  copy_into(v, r.view());
+  return r;
+}
+
+// Walks every element of `v` in row-major order, calling fn(flat, element_offset).
+template <class F> static void for_each_offset(const TensorView& v, F fn) {
+  int64_t n = v.numel();
+  if (n == 0) return;
+  int64_t idx[kMaxDims] = {};
+  int64_t off = 0;
+  for (int64_t flat = 0; flat < n; ++flat) {
+    fn(flat, off);
+    for (int d = v.ndim - 1; d >= 0; --d) {
+      if (++idx[d] < v.sizes[d]) { off += v.strides[d]; break; }
+      off -= (v.sizes[d] - 1) * v.strides[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+static double load(const void* base, DType t, int64_t off) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(base)[off];
+    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(base)[off]);
+    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(base)[off]);
+    case DType::i32: return static_cast<const int32_t*>(base)[off];
+    case DType::i64: return double(static_cast<const int64_t*>(base)[off]);
+    case DType::u8: return static_cast<const uint8_t*>(base)[off];
+  }
+  return 0;
+}
+
+static void store(void* base, DType t, int64_t off, double x) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(base)[off] = float(x); break;
+    case DType::bf16: static_cast<uint16_t*>(base)[off] = f32_to_bf16(float(x)); break;
+    case DType::f16: static_cast<uint16_t*>(base)[off] = f32_to_f16(float(x)); break;
+    case DType::i32: static_cast<int32_t*>(base)[off] = int32_t(x); break;
+    case DType::i64: static_cast<int64_t*>(base)[off] = int64_t(x); break;
+    case DType::u8: static_cast<uint8_t*>(base)[off] = uint8_t(x); break;
+  }
+}
+
+static int64_t offset_of_flat(const TensorView& v, int64_t flat) {
+  int64_t off = 0;
+  for (int d = v.ndim - 1; d >= 0; --d) {
+    off += (flat % v.sizes[d]) * v.strides[d];
+    flat /= v.sizes[d];
+  }
+  return off;
+}
+
+double get_as_double(const TensorView& v, int64_t flat) { return load(v.data, v.dtype, offset_of_flat(v, flat)); }
+void set_from_double(const TensorView& v, int64_t flat, double x) { store(v.data, v.dtype, offset_of_flat(v, flat), x); }
+
+void copy_into(const TensorView& src, const TensorView& dst) {
+  OT_CHECK(src.numel() == dst.numel(), "copy_into", "dst", "as many elements as src", dst.shape_str(), " vs ", src.shape_str());
+  bool ok = src.dtype == dst.dtype || (is_float(src.dtype) && is_float(dst.dtype));
+  OT_CHECK(ok, "copy_into", "dst", "the same dtype, or float to float", dtype_name(src.dtype), " -> ", dtype_name(dst.dtype));
+  if (src.dtype == dst.dtype && src.is_contiguous() && dst.is_contiguous()) {
+    std::memcpy(dst.data, src.data, src.nbytes());
+    return;
+  }
+  if (src.dtype == dst.dtype && (src.dtype == DType::i64 || src.dtype == DType::i32)) {
+    size_t es = dtype_size(src.dtype);
+    for_each_offset(src, [&](int64_t flat, int64_t off) {
+      std::memcpy(static_cast<char*>(dst.data) + offset_of_flat(dst, flat) * es, static_cast<const char*>(src.data) + off * es, es);
+    });
+    return;
+  }
+  for_each_offset(src, [&](int64_t flat, int64_t off) { store(dst.data, dst.dtype, offset_of_flat(dst, flat), load(src.data, src.dtype, off)); });
+}
+
+}  // namespace ot

@@ -1,0 +1,109 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ot/cpu.h"
+#include "ot/error.h"
+#include "ot/numeric.h"
+#include "ot/parallel.h"
+#include "ot/tensor.h"
+#include "ot/workspace.h"
+
+using namespace ot;
+
+TEST(Numeric, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  // 1 + 2^-8 is exactly half-way between two bf16 values: ties go to the even mantissa (1.0).
+  EXPECT_EQ(f32_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  // 1 + 3*2^-8 is half-way between 1+2^-7 (odd) and 1+2^-6 (even).
+  EXPECT_EQ(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(-2.5f)), -2.5f);
+}
+
+TEST(Numeric, Fp16RoundTripAndRounding) {
+  for (float x : {0.f, 1.f, -1.f, 0.5f, 65504.f, 6.103515625e-05f, 5.960464477539063e-08f, 1234.f}) {
+    EXPECT_EQ(f16_to_f32(f32_to_f16(x)), x) << x;
+  }
+  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie -> even
+  EXPECT_EQ(f32_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+  EXPECT_EQ(f32_to_f16(1234.5f), f32_to_f16(1234.f));  // tie between 1234 and 1235 -> even
+  EXPECT_EQ(f32_to_f16(70000.f), 0x7c00);
+  EXPECT_TRUE(std::isinf(f16_to_f32(f32_to_f16(1e9f))));
+  EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(NAN))));
+  // Exhaustive: every finite fp16 survives fp16 -> fp32 -> fp16.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00) continue;
+    ASSERT_EQ(f32_to_f16(f16_to_f32(uint16_t(h))), h) << h;
+  }
+}
+
+TEST(Tensor, ViewsAndCopies) {
+  Tensor t = Tensor::zeros(DType::f32, {3, 4});
+  EXPECT_TRUE(t.view().is_contiguous());
+  for (int i = 0; i < 12; ++i) t.ptr<float>()[i] = float(i);
+  TensorView col = t.view().select(1, 2);  // column 2: stride 4
+  EXPECT_EQ(col.ndim, 1);
+  EXPECT_EQ(col.stride(0), 4);
+  EXPECT_FALSE(TensorView(t.view().data, DType::f32, {4, 3}, {1, 4}).is_contiguous());
+  Tensor c = Tensor::copy_of(col);
+  EXPECT_EQ(c.ptr<float>()[2], 10.f);
+  Tensor b = Tensor::empty(DType::bf16, {3, 4});
+  copy_into(t, b);
+  EXPECT_EQ(get_as_double(b, 11), 11.0);
+  EXPECT_EQ(t.view().narrow(0, 1, 2).numel(), 8);
+  EXPECT_THROW(copy_into(t, Tensor::empty(DType::i32, {3, 4})), Error);
+  EXPECT_THROW(copy_into(t, Tensor::empty(DType::f32, {5})), Error);
+}
+
+TEST(Error, MessageNamesOperatorArgumentAndExpectedForm) {
+  try {
+    OT_CHECK(false, "moe_init_routing", "expert_idx", "int32", "int64");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "moe_init_routing: argument 'expert_idx': expected int32, got int64");
+    EXPECT_EQ(e.arg(), "expert_idx");
+  }
+}
+
+TEST(Cpu, CapAndForceRef) {
+  cpu::Isa det = cpu::detected_isa();
+  {
+    cpu::ScopedMaxIsa cap(cpu::Isa::scalar);
+    EXPECT_EQ(cpu::active_isa(), cpu::Isa::scalar);
+  }
+  EXPECT_LE(int(cpu::active_isa()), int(det));
+  {
+    cpu::ScopedForceRef r(true);
+    EXPECT_TRUE(cpu::force_ref());
+  }
+  cpu::Isa parsed;
+  EXPECT_TRUE(cpu::parse_isa("avx512_bf16", &parsed));
+  EXPECT_EQ(parsed, cpu::Isa::avx512_bf16);
+  EXPECT_FALSE(cpu::parse_isa("sse", &parsed));
+}
+
+TEST(Parallel, StaticAndDynamicCoverEveryItemOnce) {
+  for (int64_t n : {0, 1, 7, 1000}) {
+    std::vector<std::atomic<int>> hit(size_t(n + 1));
+    parallel_for(n, [&](int64_t b, int64_t e) { for (int64_t i = b; i < e; ++i) hit[size_t(i)]++; });
+    parallel_for_dynamic(n, 3, [&](int64_t b, int64_t e) { for (int64_t i = b; i < e; ++i) hit[size_t(i)]++; });
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hit[size_t(i)].load(), 2) << i;
+  }
+}
+
+TEST(Workspace, TypedSlotsAreAlignedAndDisjoint) {
+  WorkspacePlan plan;
+  auto a = plan.add<float>(10);
+  auto b = plan.add<int32_t>(3, /*per_thread=*/true);
+  Workspace ws(plan);
+  float* pa = ws.get(a);
+  int32_t* pb0 = ws.get(b, 0);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pa) % 64, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pb0) % 64, 0u);
+  EXPECT_GE(reinterpret_cast<char*>(pb0) - reinterpret_cast<char*>(pa), 40);
+  if (num_threads() > 1) EXPECT_NE(ws.get(b, 1), pb0);
+}

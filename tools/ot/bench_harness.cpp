@@ -1,0 +1,75 @@
+#include "bench_harness.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "ot/parallel.h"
+
+namespace ot::cli {
+
+static double ms_of(const std::function<void()>& fn) {
+  auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+static double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double time_median_ms(const std::function<void()>& fn, int repeats) {
+  fn();  // warm-up
+  std::vector<double> t;
+  for (int i = 0; i < std::max(1, repeats); ++i) t.push_back(ms_of(fn));
+  return median(t);
+}
+
+Timing time_interleaved(const std::function<void()>& fast, const std::function<void()>& ref, int repeats, int ref_repeats) {
+  std::vector<double> tf, tr;
+  fast();
+  if (ref && ref_repeats > 0) ref();
+  int rounds = std::max(std::max(1, repeats), ref ? ref_repeats : 0);
+  for (int i = 0; i < rounds; ++i) {
+    if (i < std::max(1, repeats)) tf.push_back(ms_of(fast));
+    if (ref && i < ref_repeats) tr.push_back(ms_of(ref));
+  }
+  return {median(tf), median(tr)};
+}
+
+void report(const BenchOptions& opt, const BenchResult& r) {
+  double speedup = r.ref_ms > 0 && r.ms > 0 ? r.ref_ms / r.ms : 0;
+  if (opt.json) {
+    nlohmann::json j = r.extra;
+    j["name"] = r.name;
+    j["shape"] = r.shape;
+    j["dtype"] = r.dtype;
+    j["threads"] = r.threads;
+    j["ms"] = r.ms;
+    if (r.gbps > 0) j["gbps"] = r.gbps; else j["gflops"] = r.gflops;
+    j["peak_fraction"] = r.peak_fraction;
+    j["speedup_vs_ref"] = speedup;
+    j["ref_ms"] = r.ref_ms;
+    j["kernel"] = r.kernel;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    static bool header = false;
+    if (!header) {
+      std::printf("%-28s %-22s %-5s %3s %10s %10s %9s %7s %8s  %s\n", "case", "shape", "dtype", "thr", "ms", "ref_ms", "rate", "peak%",
+                  "speedup", "kernel");
+      header = true;
+    }
+    char rate[32];
+    if (r.gbps > 0) std::snprintf(rate, sizeof rate, "%.1fGB/s", r.gbps);
+    else std::snprintf(rate, sizeof rate, "%.1fGF/s", r.gflops);
+    std::printf("%-28s %-22s %-5s %3d %10.3f %10.3f %9s %6.1f%% %7.2fx  %s\n", r.name.c_str(), r.shape.c_str(), r.dtype.c_str(), r.threads,
+                r.ms, r.ref_ms, rate, 100 * r.peak_fraction, speedup, r.kernel.c_str());
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace ot::cli
