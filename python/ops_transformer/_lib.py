@@ -1,0 +1,46 @@
+"""Finds and loads the compiled extension (libot_torch.so) that registers torch.ops.ops_transformer.
+
+Search order: $OT_BUILD_DIR, then the build folders of the checkout this package lives in
+(build/release, then build/dev)."""
+import os
+from pathlib import Path
+
+import torch
+
+LIB_NAME = "libot_torch.so"
+
+
+def candidates():
+    out = []
+    env = os.environ.get("OT_BUILD_DIR")
+    if env:
+        out.append(Path(env) / LIB_NAME)
+    root = Path(__file__).resolve().parent.parent.parent
+    for sub in ("release", "dev"):
+        out.append(root / "build" / sub / LIB_NAME)
+    return out
+
+
+def load():
+    for path in candidates():
+        if path.is_file():
+            torch.ops.load_library(str(path))
+            return str(path)
+    tried = ", ".join(str(p) for p in candidates())
+    raise ImportError(
+        f"ops_transformer: {LIB_NAME} not found (tried {tried}). Build it with "
+        "`scripts/build.sh release` (or set OT_BUILD_DIR to the build folder)."
+    )
+
+
+library_path = load()
+ops = torch.ops.ops_transformer
+
+
+def has_op(name):
+    """True when the loaded extension registers torch.ops.ops_transformer.<name>."""
+    try:
+        getattr(ops, name)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
