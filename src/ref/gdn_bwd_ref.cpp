@@ -1,0 +1,159 @@
+// fp64 ground truth of the GDN backward: the token recurrence (spec section 3) and its reverse mode.
+//
+// Forward, per token t (q, k already l2-normalised when asked):
+//   Sh = a S_{t-1} (a = e^g),  p = Sh^T k,  d = beta (v - p),  S_t = Sh + k d^T,  o = s S_t^T q
+// Reverse, with dS = dL/dS_t (seeded by dST):
+//   dS += s q dO^T;  dq = s S_t dO;  dk = dS d;  dd = dS^T k
+//   dbeta = dd.(v - p);  dv = beta dd;  dp = -beta dd
+//   dSh = dS + k dp^T;  dk += Sh dp;  dg = a <dSh, S_{t-1}>;  dS_{t-1} = a dSh
+// States are checkpointed every kSeg tokens and recomputed one segment at a time, so memory stays
+// at kSeg states whatever L is.
+#include "src/gdn/gdn_bwd_ref.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace ot::gdn::bwdref {
+
+using std::vector;
+
+namespace {
+
+constexpr int64_t kSeg = 64;
+constexpr double kEps = 1e-6;  // inside the square root, as the forward's l2norm
+
+// Normalised rows (or a copy) and their 1/norm.
+void prep_rows(const double* x, int64_t L, int64_t D, bool l2, vector<double>& y, vector<double>& r) {
+  y.assign(x, x + L * D);
+  r.assign(size_t(L), 1.0);
+  if (!l2) return;
+  for (int64_t t = 0; t < L; ++t) {
+    double ss = 0;
+    for (int64_t d = 0; d < D; ++d) ss += x[t * D + d] * x[t * D + d];
+    r[size_t(t)] = 1.0 / std::sqrt(ss + kEps);
+    for (int64_t d = 0; d < D; ++d) y[size_t(t * D + d)] *= r[size_t(t)];
+  }
+}
+
+// One token of the recurrence: S (in: S_{t-1}, out: S_t); p and d receive Sh^T k and the delta.
+void step(double* S, const double* k, const double* v, double beta, double a, int64_t K, int64_t V, double* p, double* d) {
+  for (int64_t i = 0; i < K * V; ++i) S[i] *= a;
+  for (int64_t e = 0; e < V; ++e) p[e] = 0;
+  for (int64_t i = 0; i < K; ++i)
+    for (int64_t e = 0; e < V; ++e) p[e] += S[i * V + e] * k[i];
+  for (int64_t e = 0; e < V; ++e) d[e] = beta * (v[e] - p[e]);
+  for (int64_t i = 0; i < K; ++i)
+    for (int64_t e = 0; e < V; ++e) S[i * V + e] += k[i] * d[e];
+}
+
+}  // namespace
+
+void head_fwd(const Head& x, double* o, double* ST) {
+  const int64_t L = x.L, K = x.K, V = x.V;
+  vector<double> q, k, rq, rk, S(size_t(K * V), 0.0), p(size_t(V), 0.0), d(size_t(V), 0.0);
+  prep_rows(x.q, L, K, x.l2norm, q, rq);
+  prep_rows(x.k, L, K, x.l2norm, k, rk);
+  if (x.S0) std::copy(x.S0, x.S0 + K * V, S.begin());
+  for (int64_t t = 0; t < L; ++t) {
+    step(S.data(), &k[size_t(t * K)], x.v + t * V, x.beta[t], std::exp(x.g[t]), K, V, p.data(), d.data());
+    if (!o) continue;
+    for (int64_t e = 0; e < V; ++e) {
+      double acc = 0;
+      for (int64_t i = 0; i < K; ++i) acc += S[size_t(i * V + e)] * q[size_t(t * K + i)];
+      o[t * V + e] = x.scale * acc;
+    }
+  }
+  if (ST) std::copy(S.begin(), S.end(), ST);
+}
+
+void head_bwd(const Head& x, const double* dO, const double* dST, double* dq_out, double* dk_out, double* dv, double* dbeta,
+              double* dg, double* dS0) {
+  const int64_t L = x.L, K = x.K, V = x.V, KV = K * V, nseg = (L + kSeg - 1) / kSeg;
+  vector<double> q, k, rq, rk;
+  prep_rows(x.q, L, K, x.l2norm, q, rq);
+  prep_rows(x.k, L, K, x.l2norm, k, rk);
+
+  // Forward: the state before the first token of every segment.
+  vector<double> ckpt(size_t(std::max<int64_t>(nseg, 1) * KV), 0.0), S(size_t(KV), 0.0), p(size_t(V), 0.0), d(size_t(V), 0.0);
+  if (x.S0) std::copy(x.S0, x.S0 + KV, S.begin());
+  for (int64_t t = 0; t < L; ++t) {
+    if (t % kSeg == 0) std::copy(S.begin(), S.end(), ckpt.begin() + (t / kSeg) * KV);
+    step(S.data(), &k[size_t(t * K)], x.v + t * V, x.beta[t], std::exp(x.g[t]), K, V, p.data(), d.data());
+  }
+
+  vector<double> dS(size_t(KV), 0.0), seg(size_t((kSeg + 1) * KV), 0.0), P(size_t(kSeg * V), 0.0), D(size_t(kSeg * V), 0.0);
+  vector<double> dqn(size_t(L * K), 0.0), dkn(size_t(L * K), 0.0), dd(size_t(V), 0.0), dp(size_t(V), 0.0);
+  if (dST) std::copy(dST, dST + KV, dS.begin());
+  for (int64_t m = nseg - 1; m >= 0; --m) {
+    int64_t t0 = m * kSeg, t1 = std::min(L, t0 + kSeg);
+    // seg[j] = state after token t0 + j - 1 (seg[0] = state before the segment).
+    std::copy(ckpt.begin() + m * KV, ckpt.begin() + (m + 1) * KV, seg.begin());
+    for (int64_t t = t0; t < t1; ++t) {
+      double* Sn = &seg[size_t((t - t0 + 1) * KV)];
+      std::copy(Sn - KV, Sn, Sn);
+      step(Sn, &k[size_t(t * K)], x.v + t * V, x.beta[t], std::exp(x.g[t]), K, V, &P[size_t((t - t0) * V)], &D[size_t((t - t0) * V)]);
+    }
+    for (int64_t t = t1 - 1; t >= t0; --t) {
+      const double* Sprev = &seg[size_t((t - t0) * KV)];
+      const double* St = &seg[size_t((t - t0 + 1) * KV)];
+      const double *kt = &k[size_t(t * K)], *qt = &q[size_t(t * K)], *dot = dO + t * V, *vt = x.v + t * V;
+      const double *pt = &P[size_t((t - t0) * V)], *delta = &D[size_t((t - t0) * V)];
+      double a = std::exp(x.g[t]), bt = x.beta[t];
+      // o_t = s S_t^T q_t
+      for (int64_t i = 0; i < K; ++i) {
+        double acc = 0;
+        for (int64_t e = 0; e < V; ++e) {
+          dS[size_t(i * V + e)] += x.scale * qt[i] * dot[e];
+          acc += St[i * V + e] * dot[e];
+        }
+        dqn[size_t(t * K + i)] += x.scale * acc;
+      }
+      // S_t = Sh + k d^T
+      for (int64_t e = 0; e < V; ++e) dd[size_t(e)] = 0;
+      for (int64_t i = 0; i < K; ++i) {
+        double acc = 0;
+        for (int64_t e = 0; e < V; ++e) {
+          acc += dS[size_t(i * V + e)] * delta[e];
+          dd[size_t(e)] += dS[size_t(i * V + e)] * kt[i];
+        }
+        dkn[size_t(t * K + i)] += acc;
+      }
+      // d = beta (v - p), p = Sh^T k
+      double db = 0;
+      for (int64_t e = 0; e < V; ++e) {
+        db += dd[size_t(e)] * (vt[e] - pt[e]);
+        if (dv) dv[t * V + e] = bt * dd[size_t(e)];
+        dp[size_t(e)] = -bt * dd[size_t(e)];
+      }
+      if (dbeta) dbeta[t] = db;
+      double da = 0;
+      for (int64_t i = 0; i < K; ++i) {
+        double acc = 0;
+        for (int64_t e = 0; e < V; ++e) {
+          double sh = a * Sprev[i * V + e];
+          double dsh = dS[size_t(i * V + e)] + kt[i] * dp[size_t(e)];
+          acc += sh * dp[size_t(e)];
+          da += dsh * Sprev[i * V + e];
+          dS[size_t(i * V + e)] = a * dsh;  // Sh = a S_{t-1}
+        }
+        dkn[size_t(t * K + i)] += acc;
+      }
+      if (dg) dg[t] = a * da;
+    }
+  }
+  if (dS0) std::copy(dS.begin(), dS.end(), dS0);
+  // l2norm backward: dx = r (dy - (dy . y) y); identity without it.
+  auto back = [&](const vector<double>& y, const vector<double>& r, const vector<double>& dy, double* dx) {
+    for (int64_t t = 0; t < L; ++t) {
+      double c = 0;
+      if (x.l2norm)
+        for (int64_t i = 0; i < K; ++i) c += dy[size_t(t * K + i)] * y[size_t(t * K + i)];
+      for (int64_t i = 0; i < K; ++i) dx[t * K + i] += r[size_t(t)] * (dy[size_t(t * K + i)] - c * y[size_t(t * K + i)]);
+    }
+  };
+  if (dq_out) back(q, rq, dqn, dq_out);
+  if (dk_out) back(k, rk, dkn, dk_out);
+}
+
+}  // namespace ot::gdn::bwdref
