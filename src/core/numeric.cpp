@@ -2,7 +2,14 @@
 
 #include <cmath>
 
+#include "ot/cpu.h"
+
 namespace ot {
+
+namespace detail {
+void convert_to_f32_avx512(const uint16_t* s, bool bf16, float* d, int64_t n);
+void convert_from_f32_avx512(const float* s, uint16_t* d, bool bf16, int64_t n);
+}  // namespace detail
 
 float f16_to_f32(uint16_t h) {
   uint32_t sign = uint32_t(h & 0x8000u) << 16;
@@ -54,7 +61,9 @@ float round_to(DType t, float x) {
 
 void convert_to_f32(const void* src, DType t, float* dst, int64_t n) {
   if (t == DType::f32) {
-    std::memcpy(dst, src, size_t(n) * 4);
+    if (n > 0) std::memcpy(dst, src, size_t(n) * 4);
+  } else if (n >= 16 && cpu::has(cpu::Isa::avx512)) {
+    detail::convert_to_f32_avx512(static_cast<const uint16_t*>(src), t == DType::bf16, dst, n);
   } else if (t == DType::bf16) {
     auto* s = static_cast<const uint16_t*>(src);
     for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
@@ -66,7 +75,9 @@ void convert_to_f32(const void* src, DType t, float* dst, int64_t n) {
 
 void convert_from_f32(const float* src, void* dst, DType t, int64_t n) {
   if (t == DType::f32) {
-    std::memcpy(dst, src, size_t(n) * 4);
+    if (n > 0) std::memcpy(dst, src, size_t(n) * 4);
+  } else if (n >= 16 && cpu::has(cpu::Isa::avx512)) {
+    detail::convert_from_f32_avx512(src, static_cast<uint16_t*>(dst), t == DType::bf16, n);
   } else if (t == DType::bf16) {
     auto* d = static_cast<uint16_t*>(dst);
     for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);

@@ -1,33 +1,37 @@
-// Entry points of the matrix engine. PROVISIONAL portable implementation (fp32 packing, plain
-// loops); the per-ISA micro-kernels replace the bodies behind the same API.
+// Entry points of the matrix engine: validation, the reference route, tracing, and the hand-over
+// to the blocked driver (driver.cpp) with the micro-kernel chosen for the active ISA.
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "ot/error.h"
 #include "ot/gemm.h"
-#include "ot/numeric.h"
 #include "ot/parallel.h"
-#include "src/gemm/epilogue_math.h"
+#include "ot/trace.h"
+#include "ot/workspace.h"
+#include "src/gemm/internal.h"
 
 namespace ot::gemm {
 
+using namespace detail;
+
 struct PackedB::Impl {
-  int64_t K = 0, N = 0;
+  Panels geom;
+  AlignedPtr<char> mem;
   DType dtype = DType::f32;
   cpu::Isa isa = cpu::Isa::scalar;
-  std::vector<float> kn;  // [K][N] fp32
 };
 
 PackedB::PackedB() = default;
 PackedB::~PackedB() = default;
 PackedB::PackedB(PackedB&&) noexcept = default;
 PackedB& PackedB::operator=(PackedB&&) noexcept = default;
-int64_t PackedB::K() const { return impl_ ? impl_->K : 0; }
-int64_t PackedB::N() const { return impl_ ? impl_->N : 0; }
+int64_t PackedB::K() const { return impl_ ? impl_->geom.K : 0; }
+int64_t PackedB::N() const { return impl_ ? impl_->geom.N : 0; }
 DType PackedB::dtype() const { return impl_ ? impl_->dtype : DType::f32; }
 cpu::Isa PackedB::isa() const { return impl_ ? impl_->isa : cpu::Isa::scalar; }
-size_t PackedB::bytes() const { return impl_ ? impl_->kn.size() * sizeof(float) : 0; }
+size_t PackedB::bytes() const { return impl_ ? impl_->geom.panel_bytes() * size_t(impl_->geom.npanels) : 0; }
 
 const char* act_name(Act a) {
   switch (a) {
@@ -49,64 +53,165 @@ MutMatView MutMatView::of(const TensorView& v) {
   return {v.data, v.dtype, v.sizes[0], v.sizes[1], v.strides[0], v.strides[1]};
 }
 
+static bool out_dtype_ok(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
 PackedB prepack(const TensorView& b, BLayout layout) {
   OT_CHECK(b.ndim == 2, "prepack", "b", "a 2-D weight", b.shape_str());
   OT_CHECK(is_float(b.dtype), "prepack", "b", "bf16, fp16 or fp32", dtype_name(b.dtype));
+  int64_t K = layout == BLayout::KN ? b.sizes[0] : b.sizes[1];
+  int64_t N = layout == BLayout::KN ? b.sizes[1] : b.sizes[0];
+  OT_CHECK(K * N == 0 || b.data != nullptr, "prepack", "b", "non-null data", "nullptr");
   PackedB p;
   p.impl_ = std::make_unique<PackedB::Impl>();
   auto& im = *p.impl_;
-  im.K = layout == BLayout::KN ? b.sizes[0] : b.sizes[1];
-  im.N = layout == BLayout::KN ? b.sizes[1] : b.sizes[0];
+  Panels& g = im.geom;
+  // bf16 weights keep bf16 (vnni pairs) when the CPU has a bf16 dot product; everything else fp32.
+  g.layout = layout_for(b.dtype == DType::bf16 ? DType::bf16 : DType::f32, b.dtype);
+  g.K = K, g.N = N, g.Kp = pad_k(g.layout, K);
+  g.split = N >= 2 && N % 2 == 0;
+  g.npanels = panel_count(N, g.split);
   im.dtype = b.dtype;
-  im.kn.resize(size_t(im.K * im.N));
-  TensorView dst(im.kn.data(), DType::f32, {im.K, im.N});
-  copy_into(layout == BLayout::KN ? b : TensorView(b.data, b.dtype, {im.K, im.N}, {b.strides[1], b.strides[0]}), dst);
+  im.isa = g.layout == Layout::bf16_vnni ? (cpu::has(cpu::Isa::amx) ? cpu::Isa::amx : cpu::Isa::avx512_bf16)
+                                         : (cpu::has(cpu::Isa::avx512) ? cpu::Isa::avx512 : cpu::Isa::scalar);
+  im.mem = make_aligned<char>(std::max<size_t>(64, g.panel_bytes() * size_t(g.npanels)));
+  g.data = im.mem.get();
+  int64_t rs = layout == BLayout::KN ? b.strides[0] : b.strides[1];
+  int64_t cs = layout == BLayout::KN ? b.strides[1] : b.strides[0];
+  char* dst = im.mem.get();
+  parallel_for(g.npanels, [&](int64_t p0, int64_t p1) { pack_b(b.data, b.dtype, rs, cs, g, dst, p0, p1); });
   return p;
 }
 
-static void load_row_f32(const void* p, DType t, float* dst, int64_t n) { convert_to_f32(p, t, dst, n); }
+static EpiArgs epi_args(const COperand& c, const Epilogue& ep) {
+  EpiArgs e;
+  e.bias = ep.bias;
+  e.act = ep.act;
+  e.row_scale = ep.row_scale;
+  e.scatter_rows = ep.scatter_rows;
+  e.beta = ep.accumulate ? 1.f : 0.f;
+  e.c = c.data;
+  e.c_dtype = c.dtype;
+  e.ldc = c.ld;
+  return e;
+}
 
-static void gemm_rows(int64_t m0, int64_t m1, const AOperand& a, const PackedB::Impl& b, const COperand& c, const Epilogue& ep) {
-  int64_t K = b.K, N = b.N, n_out = ep.act == Act::swiglu ? N / 2 : N;
-  std::vector<float> arow(static_cast<size_t>(K)), acc(static_cast<size_t>(N)), out(static_cast<size_t>(n_out)), cur(static_cast<size_t>(n_out));
-  size_t es = dtype_size(a.dtype);
-  for (int64_t m = m0; m < m1; ++m) {
-    int64_t r = a.rows ? a.rows[m] : m;
-    load_row_f32(static_cast<const char*>(a.data) + r * a.ld * es, a.dtype, arow.data(), K);
-    std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t k = 0; k < K; ++k) {
-      float av = arow[size_t(k)];
-      const float* brow = b.kn.data() + k * N;
-      for (int64_t n = 0; n < N; ++n) acc[size_t(n)] += av * brow[n];
-    }
-    for (int64_t n = 0; n < N; ++n) acc[size_t(n)] += ep.bias ? ep.bias[n] : 0.f;
-    for (int64_t n = 0; n < n_out; ++n) {
-      float v = ep.act == Act::swiglu ? silu(acc[size_t(n)]) * acc[size_t(n + n_out)] : activate(ep.act, acc[size_t(n)]);
-      out[size_t(n)] = ep.row_scale ? v * ep.row_scale[m] : v;
-    }
-    int64_t crow = ep.scatter_rows ? ep.scatter_rows[m] : m;
-    void* cp = static_cast<char*>(c.data) + crow * c.ld * int64_t(dtype_size(c.dtype));
-    if (ep.accumulate) {
-      load_row_f32(cp, c.dtype, cur.data(), n_out);
-      for (int64_t n = 0; n < n_out; ++n) out[size_t(n)] += cur[size_t(n)];
-    }
-    convert_from_f32(out.data(), cp, c.dtype, n_out);
-  }
+static void check_gemm(int64_t M, const AOperand& a, const PackedB& b, const COperand& c, const Epilogue& ep, const char* op) {
+  OT_CHECK(M >= 0, op, "M", ">= 0", M);
+  OT_CHECK(!b.empty(), op, "b", "a prepacked weight", "empty PackedB");
+  OT_CHECK(is_float(a.dtype), op, "a", "bf16, fp16 or fp32", dtype_name(a.dtype));
+  OT_CHECK(out_dtype_ok(c.dtype), op, "c", "fp32, bf16 or fp16 output", dtype_name(c.dtype));
+  int64_t N = b.N(), K = b.K();
+  OT_CHECK(ep.act != Act::swiglu || N % 2 == 0, op, "b", "an even N ([gate | up]) for swiglu", N);
+  int64_t n_out = ep.act == Act::swiglu ? N / 2 : N;
+  if (M == 0 || n_out == 0) return;
+  OT_CHECK(K == 0 || a.data != nullptr, op, "a", "non-null data", "nullptr");
+  OT_CHECK(c.data != nullptr, op, "c", "non-null data", "nullptr");
+  OT_CHECK(a.ld >= K || (M == 1 && !a.rows), op, "a.ld", ">= K = " + std::to_string(K), a.ld);
+  OT_CHECK(c.ld >= n_out || (M == 1 && !ep.scatter_rows), op, "c.ld", ">= output width " + std::to_string(n_out), c.ld);
+}
+
+static detail::Job make_job(int64_t M, const AOperand& a, const PackedB& b, const COperand& c, const Epilogue& ep) {
+  detail::Job j;
+  j.M = M;
+  j.a = {a.data, a.dtype, a.ld, 1, a.rows};
+  j.b = b.impl()->geom;
+  j.epi = epi_args(c, ep);
+  j.swiglu = ep.act == Act::swiglu;
+  return j;
+}
+
+// Reference route for packed weights: unpack (exact) and run the plain reference.
+static void gemm_reference(int64_t M, const AOperand& a, const PackedB& b, const COperand& c, const Epilogue& ep) {
+  const Panels& g = b.impl()->geom;
+  std::vector<float> kn(size_t(g.K * g.N));
+  unpack_b(g, kn.data());
+  ref::gemm(M, a, TensorView(kn.data(), DType::f32, {g.K, g.N}), BLayout::KN, c, ep);
 }
 
 void gemm(int64_t M, const AOperand& a, const PackedB& b, const COperand& c, const Epilogue& ep) {
-  if (M <= 0) return;
-  // Scatter-accumulate may hit the same C row from two A rows: keep it on one thread.
-  if (ep.scatter_rows && ep.accumulate) { gemm_rows(0, M, a, *b.impl(), c, ep); return; }
-  parallel_for(M, [&](int64_t m0, int64_t m1) { gemm_rows(m0, m1, a, *b.impl(), c, ep); });
+  check_gemm(M, a, b, c, ep, "gemm");
+  trace::OpScope scope("gemm");
+  const char* kname = cpu::force_ref() ? "ref" : select_kernel(b.impl()->geom.layout, M).name;
+  scope.kernel(kname).flops(2.0 * double(M) * double(b.N()) * double(b.K()));
+  if (scope.active())
+    scope.args("M=" + std::to_string(M) + " N=" + std::to_string(b.N()) + " K=" + std::to_string(b.K()) + " a=" + dtype_name(a.dtype) +
+               " b=" + dtype_name(b.dtype()) + " c=" + dtype_name(c.dtype) + " act=" + act_name(ep.act));
+  if (M == 0) return;
+  if (cpu::force_ref()) { gemm_reference(M, a, b, c, ep); return; }
+  detail::Job job = make_job(M, a, b, c, ep);
+  run_jobs(&job, 1, ep.scatter_rows && ep.accumulate);
 }
 
 void grouped_gemm(const Group* groups, int64_t count) {
-  for (int64_t g = 0; g < count; ++g) gemm(groups[g].M, groups[g].a, *groups[g].b, groups[g].c, groups[g].ep);
+  OT_CHECK(count >= 0 && (count == 0 || groups), "grouped_gemm", "groups", "an array of count groups", count);
+  double flops = 0;
+  bool race = false;
+  for (int64_t g = 0; g < count; ++g) {
+    const Group& gr = groups[g];
+    OT_CHECK(gr.b != nullptr, "grouped_gemm", "groups[].b", "a prepacked weight", "nullptr");
+    check_gemm(gr.M, gr.a, *gr.b, gr.c, gr.ep, "grouped_gemm");
+    flops += 2.0 * double(gr.M) * double(gr.b->N()) * double(gr.b->K());
+    race = race || (gr.ep.scatter_rows && gr.ep.accumulate);
+  }
+  trace::OpScope scope("grouped_gemm");
+  scope.kernel(cpu::force_ref() ? "ref" : count ? select_kernel(groups[0].b->impl()->geom.layout, 64).name : "none").flops(flops);
+  if (scope.active()) scope.args("groups=" + std::to_string(count));
+  if (cpu::force_ref()) {
+    for (int64_t g = 0; g < count; ++g)
+      if (groups[g].M > 0) gemm_reference(groups[g].M, groups[g].a, *groups[g].b, groups[g].c, groups[g].ep);
+    return;
+  }
+  thread_local std::vector<detail::Job> jobs_tl;
+  std::vector<detail::Job>& jobs = jobs_tl;
+  jobs.clear();
+  for (int64_t g = 0; g < count; ++g)
+    if (groups[g].M > 0) jobs.push_back(make_job(groups[g].M, groups[g].a, *groups[g].b, groups[g].c, groups[g].ep));
+  run_jobs(jobs.data(), int64_t(jobs.size()), race);
 }
 
-void matmul(const MatView& a, const MatView& b, const MutMatView& c, float alpha, float beta) { ref::matmul(a, b, c, alpha, beta); }
+void matmul(const MatView& a, const MatView& b, const MutMatView& c, float alpha, float beta) {
+  OT_CHECK(is_float(a.dtype) && is_float(b.dtype), "matmul", "a/b", "bf16, fp16 or fp32", std::string(dtype_name(a.dtype)) + "/" + dtype_name(b.dtype));
+  OT_CHECK(out_dtype_ok(c.dtype), "matmul", "c", "fp32, bf16 or fp16", dtype_name(c.dtype));
+  OT_CHECK(a.cols == b.rows, "matmul", "b", "rows == a.cols = " + std::to_string(a.cols), b.rows);
+  OT_CHECK(c.rows == a.rows && c.cols == b.cols, "matmul", "c", "[" + std::to_string(a.rows) + ", " + std::to_string(b.cols) + "]",
+           "[" + std::to_string(c.rows) + ", " + std::to_string(c.cols) + "]");
+  OT_CHECK(a.rows >= 0 && a.cols >= 0 && b.cols >= 0, "matmul", "shape", "non-negative sizes", a.rows);
+  const int64_t M = a.rows, N = b.cols, K = a.cols;
+  trace::OpScope scope("matmul");
+  scope.flops(2.0 * double(M) * double(N) * double(K));
+  if (M == 0 || N == 0) return;
+  if (cpu::force_ref()) {
+    scope.kernel("ref");
+    ref::matmul(a, b, c, alpha, beta);
+    return;
+  }
+  detail::Job job;
+  Panels& g = job.b;
+  g.layout = layout_for(a.dtype, b.dtype);
+  g.K = K, g.N = N, g.Kp = pad_k(g.layout, K);
+  g.npanels = panel_count(N, false);
+  // B packed on the fly into this thread's scratch (no allocation once warm).
+  thread_local AlignedPtr<char> bbuf;
+  thread_local size_t bcap = 0;
+  size_t need = std::max<size_t>(64, g.panel_bytes() * size_t(g.npanels));
+  if (need > bcap) { bbuf = make_aligned<char>(need); bcap = need; }
+  pack_b(b.data, b.dtype, b.rs, b.cs, g, bbuf.get(), 0, g.npanels);
+  g.data = bbuf.get();
+  job.M = M;
+  job.a = {a.data, a.dtype, a.rs, a.cs, nullptr};
+  job.epi.alpha = alpha;
+  job.epi.beta = beta;
+  job.epi.c = c.data;
+  job.epi.c_dtype = c.dtype;
+  job.epi.ldc = c.rs;
+  job.epi.csc = c.cs;
+  scope.kernel(select_kernel(g.layout, M).name);
+  run_jobs(&job, 1, false);
+}
 
-const char* kernel_name(DType, DType, int64_t) { return "portable"; }
+const char* kernel_name(DType a, DType b, int64_t M) {
+  if (cpu::force_ref()) return "ref";
+  return select_kernel(layout_for(a == DType::bf16 || a == DType::f32 ? DType::bf16 : a, b), M).name;
+}
 
 }  // namespace ot::gemm

@@ -1,0 +1,183 @@
+// The blocked GEMM driver shared by gemm, grouped_gemm and matmul.
+//
+// Work is cut into units = (job, block of MC rows, block of output column blocks). A unit packs its
+// A rows once (full K, kernel dtype), then for each K block of KC (a B panel chunk stays in L1 while
+// the MR-row micro-tiles sweep over it) accumulates an fp32 tile buffer, and finally runs the fused
+// epilogue per output block. Units are handed out dynamically; with scatter-accumulate they are
+// assigned by output columns so no two threads ever write the same C element.
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#include "ot/parallel.h"
+#include "ot/workspace.h"
+#include "src/gemm/internal.h"
+
+namespace ot::gemm::detail {
+
+namespace {
+
+constexpr int64_t kMC = 128;  // rows per unit (multiple of 8 and 32)
+
+// Per-thread scratch reused across calls (no allocation per call once warm).
+struct Buf {
+  AlignedPtr<char> p;
+  size_t cap = 0;
+  char* get(size_t bytes) {
+    if (bytes > cap) { p = make_aligned<char>(bytes); cap = bytes; }
+    return p.get();
+  }
+};
+struct Scratch {
+  Buf a, c;
+  const void* packed_job = nullptr;  // which (call, job, row block) the A buffer holds
+  uint64_t packed_call = 0;
+  int64_t packed_mb = -1;
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+std::atomic<uint64_t> g_call{1};
+
+int64_t lda_for(Layout l, int64_t Kp) {
+  size_t bytes = size_t(Kp) * layout_elt(l);
+  return bytes % 1024 == 0 ? Kp + 64 / int64_t(layout_elt(l)) : Kp;  // avoid cache-set aliasing between rows
+}
+
+struct JobPlan {
+  Kernel k;
+  int64_t mc = kMC, nmb = 0, nob = 0, nub = 0, units = 0;
+  int ppb = 1;  // panels per output block (2 for SwiGLU)
+};
+
+void run_unit(const Job& job, const JobPlan& pl, int64_t nb, int64_t mb, int64_t ub, uint64_t call) {
+  const Kernel& K = pl.k;
+  const Panels& B = job.b;
+  const size_t elt = layout_elt(B.layout);
+  int64_t m0 = mb * pl.mc, mc = std::min(pl.mc, job.M - m0);
+  int64_t mc_pad = K.pad_rows ? (mc + K.mr - 1) / K.mr * K.mr : mc;
+  int64_t lda = lda_for(B.layout, B.Kp);
+  Scratch& s = scratch();
+  char* abuf = s.a.get(size_t(mc_pad * lda) * elt + 64);
+  if (s.packed_call != call || s.packed_job != &job || s.packed_mb != mb) {
+    pack_a(job.a, m0, mc, mc_pad, B.K, B.layout, abuf, lda);
+    s.packed_call = call, s.packed_job = &job, s.packed_mb = mb;
+  }
+  int64_t ob0 = ub * nb, ob1 = std::min(pl.nob, ob0 + nb);
+  int64_t p0 = ob0 * pl.ppb, np = (ob1 - ob0) * pl.ppb;
+  int64_t ldt = np * kNR;
+  float* cbuf = reinterpret_cast<float*>(s.c.get(size_t(mc_pad * ldt) * 4));
+  // One micro-tile row block: no reuse of a B chunk across tiles, so stream whole panels.
+  int64_t kc = mc_pad <= K.mr ? std::max<int64_t>(B.Kp, 1) : K.kc;
+  for (int64_t pc = 0; pc < B.Kp || pc == 0; pc += kc) {
+    int64_t kcur = std::min(kc, B.Kp - pc);
+    for (int64_t p = 0; p < np; ++p) {
+      const char* bp = B.panel(p0 + p) + size_t(pc) * kNR * elt;
+      for (int64_t ir = 0; ir < mc_pad; ir += K.mr) {
+        int rows = int(std::min<int64_t>(K.mr, mc_pad - ir));
+        K.fn(rows, kcur, abuf + size_t(ir * lda + pc) * elt, lda, bp, cbuf + ir * ldt + p * kNR, ldt, pc > 0);
+      }
+    }
+  }
+  bool vec = job.epi.csc == 1 && cpu::has(cpu::Isa::avx512);
+  for (int64_t ob = ob0; ob < ob1; ++ob) {
+    EpiBlock eb;
+    eb.m0 = m0;
+    eb.rows = int(mc);
+    eb.ldt = ldt;
+    eb.t = cbuf + (ob - ob0) * pl.ppb * kNR;
+    int64_t col0;
+    int width;
+    B.cols(ob * pl.ppb, &col0, &width);
+    eb.col0 = eb.bcol = col0;
+    eb.width = width;
+    if (job.swiglu) {
+      int64_t ucol;
+      int uw;
+      B.cols(ob * 2 + 1, &ucol, &uw);
+      eb.u = eb.t + kNR;
+      eb.ucol = ucol;
+    }
+    if (width <= 0) continue;
+    if (vec) epilogue_avx512(job.epi, eb);
+    else epilogue_scalar(job.epi, eb);
+  }
+}
+
+}  // namespace
+
+Layout layout_for(DType a, DType b) {
+  return a == DType::bf16 && b == DType::bf16 && cpu::has(cpu::Isa::avx512_bf16) ? Layout::bf16_vnni : Layout::f32;
+}
+
+Kernel select_kernel(Layout layout, int64_t M) {
+  if (layout == Layout::bf16_vnni) {
+    if (cpu::has(cpu::Isa::amx) && M >= 16) return {kernel_amx_bf16, 32, 512, true, "amx_bf16"};
+    if (cpu::has(cpu::Isa::avx512_bf16)) return {kernel_avx512_bf16, 8, 256, false, "avx512_bf16"};
+    return {kernel_scalar_vnni, 8, 256, false, "scalar"};
+  }
+  if (cpu::has(cpu::Isa::avx512)) return {kernel_avx512_f32, 8, 128, false, "avx512_f32"};
+  return {kernel_scalar_f32, 8, 256, false, "scalar"};
+}
+
+void run_jobs(const Job* jobs, int64_t count, bool race_free) {
+  thread_local std::vector<JobPlan> plans_tl;
+  thread_local std::vector<int64_t> first_tl;
+  // Named references: worker threads must see the caller's vectors, not their own thread_locals.
+  std::vector<JobPlan>& plans = plans_tl;
+  std::vector<int64_t>& first = first_tl;  // first unit of each job
+  plans.assign(size_t(count), {});
+  first.assign(size_t(count) + 1, 0);
+  const int T = num_threads();
+  // Output blocks per unit: 8 panels, fewer when that leaves threads idle.
+  int64_t nb = 8;
+  for (;; nb /= 2) {
+    int64_t total = 0;
+    for (int64_t j = 0; j < count; ++j) {
+      const Job& job = jobs[j];
+      JobPlan& pl = plans[size_t(j)];
+      pl.k = select_kernel(job.b.layout, job.M);
+      pl.ppb = job.swiglu ? 2 : 1;
+      pl.nob = job.b.npanels / pl.ppb;
+      pl.nmb = job.M > 0 ? (job.M + pl.mc - 1) / pl.mc : 0;
+      int64_t nbj = std::max<int64_t>(1, nb / pl.ppb);
+      pl.nub = (pl.nob + nbj - 1) / nbj;
+      pl.units = pl.nmb * pl.nub;
+      total += pl.units;
+    }
+    if (nb == 1 || total >= 4 * T) break;
+  }
+  for (int64_t j = 0; j < count; ++j) first[size_t(j) + 1] = first[size_t(j)] + plans[size_t(j)].units;
+  const int64_t total = first[size_t(count)];
+  if (total == 0) return;
+  const uint64_t call = g_call.fetch_add(1, std::memory_order_relaxed);
+  auto unit = [&](int64_t u, int tid, int nthreads) {
+    int64_t j = int64_t(std::upper_bound(first.begin(), first.end(), u) - first.begin()) - 1;
+    const JobPlan& pl = plans[size_t(j)];
+    int64_t r = u - first[size_t(j)], mb = r / pl.nub, ub = r % pl.nub;
+    if (nthreads > 1 && ub * nthreads / pl.nub != tid) return;  // column owner (race-free mode)
+    run_unit(jobs[j], pl, std::max<int64_t>(1, nb / pl.ppb), mb, ub, call);
+  };
+  if (!race_free) {
+    parallel_for_dynamic(total, 1, [&](int64_t b, int64_t e) {
+      for (int64_t u = b; u < e; ++u) unit(u, 0, 1);
+    });
+    return;
+  }
+  // Race-free: every job must map output blocks to the same columns, else run on one thread.
+  bool same = true;
+  for (int64_t j = 1; j < count; ++j) {
+    const Job &a = jobs[0], &b = jobs[j];
+    same = same && a.b.N == b.b.N && a.b.split == b.b.split && a.swiglu == b.swiglu && plans[0].nub == plans[size_t(j)].nub;
+  }
+  if (!same) {
+    for (int64_t u = 0; u < total; ++u) unit(u, 0, 1);
+    return;
+  }
+  parallel_region([&](int tid, int nthreads) {
+    for (int64_t u = 0; u < total; ++u) unit(u, tid, nthreads);
+  });
+}
+
+}  // namespace ot::gemm::detail

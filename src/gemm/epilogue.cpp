@@ -1,0 +1,40 @@
+// Scalar epilogue (any C column stride): the reference order of operations for every fast path.
+#include "ot/numeric.h"
+#include "src/gemm/epilogue_math.h"
+#include "src/gemm/internal.h"
+
+namespace ot::gemm::detail {
+
+static float load_c(const EpiArgs& e, int64_t off) {
+  switch (e.c_dtype) {
+    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(e.c)[off]);
+    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(e.c)[off]);
+    default: return static_cast<const float*>(e.c)[off];
+  }
+}
+static void store_c(const EpiArgs& e, int64_t off, float x) {
+  switch (e.c_dtype) {
+    case DType::bf16: static_cast<uint16_t*>(e.c)[off] = f32_to_bf16(x); break;
+    case DType::f16: static_cast<uint16_t*>(e.c)[off] = f32_to_f16(x); break;
+    default: static_cast<float*>(e.c)[off] = x; break;
+  }
+}
+
+void epilogue_scalar(const EpiArgs& e, const EpiBlock& b) {
+  for (int r = 0; r < b.rows; ++r) {
+    int64_t m = b.m0 + r;
+    int64_t crow = e.scatter_rows ? e.scatter_rows[m] : m;
+    float rs = e.row_scale ? e.row_scale[m] : 1.f;
+    for (int j = 0; j < b.width; ++j) {
+      float v = e.alpha * b.t[r * b.ldt + j] + (e.bias ? e.bias[b.bcol + j] : 0.f);
+      if (b.u) v = silu(v) * (e.alpha * b.u[r * b.ldt + j] + (e.bias ? e.bias[b.ucol + j] : 0.f));
+      else v = activate(e.act, v);
+      v *= rs;
+      int64_t off = crow * e.ldc + (b.col0 + j) * e.csc;
+      if (e.beta != 0.f) v += e.beta * load_c(e, off);
+      store_c(e, off, v);
+    }
+  }
+}
+
+}  // namespace ot::gemm::detail

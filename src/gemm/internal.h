@@ -1,0 +1,119 @@
+// Internals of the matrix engine shared by packing, drivers, micro-kernels and epilogues.
+//
+// B is stored as column panels of kNR = 48 columns (three 16-float zmm registers). Inside a panel
+// the layout depends on the micro-kernel family chosen at pack time:
+//   f32:       [Kp][48] fp32                       (AVX-512 FMA, scalar)
+//   bf16_vnni: [Kp/2][48][2] bf16, k-pairs interleaved  (vdpbf16ps and AMX tiles; Kp % 32 == 0)
+// Panels are padded with zeros (columns past the edge, k past K), so kernels never see a tail.
+// When N is even the panels of the two column halves are interleaved (g0, u0, g1, u1, ...): the
+// SwiGLU epilogue then finds the gate and up tiles of the same output columns side by side.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "ot/cpu.h"
+#include "ot/gemm.h"
+
+namespace ot::gemm::detail {
+
+inline constexpr int kNR = 48;
+
+enum class Layout : uint8_t { f32, bf16_vnni };
+inline size_t layout_elt(Layout l) { return l == Layout::f32 ? 4 : 2; }
+inline int64_t pad_k(Layout l, int64_t K) { return l == Layout::f32 ? K : (K + 31) / 32 * 32; }
+
+// Non-owning description of packed B (owned by PackedB::Impl or by a matmul's scratch).
+struct Panels {
+  const char* data = nullptr;
+  Layout layout = Layout::f32;
+  int64_t K = 0, Kp = 0, N = 0;
+  bool split = false;  // halves interleaved (N even)
+  int64_t npanels = 0;
+  size_t panel_bytes() const { return size_t(Kp) * kNR * layout_elt(layout); }
+  const char* panel(int64_t p) const { return data + size_t(p) * panel_bytes(); }
+  // First column of B held by panel p and how many of its 48 columns are real.
+  void cols(int64_t p, int64_t* col0, int* width) const {
+    int64_t span = split ? N / 2 : N, base = 0, i = p;
+    if (split) { base = (p & 1) * span; i = p >> 1; }
+    *col0 = base + i * kNR;
+    int64_t w = span - i * kNR;
+    *width = int(w < kNR ? w : kNR);
+  }
+};
+int64_t panel_count(int64_t N, bool split);
+
+// Packs panels [p0, p1) of a strided B (element (k, n) at data + k*rs + n*cs) into `dst` (the
+// start of panel 0; every byte of those panels is written, padding included).
+void pack_b(const void* data, DType dt, int64_t rs, int64_t cs, const Panels& geom, char* dst, int64_t p0, int64_t p1);
+// Inverse of pack_b into fp32 [K][N] (for the reference route of packed weights).
+void unpack_b(const Panels& geom, float* dst);
+
+// Micro-kernel: C tile[mr][48] (fp32, row stride ldc) (+)= A[mr][kc] x Bpanel[kc][48].
+// a: packed row-major A (fp32 or bf16 by layout), row stride lda elements; b: panel data at k.
+// kc is a multiple of 2 (vnni) or 32 (AMX). load_c: accumulate onto the tile instead of overwriting.
+using KernelFn = void (*)(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+struct Kernel {
+  KernelFn fn = nullptr;
+  int mr = 8;            // rows per call (AMX: 32, and the A block is zero-padded to it)
+  int64_t kc = 256;      // K block that keeps a B panel chunk in L1
+  bool pad_rows = false; // the kernel always computes mr rows
+  const char* name = "scalar";
+};
+// The kernel for a layout under the active ISA cap (M lets decode-sized calls avoid AMX).
+Kernel select_kernel(Layout layout, int64_t M);
+Layout layout_for(DType a, DType b);  // what prepack/matmul pack into under the active ISA
+
+void kernel_scalar_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+void kernel_scalar_vnni(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+void kernel_avx512_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+void kernel_avx512_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+void kernel_amx_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+
+// Everything the epilogue needs: out = alpha*acc (+bias) -> act -> *row_scale -> (+ beta*C).
+struct EpiArgs {
+  const float* bias = nullptr;
+  Act act = Act::none;
+  const float* row_scale = nullptr;
+  const int32_t* scatter_rows = nullptr;
+  float alpha = 1.f, beta = 0.f;  // beta == 0: C is not read
+  void* c = nullptr;
+  DType c_dtype = DType::f32;
+  int64_t ldc = 0, csc = 1;
+};
+// One output block: rows [m0, m0+rows) of the logical M, tile t (and u = up tile for SwiGLU) with
+// row stride ldt, written to output columns [col0, col0+width); bias read at bcol (gate) / ucol (up).
+struct EpiBlock {
+  int64_t m0 = 0;
+  int rows = 0;
+  const float* t = nullptr;
+  const float* u = nullptr;
+  int64_t ldt = 0;
+  int64_t col0 = 0, bcol = 0, ucol = 0;
+  int width = 0;
+};
+void epilogue_scalar(const EpiArgs& e, const EpiBlock& b);
+void epilogue_avx512(const EpiArgs& e, const EpiBlock& b);
+
+// Packs rows [m0, m0+mc) of the logical A (row i at a.data + (rows ? rows[i] : i)*rs, columns by cs)
+// into row-major fp32 or bf16 with row stride lda (>= K, zero padding up to lda; rows up to mc_pad).
+struct ASource {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+  int64_t rs = 0, cs = 1;
+  const int32_t* rows = nullptr;
+};
+void pack_a(const ASource& a, int64_t m0, int64_t mc, int64_t mc_pad, int64_t K, Layout layout, void* dst, int64_t lda);
+
+// One GEMM job for the drivers.
+struct Job {
+  int64_t M = 0;
+  ASource a;
+  Panels b;
+  EpiArgs epi;
+  bool swiglu = false;
+};
+// Runs jobs over threads. race_free: jobs may write the same C elements (scatter-accumulate), so
+// output columns are split between threads instead of rows. Runs inline inside a parallel region.
+void run_jobs(const Job* jobs, int64_t count, bool race_free);
+
+}  // namespace ot::gemm::detail

@@ -1,0 +1,52 @@
+// AVX-512 BF16 micro-kernel: MR x 48 fp32 tile, vdpbf16ps on k-pairs (one 32-bit broadcast of
+// A's pair, three loads of the vnni B panel, 3*MR dot products per pair). Also the decode path
+// (M = 1..4), where it streams the weights at memory speed.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "src/gemm/internal.h"
+
+namespace ot::gemm::detail {
+
+template <int MR>
+static void tile_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
+  __m512 acc[MR][3];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 3; ++j) acc[r][j] = load_c ? _mm512_loadu_ps(c + r * ldc + 16 * j) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; k += 2) {
+    const uint16_t* bk = b + k * kNR;  // pair k/2 starts at (k/2) * 96 elements
+    __m512bh b0 = (__m512bh)_mm512_load_si512(bk), b1 = (__m512bh)_mm512_load_si512(bk + 32), b2 = (__m512bh)_mm512_load_si512(bk + 64);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, a + r * lda + k, 4);
+      __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], av, b2);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 3; ++j) _mm512_storeu_ps(c + r * ldc + 16 * j, acc[r][j]);
+}
+
+void kernel_avx512_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
+  auto A = static_cast<const uint16_t*>(a);
+  auto B = static_cast<const uint16_t*>(b);
+  switch (mr) {
+    case 1: tile_bf16<1>(kc, A, lda, B, c, ldc, load_c); break;
+    case 2: tile_bf16<2>(kc, A, lda, B, c, ldc, load_c); break;
+    case 3: tile_bf16<3>(kc, A, lda, B, c, ldc, load_c); break;
+    case 4: tile_bf16<4>(kc, A, lda, B, c, ldc, load_c); break;
+    case 5: tile_bf16<5>(kc, A, lda, B, c, ldc, load_c); break;
+    case 6: tile_bf16<6>(kc, A, lda, B, c, ldc, load_c); break;
+    case 7: tile_bf16<7>(kc, A, lda, B, c, ldc, load_c); break;
+    default: tile_bf16<8>(kc, A, lda, B, c, ldc, load_c); break;
+  }
+}
+
+}  // namespace ot::gemm::detail

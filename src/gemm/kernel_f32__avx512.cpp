@@ -1,0 +1,47 @@
+// AVX-512 fp32 micro-kernel: MR x 48 register tile (3 zmm per row, up to 8 rows = 24 accumulators),
+// one broadcast of A and three loads of the B panel per k.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "src/gemm/internal.h"
+
+namespace ot::gemm::detail {
+
+template <int MR>
+static void tile_f32(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc, bool load_c) {
+  __m512 acc[MR][3];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 3; ++j) acc[r][j] = load_c ? _mm512_loadu_ps(c + r * ldc + 16 * j) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    const float* bk = b + k * kNR;
+    __m512 b0 = _mm512_load_ps(bk), b1 = _mm512_load_ps(bk + 16), b2 = _mm512_load_ps(bk + 32);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      __m512 av = _mm512_set1_ps(a[r * lda + k]);
+      acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(av, b2, acc[r][2]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 3; ++j) _mm512_storeu_ps(c + r * ldc + 16 * j, acc[r][j]);
+}
+
+void kernel_avx512_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
+  auto A = static_cast<const float*>(a);
+  auto B = static_cast<const float*>(b);
+  switch (mr) {
+    case 1: tile_f32<1>(kc, A, lda, B, c, ldc, load_c); break;
+    case 2: tile_f32<2>(kc, A, lda, B, c, ldc, load_c); break;
+    case 3: tile_f32<3>(kc, A, lda, B, c, ldc, load_c); break;
+    case 4: tile_f32<4>(kc, A, lda, B, c, ldc, load_c); break;
+    case 5: tile_f32<5>(kc, A, lda, B, c, ldc, load_c); break;
+    case 6: tile_f32<6>(kc, A, lda, B, c, ldc, load_c); break;
+    case 7: tile_f32<7>(kc, A, lda, B, c, ldc, load_c); break;
+    default: tile_f32<8>(kc, A, lda, B, c, ldc, load_c); break;
+  }
+}
+
+}  // namespace ot::gemm::detail

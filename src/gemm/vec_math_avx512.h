@@ -1,0 +1,62 @@
+// 16-lane exp / erf / activations for the AVX-512 epilogue (only *__avx512*.cpp include this).
+// exp: Cody-Waite reduction + degree-6 polynomial (~1 ulp); erf: Abramowitz-Stegun 7.1.26
+// (|error| < 1.5e-7), enough for fp32 outputs of the exact-erf GELU.
+#pragma once
+// GCC 12 reports its own intrinsics' undefined-operand idiom as maybe-uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "ot/gemm.h"
+
+namespace ot::gemm::vm {
+
+inline __m512 exp(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-87.3365447504f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __m512 silu(__m512 x) {
+  __m512 e = exp(_mm512_sub_ps(_mm512_setzero_ps(), x));
+  return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+}
+
+inline __m512 erf(__m512 x) {
+  __m512 ax = _mm512_abs_ps(x);
+  __m512 t = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_fmadd_ps(ax, _mm512_set1_ps(0.3275911f), _mm512_set1_ps(1.f)));
+  __m512 p = _mm512_set1_ps(1.061405429f);
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
+  p = _mm512_mul_ps(p, t);
+  __m512 e = exp(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), ax), ax));
+  __m512 y = _mm512_fnmadd_ps(p, e, _mm512_set1_ps(1.f));
+  // copy the sign of x
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y), _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(int(0x80000000u)))));
+}
+
+inline __m512 gelu(__m512 x) {
+  __m512 h = _mm512_mul_ps(x, _mm512_set1_ps(0.5f));
+  return _mm512_fmadd_ps(h, erf(_mm512_mul_ps(x, _mm512_set1_ps(0.70710678118654752f))), h);
+}
+
+inline __m512 activate(Act a, __m512 x) {
+  switch (a) {
+    case Act::relu: return _mm512_max_ps(x, _mm512_setzero_ps());
+    case Act::gelu: return gelu(x);
+    case Act::silu: return silu(x);
+    default: return x;
+  }
+}
+
+}  // namespace ot::gemm::vm

@@ -1,0 +1,196 @@
+// grouped_gemm (empty groups, ragged M, scatter-accumulate colliding across groups) and matmul
+// (strided and transposed operands, mixed dtypes, alpha/beta, calls from inside parallel regions).
+#include <atomic>
+
+#include "gemm_test_util.h"
+#include "ot/error.h"
+#include "ot/parallel.h"
+
+using namespace ot;
+using namespace ot::gemm;
+using namespace ot::gemm::testing;
+
+TEST(GroupedGemm, RaggedGroupsScatterAccumulateRaceFree) {
+  const int64_t N = 146, K = 72, rows_out = 23;
+  const std::vector<int64_t> Ms = {0, 5, 40, 0, 17, 130, 1};
+  for (cpu::Isa isa : isa_paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (DType t : {DType::bf16, DType::f32}) {
+      Tensor x = random_tensor(t, {300, K}, 1);
+      std::vector<Tensor> w;
+      std::vector<PackedB> pw;
+      std::vector<std::vector<int32_t>> gather(Ms.size()), scatter(Ms.size());
+      std::vector<std::vector<float>> scale(Ms.size());
+      std::mt19937 rng(3);
+      for (size_t g = 0; g < Ms.size(); ++g) {
+        w.push_back(random_tensor(t, {N, K}, uint32_t(10 + g)));
+        pw.push_back(prepack(w.back(), BLayout::NK));
+        for (int64_t i = 0; i < Ms[g]; ++i) {
+          gather[g].push_back(int32_t(rng() % 300));
+          scatter[g].push_back(int32_t(rng() % rows_out));  // collides within and across groups
+          scale[g].push_back(0.25f + float(rng() % 4) * 0.25f);
+        }
+      }
+      Tensor c_fast = random_tensor(DType::f32, {rows_out, N}, 7), c_ref = Tensor::copy_of(c_fast);
+      std::vector<Group> groups(Ms.size());
+      for (size_t g = 0; g < Ms.size(); ++g) {
+        Group& gr = groups[g];
+        gr.M = Ms[g];
+        gr.a = {x.view().data, t, K, gather[g].data()};
+        gr.b = &pw[g];
+        gr.c = {c_fast.view().data, DType::f32, N};
+        gr.ep.scatter_rows = scatter[g].data();
+        gr.ep.row_scale = scale[g].data();
+        gr.ep.accumulate = true;
+      }
+      grouped_gemm(groups.data(), int64_t(groups.size()));
+      for (size_t g = 0; g < Ms.size(); ++g) {
+        Group gr = groups[g];
+        gr.c.data = c_ref.view().data;
+        ref::gemm(gr.M, gr.a, w[g], BLayout::NK, gr.c, gr.ep);
+      }
+      EXPECT_LE(norm_err(c_fast, c_ref), 1e-5) << "isa=" << isa_str(isa) << " " << dtype_name(t);
+    }
+  }
+}
+
+TEST(GroupedGemm, IndependentOutputsWithSwiglu) {
+  const int64_t N = 2 * 70, K = 96;
+  const std::vector<int64_t> Ms = {64, 0, 3, 200};
+  for (cpu::Isa isa : isa_paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    std::vector<Tensor> a, w, cf, cr;
+    std::vector<PackedB> pw;
+    std::vector<Group> groups;
+    std::vector<float> bias = to_f32(random_tensor(DType::f32, {N}, 99));
+    for (size_t g = 0; g < Ms.size(); ++g) {
+      a.push_back(random_tensor(DType::bf16, {std::max<int64_t>(Ms[g], 1), K}, uint32_t(g)));
+      w.push_back(random_tensor(DType::bf16, {K, N}, uint32_t(50 + g)));
+      pw.push_back(prepack(w.back(), BLayout::KN));
+      cf.push_back(Tensor::zeros(DType::bf16, {std::max<int64_t>(Ms[g], 1), N / 2}));
+      cr.push_back(Tensor::zeros(DType::bf16, {std::max<int64_t>(Ms[g], 1), N / 2}));
+    }
+    for (size_t g = 0; g < Ms.size(); ++g) {
+      Group gr;
+      gr.M = Ms[g];
+      gr.a = {a[g].view().data, DType::bf16, K};
+      gr.b = &pw[g];
+      gr.c = {cf[g].view().data, DType::bf16, N / 2};
+      gr.ep.act = Act::swiglu;
+      gr.ep.bias = bias.data();
+      groups.push_back(gr);
+    }
+    grouped_gemm(groups.data(), int64_t(groups.size()));
+    for (size_t g = 0; g < Ms.size(); ++g) {
+      Group gr = groups[g];
+      gr.c.data = cr[g].view().data;
+      ref::gemm(gr.M, gr.a, w[g], BLayout::KN, gr.c, gr.ep);
+      EXPECT_LE(norm_err(cf[g], cr[g]), 1e-2) << "isa=" << isa_str(isa) << " group " << g;
+    }
+  }
+}
+
+namespace {
+// C = alpha * op(A) x op(B) + beta * C for views built from (possibly transposed) storage.
+double check_matmul(int64_t M, int64_t N, int64_t K, DType at, DType bt, DType ct, bool ta, bool tb, bool tc, float alpha, float beta,
+                    uint32_t seed) {
+  Tensor as = ta ? random_tensor(at, {K, M + 2}, seed) : random_tensor(at, {M, K + 3}, seed);
+  Tensor bs = tb ? random_tensor(bt, {N, K + 1}, seed + 1) : random_tensor(bt, {K, N + 4}, seed + 1);
+  MatView a = ta ? MatView{as.view().data, at, K, M, M + 2, 1}.t() : MatView{as.view().data, at, M, K, K + 3, 1};
+  MatView b = tb ? MatView{bs.view().data, bt, N, K, K + 1, 1}.t() : MatView{bs.view().data, bt, K, N, N + 4, 1};
+  Tensor c0 = random_tensor(ct, tc ? std::vector<int64_t>{N, M} : std::vector<int64_t>{M, N}, seed + 2);
+  Tensor cf = Tensor::copy_of(c0), cr = Tensor::copy_of(c0);
+  auto cview = [&](const Tensor& t) { return tc ? MutMatView{t.view().data, ct, M, N, 1, M} : MutMatView{t.view().data, ct, M, N, N, 1}; };
+  matmul(a, b, cview(cf), alpha, beta);
+  ref::matmul(a, b, cview(cr), alpha, beta);
+  return norm_err(cf, cr);
+}
+}  // namespace
+
+TEST(Matmul, TransposedStridedMixedAlphaBeta) {
+  for (cpu::Isa isa : isa_paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    int i = 0;
+    for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{64, 128, 128}, {64, 64, 128}, {17, 33, 5}, {1, 50, 200}, {255, 16, 15}}) {
+      for (DType at : {DType::f32, DType::bf16, DType::f16})
+        for (DType bt : {DType::f32, DType::bf16}) {
+          ++i;
+          bool ta = i % 2, tb = (i / 2) % 2, tc = i % 5 == 0;
+          DType ct = i % 3 == 0 ? DType::bf16 : DType::f32;
+          float beta = i % 4 == 0 ? 0.f : 0.5f;
+          double err = check_matmul(M, N, K, at, bt, ct, ta, tb, tc, 1.5f, beta, uint32_t(i));
+          EXPECT_LE(err, tol_for(ct, false)) << "isa=" << isa_str(isa) << " M,N,K=" << M << "," << N << "," << K << " a=" << dtype_name(at)
+                                             << " b=" << dtype_name(bt) << " ta=" << ta << " tb=" << tb << " tc=" << tc;
+        }
+    }
+  }
+}
+
+TEST(Matmul, EmptyAndZeroK) {
+  EXPECT_EQ(check_matmul(0, 5, 7, DType::f32, DType::f32, DType::f32, false, false, false, 1, 0, 1), 0.0);
+  EXPECT_LE(check_matmul(6, 5, 0, DType::f32, DType::f32, DType::f32, false, false, false, 1, 0.5f, 1), 1e-6);
+  // beta = 0 ignores C even when it holds NaN.
+  Tensor a = random_tensor(DType::f32, {3, 4}, 1), b = random_tensor(DType::f32, {4, 5}, 2);
+  Tensor c = Tensor::empty(DType::f32, {3, 5});
+  for (int64_t i = 0; i < 15; ++i) c.ptr<float>()[i] = NAN;
+  matmul(MatView::of(a), MatView::of(b), MutMatView::of(c));
+  for (int64_t i = 0; i < 15; ++i) EXPECT_FALSE(std::isnan(c.ptr<float>()[i]));
+}
+
+TEST(Matmul, FromInsideParallelRegions) {
+  // GDN calls per-chunk matmuls from its own parallel_for: each runs on the calling thread.
+  const int chunks = 8;
+  std::vector<Tensor> a, b, cf, cr;
+  for (int i = 0; i < chunks; ++i) {
+    a.push_back(random_tensor(DType::bf16, {64, 128}, uint32_t(i)));
+    b.push_back(random_tensor(DType::bf16, {128, 64}, uint32_t(100 + i)));
+    cf.push_back(Tensor::zeros(DType::f32, {64, 64}));
+    cr.push_back(Tensor::zeros(DType::f32, {64, 64}));
+  }
+  std::atomic<int> done{0};
+  parallel_for(chunks, [&](int64_t b0, int64_t b1) {
+    for (int64_t i = b0; i < b1; ++i) {
+      for (int rep = 0; rep < 3; ++rep) matmul(MatView::of(a[i]), MatView::of(b[i]).t().t(), MutMatView::of(cf[i]));
+      done++;
+    }
+  });
+  EXPECT_EQ(done.load(), chunks);
+  for (int i = 0; i < chunks; ++i) {
+    ref::matmul(MatView::of(a[i]), MatView::of(b[i]), MutMatView::of(cr[i]));
+    EXPECT_LE(norm_err(cf[i], cr[i]), 2e-5) << i;
+  }
+}
+
+TEST(Matmul, BadShapesThrow) {
+  Tensor a = random_tensor(DType::f32, {3, 4}, 1), b = random_tensor(DType::f32, {5, 6}, 2), c = Tensor::zeros(DType::f32, {3, 6});
+  EXPECT_THROW(matmul(MatView::of(a), MatView::of(b), MutMatView::of(c)), Error);
+  Tensor b2 = random_tensor(DType::f32, {4, 6}, 2), cbad = Tensor::zeros(DType::f32, {3, 5});
+  EXPECT_THROW(matmul(MatView::of(a), MatView::of(b2), MutMatView::of(cbad)), Error);
+  Tensor ci = Tensor::zeros(DType::i32, {3, 6});
+  EXPECT_THROW(matmul(MatView::of(a), MatView::of(b2), MutMatView::of(ci)), Error);
+}
+
+TEST(BulkConvert, VectorMatchesScalar) {
+  std::vector<float> src(1000);
+  std::mt19937 rng(1);
+  for (auto& x : src) x = std::ldexp(float(int(rng() % 20001) - 10000), int(rng() % 40) - 30);
+  src[3] = NAN, src[4] = INFINITY, src[5] = -0.f, src[6] = 1e-40f, src[7] = 70000.f;
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (int64_t n : {0, 1, 15, 16, 17, 1000}) {
+      std::vector<uint16_t> v(static_cast<size_t>(n) + 1, 0xdead);
+      convert_from_f32(src.data(), v.data(), t, n);
+      EXPECT_EQ(v[size_t(n)], 0xdead);  // no write past n
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t s = t == DType::bf16 ? f32_to_bf16(src[size_t(i)]) : f32_to_f16(src[size_t(i)]);
+        if (std::isnan(src[size_t(i)])) continue;
+        ASSERT_EQ(v[size_t(i)], s) << dtype_name(t) << " i=" << i << " x=" << src[size_t(i)];
+      }
+      std::vector<float> back(static_cast<size_t>(n));
+      convert_to_f32(v.data(), t, back.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        float s = t == DType::bf16 ? bf16_to_f32(v[size_t(i)]) : f16_to_f32(v[size_t(i)]);
+        if (!std::isnan(s)) { ASSERT_EQ(back[size_t(i)], s); }
+      }
+    }
+  }
+}
