@@ -30,6 +30,15 @@ inline at::Tensor empty(const std::vector<int64_t>& shape, ot::DType dtype) { re
 
 [[noreturn]] void rethrow(const ot::Error& e);
 
+// Runs f, turning ot::Error into c10::Error (for constructors and methods of custom classes).
+template <class F> auto guard(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const ot::Error& e) {
+    rethrow(e);
+  }
+}
+
 // Guarded<&fn>::call has fn's signature and turns ot::Error into c10::Error.
 template <auto F> struct Guarded;
 template <class R, class... A, R (*F)(A...)>

@@ -1,5 +1,6 @@
 // Matrix engine op (matmul on strided activations) and the run-time path controls.
 #include "bridge.h"
+#include "holders.h"
 #include "ops.h"
 #include "ot/cpu.h"
 #include "ot/gemm.h"
@@ -18,6 +19,27 @@ Tensor matmul(const Tensor& a, const Tensor& b, double alpha, c10::optional<c10:
   OT_CHECK(is_float(vc.dtype), "matmul", "out_dtype", "float32, bfloat16 or float16", dtype_name(vc.dtype));
   gemm::matmul(gemm::MatView::of(va), gemm::MatView::of(vb), gemm::MutMatView::of(vc), float(alpha), 0.f);
   return c;
+}
+
+PackedWeightHolder::PackedWeightHolder(const at::Tensor& w, const std::string& layout) {
+  guard([&] {
+    OT_CHECK(layout == "torch" || layout == "KN", "PackedWeight", "layout", "\"torch\" ([N, K]) or \"KN\"", layout);
+    b = gemm::prepack(view(w, "PackedWeight", "weight"), layout == "torch" ? gemm::BLayout::NK : gemm::BLayout::KN);
+    return 0;
+  });
+}
+
+// torch_npu act_type codes (+ 6 = swiglu, this library's addition) -> engine epilogue.
+gemm::Act act_of(int64_t act_type, const char* op) {
+  switch (act_type) {
+    case 0: return gemm::Act::none;
+    case 1: return gemm::Act::relu;
+    case 2: return gemm::Act::gelu;
+    case 5: return gemm::Act::silu;
+    case 6: return gemm::Act::swiglu;
+    default: break;
+  }
+  throw ot::Error(op, "act_type", "0 none, 1 relu, 2 gelu, 5 silu or 6 swiglu (this library's addition)", std::to_string(act_type));
 }
 
 void set_max_isa(int64_t isa) {

@@ -3,10 +3,14 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
+#include <c10/util/OptionalArrayRef.h>
+#include <c10/util/intrusive_ptr.h>
 #include <c10/util/string_view.h>
 
 #include <tuple>
 #include <vector>
+
+#include "ot/gemm.h"
 
 namespace ot::py {
 
@@ -14,10 +18,102 @@ using Tensor = at::Tensor;
 using OptTensor = c10::optional<at::Tensor>;
 
 // gemm_ops.cpp
+gemm::Act act_of(int64_t act_type, const char* op);
 Tensor matmul(const Tensor& a, const Tensor& b, double alpha, c10::optional<c10::ScalarType> out_dtype);
 void set_max_isa(int64_t isa);
 void set_force_ref(bool on);
 std::tuple<int64_t, bool> isa_state();
+
+#ifdef OT_HAVE_MOE
+// moe_ops.cpp (torch_npu names without the npu_ prefix)
+struct PackedWeightHolder;
+struct MoeExpertsHolder;
+std::tuple<Tensor, Tensor, Tensor> moe_gating_top_k_softmax(const Tensor& x, const OptTensor& finished, int64_t k,
+                                                            const OptTensor& allowed);
+std::tuple<Tensor, Tensor, OptTensor> moe_gating_top_k_softmax_v2(const Tensor& x, int64_t k, const OptTensor& finished,
+                                                                  int64_t renorm, bool output_softmax, const OptTensor& allowed);
+std::tuple<Tensor, Tensor, OptTensor> moe_gating_top_k(const Tensor& x, int64_t k, const OptTensor& bias, int64_t k_group,
+                                                       int64_t group_count, int64_t group_select_mode, int64_t renorm,
+                                                       int64_t norm_type, bool out_flag, double routed_scaling_factor,
+                                                       double eps, const OptTensor& allowed);
+std::tuple<Tensor, Tensor, Tensor> moe_init_routing(const Tensor& x, const Tensor& row_idx, const Tensor& expert_idx,
+                                                    int64_t active_num);
+std::tuple<Tensor, Tensor, Tensor, OptTensor> moe_init_routing_v2(
+    const Tensor& x, const Tensor& expert_idx, const OptTensor& scale, const OptTensor& offset, int64_t active_num,
+    int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode, int64_t expert_tokens_num_type,
+    bool expert_tokens_num_flag, int64_t quant_mode, c10::IntArrayRef active_expert_range, int64_t row_idx_type,
+    c10::optional<c10::ScalarType> x_dtype);
+Tensor moe_compute_expert_tokens(const Tensor& sorted_expert_for_source_row, int64_t num_expert);
+std::tuple<Tensor, OptTensor, Tensor, Tensor> moe_re_routing(const Tensor& tokens, const Tensor& expert_token_num_per_rank,
+                                                             const OptTensor& per_token_scales, int64_t expert_token_num_type,
+                                                             int64_t idx_type);
+std::tuple<Tensor, Tensor> moe_token_permute(const Tensor& tokens, const Tensor& indices, c10::optional<int64_t> num_out_tokens,
+                                             bool padded_mode);
+Tensor moe_token_unpermute(const Tensor& permuted_tokens, const Tensor& sorted_indices, const OptTensor& probs, bool padded_mode,
+                           c10::OptionalIntArrayRef restore_shape);
+std::vector<Tensor> grouped_matmul(const std::vector<Tensor>& x, const std::vector<Tensor>& weight,
+                                   const c10::optional<std::vector<Tensor>>& bias, const OptTensor& group_list, int64_t split_item,
+                                   c10::optional<int64_t> group_type, int64_t group_list_type, int64_t act_type,
+                                   c10::optional<c10::ScalarType> output_dtype);
+Tensor moe_finalize_routing(const Tensor& expanded_permuted_rows, const OptTensor& skip1, const OptTensor& skip2,
+                            const OptTensor& bias, const OptTensor& scales, const Tensor& expanded_src_to_dst_row,
+                            const OptTensor& export_for_source_row, c10::optional<int64_t> drop_pad_mode);
+Tensor moe_finalize_routing_v2(const Tensor& expanded_x, const Tensor& expanded_row_idx, const OptTensor& x1, const OptTensor& x2,
+                               const OptTensor& bias, const OptTensor& scales, const OptTensor& expert_idx, int64_t drop_pad_mode);
+Tensor moe_final_optimizer_mm(const Tensor& x, const Tensor& expert_weight, const Tensor& token_expert_idx);
+double moe_aux_loss(const Tensor& probs, const Tensor& tokens_per_expert, int64_t k, double coeff);
+double moe_z_loss(const Tensor& logits, double coeff, const OptTensor& mask);
+int64_t moe_capacity(int64_t tokens, int64_t k, int64_t experts, double capacity_factor, int64_t min_capacity);
+using MoeFfnOut = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, int64_t>;
+MoeFfnOut moe_ffn(const Tensor& x, const c10::intrusive_ptr<PackedWeightHolder>& router,
+                  const c10::intrusive_ptr<MoeExpertsHolder>& experts, int64_t k, c10::string_view router_type, int64_t renorm,
+                  bool norm_topk_prob, const OptTensor& bias, int64_t k_group, int64_t group_count, int64_t group_select_mode,
+                  int64_t norm_type, double routed_scaling_factor, double eps, const OptTensor& allowed, int64_t expert_capacity,
+                  double capacity_factor, const c10::optional<c10::intrusive_ptr<MoeExpertsHolder>>& shared,
+                  const OptTensor& residual);
+#endif
+
+#ifdef OT_HAVE_MOE_BWD
+// moe_bwd_ops.cpp
+std::tuple<OptTensor, OptTensor, OptTensor> grouped_matmul_backward(
+    const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& group_list, int64_t group_list_type,
+    int64_t act_type, const OptTensor& bias, const OptTensor& pre_act, bool need_dx, bool need_dweight, bool need_dbias);
+Tensor moe_act_backward(int64_t act_type, const Tensor& z, const Tensor& dy);
+#endif
+
+// gdn_ops.cpp (fla names and argument order)
+using GdnChunkFwd = std::tuple<Tensor, OptTensor, OptTensor, OptTensor, OptTensor, OptTensor>;
+GdnChunkFwd chunk_gated_delta_rule_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                                       c10::optional<double> scale, const OptTensor& initial_state, bool output_final_state,
+                                       const OptTensor& cu_seqlens, bool use_qk_l2norm_in_kernel, c10::string_view layout,
+                                       bool save_for_backward);
+std::tuple<Tensor, OptTensor> chunk_gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                                     const Tensor& beta, c10::optional<double> scale, const OptTensor& initial_state,
+                                                     bool output_final_state, const OptTensor& cu_seqlens,
+                                                     bool use_qk_l2norm_in_kernel, c10::string_view layout);
+std::tuple<Tensor, OptTensor> fused_recurrent_gated_delta_rule(
+    const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& g, const OptTensor& beta, c10::optional<double> scale,
+    const OptTensor& initial_state, bool output_final_state, const OptTensor& cu_seqlens, bool use_qk_l2norm_in_kernel,
+    const OptTensor& A_log, const OptTensor& dt_bias, bool beta_sigmoid, c10::string_view layout);
+Tensor recurrent_gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& g, const OptTensor& beta,
+                                  const Tensor& state_cache, const Tensor& state_indices, c10::optional<double> scale,
+                                  const OptTensor& cu_seqlens, const OptTensor& num_accepted_tokens, bool use_qk_l2norm_in_kernel,
+                                  const OptTensor& A_log, const OptTensor& dt_bias, bool beta_sigmoid, c10::string_view layout);
+Tensor chunk_local_cumsum(const Tensor& g, int64_t chunk_size, bool reverse, c10::optional<double> scale,
+                          const OptTensor& cu_seqlens, bool head_first);
+std::tuple<Tensor, Tensor> l2norm_fwd(const Tensor& x, double eps);
+Tensor l2norm_bwd(const Tensor& y, const Tensor& rstd, const Tensor& dy);
+Tensor chunk_scaled_dot_kkt_fwd(const Tensor& k, const Tensor& g_cumsum, const Tensor& beta, const OptTensor& cu_seqlens,
+                                c10::string_view layout);
+Tensor solve_tril(const Tensor& A, const OptTensor& cu_seqlens, c10::string_view layout);
+std::tuple<Tensor, Tensor> recompute_w_u_fwd(const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& A,
+                                             const Tensor& g_cumsum, const OptTensor& cu_seqlens, c10::string_view layout);
+std::tuple<Tensor, Tensor, OptTensor> chunk_gated_delta_rule_fwd_h(const Tensor& k, const Tensor& w, const Tensor& u,
+                                                                   const Tensor& g, const OptTensor& initial_state,
+                                                                   bool output_final_state, const OptTensor& cu_seqlens,
+                                                                   c10::string_view layout);
+Tensor chunk_fwd_o(const Tensor& q, const Tensor& k, const Tensor& v_new, const Tensor& h, const Tensor& g,
+                   c10::optional<double> scale, const OptTensor& cu_seqlens, c10::string_view layout);
 
 // bench_ops.cpp
 double cpp_call_us(c10::string_view op, const std::vector<Tensor>& args, int64_t iters);

@@ -3,7 +3,10 @@
 // prefix) for MoE and fla for GDN, so porting code is a namespace change.
 #include <torch/library.h>
 
+#include <torch/custom_class.h>
+
 #include "bridge.h"
+#include "holders.h"
 #include "ops.h"
 
 TORCH_LIBRARY(ops_transformer, m) {
@@ -14,4 +17,104 @@ TORCH_LIBRARY(ops_transformer, m) {
   m.def("set_force_ref(bool on) -> ()", OT_OP(set_force_ref));
   m.def("isa_state() -> (int, bool)", OT_OP(isa_state));
   m.def("_cpp_call_us(str op, Tensor[] args, int iters) -> float", OT_OP(cpp_call_us));
+  m.class_<PackedWeightHolder>("PackedWeight")
+      .def(torch::init<at::Tensor, std::string>())
+      .def("K", &PackedWeightHolder::K)
+      .def("N", &PackedWeightHolder::N);
+#ifdef OT_HAVE_MOE
+  // ---- MoE (torch_npu: npu_moe_* without the npu_ prefix)
+  m.class_<MoeExpertsHolder>("MoeExperts")
+      .def(torch::init<at::Tensor, c10::optional<at::Tensor>, at::Tensor, std::string>())
+      .def("set_expert", &MoeExpertsHolder::set_expert)
+      .def("remove_expert", &MoeExpertsHolder::remove_expert)
+      .def("num_experts", &MoeExpertsHolder::num_experts)
+      .def("hidden", &MoeExpertsHolder::hidden)
+      .def("intermediate", &MoeExpertsHolder::intermediate)
+      .def("packed_bytes", &MoeExpertsHolder::packed_bytes);
+  m.def("moe_gating_top_k_softmax(Tensor x, Tensor? finished=None, int k=1, *, Tensor? allowed=None) "
+        "-> (Tensor y, Tensor expert_idx, Tensor row_idx)", OT_OP(moe_gating_top_k_softmax));
+  m.def("moe_gating_top_k_softmax_v2(Tensor x, *, int k=1, Tensor? finished=None, int renorm=0, "
+        "bool output_softmax=False, Tensor? allowed=None) -> (Tensor y, Tensor expert_idx, Tensor? softmax_result)",
+        OT_OP(moe_gating_top_k_softmax_v2));
+  m.def("moe_gating_top_k(Tensor x, int k, *, Tensor? bias=None, int k_group=1, int group_count=1, "
+        "int group_select_mode=0, int renorm=0, int norm_type=0, bool out_flag=False, float routed_scaling_factor=1.0, "
+        "float eps=1e-20, Tensor? allowed=None) -> (Tensor y, Tensor expert_idx, Tensor? out)", OT_OP(moe_gating_top_k));
+  m.def("moe_init_routing(Tensor x, Tensor row_idx, Tensor expert_idx, int active_num) "
+        "-> (Tensor expanded_x, Tensor expanded_row_idx, Tensor expanded_expert_idx)", OT_OP(moe_init_routing));
+  m.def("moe_init_routing_v2(Tensor x, Tensor expert_idx, *, Tensor? scale=None, Tensor? offset=None, int active_num=-1, "
+        "int expert_capacity=-1, int expert_num=-1, int drop_pad_mode=0, int expert_tokens_num_type=0, "
+        "bool expert_tokens_num_flag=False, int quant_mode=-1, int[] active_expert_range=[], int row_idx_type=0, "
+        "ScalarType? x_dtype=None) -> (Tensor expanded_x, Tensor expanded_row_idx, Tensor expert_token_cumsum_or_count, "
+        "Tensor? expanded_scale)", OT_OP(moe_init_routing_v2));
+  m.def("moe_compute_expert_tokens(Tensor sorted_expert_for_source_row, int num_expert) -> Tensor",
+        OT_OP(moe_compute_expert_tokens));
+  m.def("moe_re_routing(Tensor tokens, Tensor expert_token_num_per_rank, *, Tensor? per_token_scales=None, "
+        "int expert_token_num_type=1, int idx_type=0) -> (Tensor permute_tokens, Tensor? permute_per_token_scales, "
+        "Tensor permute_token_idx, Tensor expert_token_num)", OT_OP(moe_re_routing));
+  m.def("moe_token_permute(Tensor tokens, Tensor indices, int? num_out_tokens=None, bool padded_mode=False) "
+        "-> (Tensor permuted_tokens, Tensor sorted_indices)", OT_OP(moe_token_permute));
+  m.def("moe_token_unpermute(Tensor permuted_tokens, Tensor sorted_indices, Tensor? probs=None, bool padded_mode=False, "
+        "int[]? restore_shape=None) -> Tensor", OT_OP(moe_token_unpermute));
+  m.def("grouped_matmul(Tensor[] x, Tensor[] weight, *, Tensor[]? bias=None, Tensor? group_list=None, int split_item=0, "
+        "int? group_type=None, int group_list_type=0, int act_type=0, ScalarType? output_dtype=None) -> Tensor[]",
+        OT_OP(grouped_matmul));
+  m.def("moe_finalize_routing(Tensor expanded_permuted_rows, Tensor? skip1, Tensor? skip2, Tensor? bias, Tensor? scales, "
+        "Tensor expanded_src_to_dst_row, Tensor? export_for_source_row, int? drop_pad_mode=0) -> Tensor",
+        OT_OP(moe_finalize_routing));
+  m.def("moe_finalize_routing_v2(Tensor expanded_x, Tensor expanded_row_idx, *, Tensor? x1=None, Tensor? x2=None, "
+        "Tensor? bias=None, Tensor? scales=None, Tensor? expert_idx=None, int drop_pad_mode=0) -> Tensor",
+        OT_OP(moe_finalize_routing_v2));
+  m.def("moe_final_optimizer_mm(Tensor x, Tensor expert_weight, Tensor token_expert_idx) -> Tensor",
+        OT_OP(moe_final_optimizer_mm));
+  m.def("moe_aux_loss(Tensor probs, Tensor tokens_per_expert, int k, float coeff=1.0) -> float", OT_OP(moe_aux_loss));
+  m.def("moe_z_loss(Tensor logits, float coeff=1.0, Tensor? mask=None) -> float", OT_OP(moe_z_loss));
+  m.def("moe_capacity(int tokens, int k, int experts, float capacity_factor, int min_capacity=0) -> int",
+        OT_OP(moe_capacity));
+  m.def("moe_ffn(Tensor x, __torch__.torch.classes.ops_transformer.PackedWeight router, "
+        "__torch__.torch.classes.ops_transformer.MoeExperts experts, *, int k=2, str router_type=\"softmax\", int renorm=0, "
+        "bool norm_topk_prob=False, Tensor? bias=None, int k_group=1, int group_count=1, int group_select_mode=0, "
+        "int norm_type=0, float routed_scaling_factor=1.0, float eps=1e-20, Tensor? allowed=None, int expert_capacity=-1, "
+        "float capacity_factor=0.0, __torch__.torch.classes.ops_transformer.MoeExperts? shared=None, Tensor? residual=None) "
+        "-> (Tensor y, Tensor router_logits, Tensor topk_ids, Tensor topk_weights, Tensor expert_counts, int dropped)",
+        OT_OP(moe_ffn));
+#endif
+#ifdef OT_HAVE_MOE_BWD
+  m.def("grouped_matmul_backward(Tensor grad_y, Tensor x, Tensor weight, Tensor group_list, *, int group_list_type=0, "
+        "int act_type=0, Tensor? bias=None, Tensor? pre_act=None, bool need_dx=True, bool need_dweight=True, "
+        "bool need_dbias=False) -> (Tensor? dx, Tensor? dweight, Tensor? dbias)", OT_OP(grouped_matmul_backward));
+  m.def("moe_act_backward(int act_type, Tensor z, Tensor dy) -> Tensor", OT_OP(moe_act_backward));
+#endif
+#ifdef OT_HAVE_GDN
+  // ---- Gated DeltaNet (fla functional API; layout: "BTHD" default, "BNSD" head-major)
+  m.def("chunk_gated_delta_rule(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float? scale=None, "
+        "Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None, "
+        "bool use_qk_l2norm_in_kernel=False, *, str layout=\"BTHD\") -> (Tensor, Tensor?)", OT_OP(chunk_gated_delta_rule));
+  m.def("chunk_gated_delta_rule_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float? scale=None, "
+        "Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None, "
+        "bool use_qk_l2norm_in_kernel=False, *, str layout=\"BTHD\", bool save_for_backward=True) "
+        "-> (Tensor o, Tensor? final_state, Tensor? g_cumsum, Tensor? A, Tensor? q_rstd, Tensor? k_rstd)",
+        OT_OP(chunk_gated_delta_rule_fwd));
+  m.def("fused_recurrent_gated_delta_rule(Tensor q, Tensor k, Tensor v, Tensor? g=None, Tensor? beta=None, "
+        "float? scale=None, Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None, "
+        "bool use_qk_l2norm_in_kernel=False, *, Tensor? A_log=None, Tensor? dt_bias=None, bool beta_sigmoid=False, "
+        "str layout=\"BTHD\") -> (Tensor, Tensor?)", OT_OP(fused_recurrent_gated_delta_rule));
+  m.def("recurrent_gated_delta_rule(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor? beta, Tensor(a!) state_cache, "
+        "Tensor state_indices, *, float? scale=None, Tensor? cu_seqlens=None, Tensor? num_accepted_tokens=None, "
+        "bool use_qk_l2norm_in_kernel=False, Tensor? A_log=None, Tensor? dt_bias=None, bool beta_sigmoid=False, "
+        "str layout=\"BTHD\") -> Tensor", OT_OP(recurrent_gated_delta_rule));
+  m.def("chunk_local_cumsum(Tensor g, int chunk_size=64, bool reverse=False, float? scale=None, "
+        "Tensor? cu_seqlens=None, bool head_first=False) -> Tensor", OT_OP(chunk_local_cumsum));
+  m.def("l2norm_fwd(Tensor x, float eps=1e-6) -> (Tensor y, Tensor rstd)", OT_OP(l2norm_fwd));
+  m.def("l2norm_bwd(Tensor y, Tensor rstd, Tensor dy) -> Tensor", OT_OP(l2norm_bwd));
+  m.def("chunk_scaled_dot_kkt_fwd(Tensor k, Tensor g_cumsum, Tensor beta, Tensor? cu_seqlens=None, *, "
+        "str layout=\"BTHD\") -> Tensor", OT_OP(chunk_scaled_dot_kkt_fwd));
+  m.def("solve_tril(Tensor A, Tensor? cu_seqlens=None, *, str layout=\"BTHD\") -> Tensor", OT_OP(solve_tril));
+  m.def("recompute_w_u_fwd(Tensor k, Tensor v, Tensor beta, Tensor A, Tensor g_cumsum, Tensor? cu_seqlens=None, *, "
+        "str layout=\"BTHD\") -> (Tensor w, Tensor u)", OT_OP(recompute_w_u_fwd));
+  m.def("chunk_gated_delta_rule_fwd_h(Tensor k, Tensor w, Tensor u, Tensor g, Tensor? initial_state=None, "
+        "bool output_final_state=False, Tensor? cu_seqlens=None, *, str layout=\"BTHD\") "
+        "-> (Tensor h, Tensor v_new, Tensor? final_state)", OT_OP(chunk_gated_delta_rule_fwd_h));
+  m.def("chunk_fwd_o(Tensor q, Tensor k, Tensor v_new, Tensor h, Tensor g, float? scale=None, "
+        "Tensor? cu_seqlens=None, *, str layout=\"BTHD\") -> Tensor", OT_OP(chunk_fwd_o));
+#endif
 }
