@@ -1,0 +1,205 @@
+// chunk_gated_delta_rule_fwd (spec 5.8): the whole chunked forward fused per (sequence, value head).
+// Each task walks its sequence chunk by chunk with every intermediate of the chunk in per-thread
+// fp32 scratch (L2-resident), so no stage tensor is materialised except what the backward needs.
+#include <cmath>
+#include <cstring>
+
+#include "ot/cpu.h"
+#include "ot/parallel.h"
+#include "ot/trace.h"
+#include "src/gdn/chunk_kernels.h"
+#include "src/gdn/gdn_ref.h"
+
+namespace ot::gdn {
+using namespace detail;
+
+namespace {
+
+struct Args {
+  Tok q, k, v, g, beta;
+  int64_t B = 0, T = 0, HK = 0, HV = 0, DK = 0, DV = 0;
+  float scale = 1.f;
+};
+
+Args check(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta, const Layout l,
+           std::optional<float> scale, const char* op) {
+  Args a;
+  a.q = tok_vec(q, l, op, "q");
+  a.k = tok_vec(k, l, op, "k");
+  a.v = tok_vec(v, l, op, "v");
+  a.B = a.q.B, a.T = a.q.T, a.HK = a.q.H, a.DK = a.q.D, a.HV = a.v.H, a.DV = a.v.D;
+  OT_CHECK(k.shape() == q.shape(), op, "k", ::ot::detail::cat("the shape of q ", q.shape_str()), k.shape_str());
+  expect_bt(a.v, a.B, a.T, op, "v");
+  OT_CHECK(v.ndim == q.ndim, op, "v", "the rank of q", v.ndim);
+  expect_groups(a.HV, a.HK, op);
+  OT_CHECK(a.DK >= 1 && a.DK <= 256, op, "q", "a key head dim in [1, 256]", a.DK);
+  OT_CHECK(a.DV >= 1 && a.DV <= 256, op, "v", "a value head dim in [1, 256]", a.DV);
+  if (g.defined()) {
+    a.g = tok_scal(g, l, op, "g");
+    expect_bt(a.g, a.B, a.T, op, "g");
+    expect_heads(a.g, a.HV, op, "g");
+  }
+  if (beta.defined()) {
+    a.beta = tok_scal(beta, l, op, "beta");
+    expect_bt(a.beta, a.B, a.T, op, "beta");
+    expect_heads(a.beta, a.HV, op, "beta");
+  }
+  a.scale = scale ? *scale : 1.f / std::sqrt(float(a.DK));
+  return a;
+}
+
+void check_values(const Args& a, const char* op) {
+  expect_finite(a.q, op, "q");
+  expect_finite(a.k, op, "k");
+  expect_finite(a.v, op, "v");
+  if (a.g.defined()) expect_finite(a.g, op, "g");
+  if (a.beta.defined()) expect_finite(a.beta, op, "beta");
+}
+
+// The fp64 path: token recurrence for o and the final state, stage references for G and A.
+ChunkFwd forward_ref(const Args& a, const ChunkOptions& opt, const SeqInfo& s, DType o_dtype, bool save) {
+  const char* op = "chunk_gated_delta_rule_fwd";
+  ChunkFwd r;
+  r.o = new_vec(opt.layout, a.v.packed, o_dtype, a.B, a.T, a.HV, a.DV);
+  if (opt.output_final_state) r.final_state = Tensor::empty(DType::f32, {s.num_seqs(), a.HV, a.DK, a.DV});
+  refimpl::recurrence(a.q, a.k, a.v, a.g, a.beta, state_ref(opt.initial_state), opt.use_qk_l2norm_in_kernel, a.scale,
+                      tok_vec(r.o, opt.layout, op, "o"), state_ref(r.final_state), s);
+  if (!save) return r;
+  r.g_cumsum = new_scal(opt.layout, a.v.packed, DType::f32, a.B, a.T, a.HV);
+  Tok Gt = tok_scal(r.g_cumsum, opt.layout, op, "g_cumsum");
+  if (a.g.defined()) refimpl::cumsum(a.g, Gt, s, false, 1.f);
+  else std::memset(r.g_cumsum.ptr<float>(), 0, r.g_cumsum.view().nbytes());
+  Tensor ones;
+  Tok bt = a.beta;
+  if (!bt.defined()) {
+    ones = new_scal(opt.layout, a.v.packed, DType::f32, a.B, a.T, a.HV);
+    for (int64_t i = 0; i < ones.numel(); ++i) ones.ptr<float>()[i] = 1.f;
+    bt = tok_scal(ones, opt.layout, op, "beta");
+  }
+  Tok kt = a.k;
+  Tensor kn;
+  if (opt.use_qk_l2norm_in_kernel) {
+    // Normalised copies (same layout, contiguous) and their rstd.
+    auto norm = [&](const Tok& x, Tensor& rstd) {
+      Tensor y = new_vec(opt.layout, x.packed, DType::f32, x.B, x.T, x.H, x.D);
+      rstd = new_scal(opt.layout, x.packed, DType::f32, x.B, x.T, x.H);
+      Tok yt = tok_vec(y, opt.layout, op, "y"), rt = tok_scal(rstd, opt.layout, op, "rstd");
+      for (int64_t b = 0; b < x.B; ++b)
+        for (int64_t t = 0; t < x.T; ++t)
+          for (int64_t h = 0; h < x.H; ++h) {
+            double ss = 0;
+            for (int64_t d = 0; d < x.D; ++d) ss += x.get(b, t, h, d) * x.get(b, t, h, d);
+            double inv = 1.0 / std::sqrt(ss + 1e-6);
+            for (int64_t d = 0; d < x.D; ++d) yt.set(b, t, h, d, x.get(b, t, h, d) * inv);
+            rt.set(b, t, h, 0, inv);
+          }
+      return y;
+    };
+    norm(a.q, r.q_rstd);
+    kn = norm(a.k, r.k_rstd);
+    kt = tok_vec(kn, opt.layout, op, "k");
+  }
+  Tensor M = new_vec(opt.layout, a.v.packed, DType::f32, a.B, a.T, a.HV, kChunk, true);
+  r.A = new_vec(opt.layout, a.v.packed, DType::f32, a.B, a.T, a.HV, kChunk, true);
+  Tok Mt = tok_vec(M, opt.layout, op, "M");
+  refimpl::kkt(kt, Gt, bt, Mt, s);
+  refimpl::solve_tril(Mt, tok_vec(r.A, opt.layout, op, "A"), s);
+  return r;
+}
+
+}  // namespace
+
+ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                                    const TensorView& beta, const ChunkOptions& opt) {
+  const char* op = "chunk_gated_delta_rule_fwd";
+  trace::OpScope scope(op);
+  Args a = check(q, k, v, g, beta, opt.layout, opt.scale, op);
+  OT_CHECK(g.defined(), op, "g", "a gate tensor", "undefined");
+  OT_CHECK(beta.defined(), op, "beta", "a beta tensor", "undefined");
+  SeqInfo st;
+  const SeqInfo& s = resolve_seq(opt, a.B, a.T, st, op);
+  int64_t N = s.num_seqs(), HV = a.HV, DK = a.DK, DV = a.DV, group = HV / a.HK;
+  if (opt.initial_state.defined()) expect_state(opt.initial_state, N, HV, DK, DV, false, op, "initial_state");
+  check_values(a, op);
+  double flops = double(a.B * a.T * HV) * (6.0 * kChunk * DK + 4.0 * kChunk * DV + 6.0 * DK * DV + kChunk * kChunk / 3.0);
+  scope.args(shape_args(q, v, opt.layout)).kernel(cpu::force_ref() ? "ref" : gemm::kernel_name(DType::f32, DType::f32, kChunk)).flops(flops);
+  bool save = opt.save_for_backward;
+  if (cpu::force_ref()) return forward_ref(a, opt, s, q.dtype, save);
+
+  ChunkFwd r;
+  r.o = new_vec(opt.layout, a.v.packed, q.dtype, a.B, a.T, HV, DV);
+  if (opt.output_final_state) r.final_state = Tensor::empty(DType::f32, {N, HV, DK, DV});
+  if (save) {
+    r.g_cumsum = new_scal(opt.layout, a.v.packed, DType::f32, a.B, a.T, HV);
+    r.A = new_vec(opt.layout, a.v.packed, DType::f32, a.B, a.T, HV, kChunk, true);
+    if (opt.use_qk_l2norm_in_kernel) {
+      r.q_rstd = new_scal(opt.layout, a.q.packed, DType::f32, a.B, a.T, a.HK);
+      r.k_rstd = new_scal(opt.layout, a.q.packed, DType::f32, a.B, a.T, a.HK);
+    }
+  }
+  Tok ot = tok_vec(r.o, opt.layout, op, "o");
+  Tok Gt, At, rq, rk;
+  if (save) {
+    Gt = tok_scal(r.g_cumsum, opt.layout, op, "g_cumsum");
+    At = tok_vec(r.A, opt.layout, op, "A");
+    if (r.q_rstd.defined()) rq = tok_scal(r.q_rstd, opt.layout, op, "q_rstd"), rk = tok_scal(r.k_rstd, opt.layout, op, "k_rstd");
+  }
+  StateRef S0 = state_ref(opt.initial_state), fin = state_ref(r.final_state);
+  bool l2 = opt.use_qk_l2norm_in_kernel;
+  ChunkScratch scr(DK, DV);
+  parallel_for_dynamic(N * HV, 1, [&](int64_t i0, int64_t i1) {
+    ChunkBufs b = scr.get(thread_id());
+    for (int64_t i = i0; i < i1; ++i) {
+      int64_t n = i / HV, hv = i % HV, hk = hv / group;
+      if (S0.defined()) std::memcpy(b.S, S0.f32(n, hv), sizeof(float) * size_t(DK * DV));
+      else std::memset(b.S, 0, sizeof(float) * size_t(DK * DV));
+      int64_t nc = s.chunk_offsets[size_t(n + 1)] - s.chunk_offsets[size_t(n)];
+      for (int64_t c = 0; c < nc; ++c) {
+        ChunkSpan sp = chunk_span(s, n, c);
+        int64_t L = sp.L;
+        load_rows(a.q, sp.b, sp.t0, L, hk, b.q, DK);
+        load_rows(a.k, sp.b, sp.t0, L, hk, b.k, DK);
+        load_rows(a.v, sp.b, sp.t0, L, hv, b.v, DV);
+        load_scal(a.g, sp.b, sp.t0, L, hv, b.g);
+        load_scal(a.beta, sp.b, sp.t0, L, hv, b.beta);
+        if (l2) {
+          l2norm_rows(b.q, DK, L, DK, 1e-6f, b.rq);
+          l2norm_rows(b.k, DK, L, DK, 1e-6f, b.rk);
+        }
+        cumsum_chunk(b.g, L, b.G, false, 1.f);
+        decay_matrix(b.G, L, b.E);
+        kkt_chunk(b.k, DK, L, DK, b.beta, b.E, b.M);
+        solve_tril_chunk(b.M, kChunk, L, b.A, kChunk);
+        wu_chunk(b.A, kChunk, b.k, DK, b.v, DV, b.beta, b.G, L, DK, DV, b.w, DK, b.u, DV, b.t);
+        vnew_chunk(b.w, DK, b.u, DV, b.S, L, DK, DV, b.u, DV);
+        out_chunk(b.q, DK, b.k, DK, b.u, DV, b.S, b.E, b.G, a.scale, L, DK, DV, b.o, DV, b.t, b.M);
+        store_rows(b.o, DV, ot, sp.b, sp.t0, L, hv);
+        state_update_chunk(b.S, b.k, DK, b.u, DV, b.G, L, DK, DV, b.t);
+        if (save) {
+          store_scal(b.G, Gt, sp.b, sp.t0, L, hv);
+          store_rows(b.A, kChunk, At, sp.b, sp.t0, L, hv);
+          if (rq.defined() && hv % group == 0) {
+            store_scal(b.rq, rq, sp.b, sp.t0, L, hk);
+            store_scal(b.rk, rk, sp.b, sp.t0, L, hk);
+          }
+        }
+      }
+      if (fin.defined()) std::memcpy(fin.f32(n, hv), b.S, sizeof(float) * size_t(DK * DV));
+    }
+  });
+  return r;
+}
+
+namespace ref {
+ChunkFwd recurrence(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
+                    const ChunkOptions& opt) {
+  const char* op = "gdn_recurrence_ref";
+  Args a = check(q, k, v, g, beta, opt.layout, opt.scale, op);
+  SeqInfo st;
+  const SeqInfo& s = resolve_seq(opt, a.B, a.T, st, op);
+  if (opt.initial_state.defined()) expect_state(opt.initial_state, s.num_seqs(), a.HV, a.DK, a.DV, true, op, "initial_state");
+  return forward_ref(a, opt, s, DType::f32, false);
+}
+}  // namespace ref
+
+}  // namespace ot::gdn

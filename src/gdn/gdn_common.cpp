@@ -1,0 +1,287 @@
+// Layout canonicalisation, argument checks and varlen metadata shared by every GDN operator.
+#include <algorithm>
+#include <cmath>
+
+#include "ot/numeric.h"
+#include "src/gdn/gdn_internal.h"
+
+namespace ot::gdn {
+
+const char* layout_name(Layout l) { return l == Layout::BTHD ? "BTHD" : "BHTD"; }
+
+int64_t SeqInfo::max_chunks_per_row() const {
+  if (varlen) return num_chunks();
+  return (tokens + kChunk - 1) / kChunk;
+}
+
+SeqInfo make_seq_info(int64_t B, int64_t T, const TensorView& cu, const char* op) {
+  SeqInfo s;
+  s.batch = B;
+  s.tokens = T;
+  if (cu.defined()) {
+    OT_CHECK(cu.ndim == 1 && cu.sizes[0] >= 1, op, "cu_seqlens", "a 1-D host tensor [N+1]", cu.shape_str());
+    OT_CHECK(cu.dtype == DType::i64 || cu.dtype == DType::i32, op, "cu_seqlens", "int64 or int32", dtype_name(cu.dtype));
+    OT_CHECK(B == 1, op, "cu_seqlens", "a batch of 1 (packed varlen input)", "B = ", B);
+    int64_t n1 = cu.sizes[0];
+    std::vector<int64_t> c(static_cast<size_t>(n1));
+    for (int64_t i = 0; i < n1; ++i) {
+      int64_t off = i * cu.strides[0];
+      c[size_t(i)] = cu.dtype == DType::i64 ? cu.ptr<int64_t>()[off] : int64_t(cu.ptr<int32_t>()[off]);
+    }
+    OT_CHECK(c[0] == 0, op, "cu_seqlens", "cu_seqlens[0] == 0", c[0]);
+    for (int64_t i = 1; i < n1; ++i)
+      OT_CHECK(c[size_t(i)] >= c[size_t(i - 1)], op, "cu_seqlens", "non-decreasing offsets", "cu_seqlens[", i, "] = ", c[size_t(i)],
+               " < cu_seqlens[", i - 1, "] = ", c[size_t(i - 1)]);
+    OT_CHECK(c.back() == T, op, "cu_seqlens", "last offset == T (tokens of the packed input)", c.back(), " vs T = ", T);
+    s.varlen = true;
+    for (int64_t n = 0; n + 1 < n1; ++n) {
+      s.row.push_back(0);
+      s.bos.push_back(c[size_t(n)]);
+      s.len.push_back(c[size_t(n + 1)] - c[size_t(n)]);
+    }
+  } else {
+    for (int64_t b = 0; b < B; ++b) {
+      s.row.push_back(b);
+      s.bos.push_back(0);
+      s.len.push_back(T);
+    }
+  }
+  s.chunk_offsets.push_back(0);
+  for (int64_t n = 0; n < s.num_seqs(); ++n) {
+    int64_t nc = (s.len[size_t(n)] + kChunk - 1) / kChunk;
+    for (int64_t c = 0; c < nc; ++c) {
+      s.chunk_seq.push_back(int32_t(n));
+      s.chunk_pos.push_back(int32_t(c));
+    }
+    s.chunk_offsets.push_back(s.chunk_offsets.back() + nc);
+  }
+  return s;
+}
+
+namespace detail {
+
+float Tok::scalar(int64_t b, int64_t t, int64_t h) const {
+  const void* q = at(b, t, h);
+  switch (dt) {
+    case DType::f32: return *static_cast<const float*>(q);
+    case DType::bf16: return bf16_to_f32(*static_cast<const uint16_t*>(q));
+    case DType::f16: return f16_to_f32(*static_cast<const uint16_t*>(q));
+    default: return 0.f;
+  }
+}
+
+double Tok::get(int64_t b, int64_t t, int64_t h, int64_t d) const {
+  const char* q = static_cast<const char*>(at(b, t, h)) + d * sd * int64_t(dtype_size(dt));
+  switch (dt) {
+    case DType::f32: return *reinterpret_cast<const float*>(q);
+    case DType::bf16: return bf16_to_f32(*reinterpret_cast<const uint16_t*>(q));
+    case DType::f16: return f16_to_f32(*reinterpret_cast<const uint16_t*>(q));
+    default: return 0.0;
+  }
+}
+
+void Tok::set(int64_t b, int64_t t, int64_t h, int64_t d, double x) const {
+  char* q = static_cast<char*>(at(b, t, h)) + d * sd * int64_t(dtype_size(dt));
+  if (dt == DType::f32) *reinterpret_cast<float*>(q) = float(x);
+  else if (dt == DType::bf16) *reinterpret_cast<uint16_t*>(q) = f32_to_bf16(float(x));
+  else if (dt == DType::f16) *reinterpret_cast<uint16_t*>(q) = f32_to_f16(float(x));
+}
+
+Tok tok_vec(const TensorView& x, Layout l, const char* op, const char* arg) {
+  OT_CHECK(x.defined() && x.data, op, arg, "a tensor", "undefined");
+  OT_CHECK(x.ndim == 4 || x.ndim == 3, op, arg, l == Layout::BTHD ? "[B,T,H,D] or packed [T,H,D]" : "[B,H,T,D] or packed [H,T,D]",
+           x.shape_str());
+  expect_float(x.dtype, op, arg);
+  Tok t;
+  t.p = static_cast<char*>(x.data);
+  t.dt = x.dtype;
+  int o = x.ndim == 4 ? 1 : 0;
+  t.packed = x.ndim == 3;
+  t.B = o ? x.sizes[0] : 1;
+  t.sb = o ? x.strides[0] : 0;
+  int ti = l == Layout::BTHD ? o : o + 1, hi = l == Layout::BTHD ? o + 1 : o;
+  t.T = x.sizes[ti];
+  t.st = x.strides[ti];
+  t.H = x.sizes[hi];
+  t.sh = x.strides[hi];
+  t.D = x.sizes[o + 2];
+  t.sd = x.strides[o + 2];
+  return t;
+}
+
+Tok tok_scal(const TensorView& x, Layout l, const char* op, const char* arg) {
+  OT_CHECK(x.defined() && x.data, op, arg, "a tensor", "undefined");
+  OT_CHECK(x.ndim == 3 || x.ndim == 2, op, arg, l == Layout::BTHD ? "[B,T,H] or packed [T,H]" : "[B,H,T] or packed [H,T]", x.shape_str());
+  expect_float(x.dtype, op, arg);
+  Tok t;
+  t.p = static_cast<char*>(x.data);
+  t.dt = x.dtype;
+  int o = x.ndim == 3 ? 1 : 0;
+  t.packed = x.ndim == 2;
+  t.B = o ? x.sizes[0] : 1;
+  t.sb = o ? x.strides[0] : 0;
+  int ti = l == Layout::BTHD ? o : o + 1, hi = l == Layout::BTHD ? o + 1 : o;
+  t.T = x.sizes[ti];
+  t.st = x.strides[ti];
+  t.H = x.sizes[hi];
+  t.sh = x.strides[hi];
+  t.D = 1;
+  t.sd = 0;
+  return t;
+}
+
+Tensor new_vec(Layout l, bool packed, DType dt, int64_t B, int64_t T, int64_t H, int64_t D, bool zero) {
+  std::vector<int64_t> s = l == Layout::BTHD ? std::vector<int64_t>{B, T, H, D} : std::vector<int64_t>{B, H, T, D};
+  if (packed) s.erase(s.begin());
+  return zero ? Tensor::zeros(dt, s) : Tensor::empty(dt, s);
+}
+
+Tensor new_scal(Layout l, bool packed, DType dt, int64_t B, int64_t T, int64_t H) {
+  std::vector<int64_t> s = l == Layout::BTHD ? std::vector<int64_t>{B, T, H} : std::vector<int64_t>{B, H, T};
+  if (packed) s.erase(s.begin());
+  return Tensor::empty(dt, s);
+}
+
+void expect_bt(const Tok& x, int64_t B, int64_t T, const char* op, const char* arg) {
+  OT_CHECK(x.B == B && x.T == T, op, arg, ::ot::detail::cat("batch ", B, " and ", T, " tokens like q"),
+           ::ot::detail::cat("batch ", x.B, " and ", x.T, " tokens"));
+}
+void expect_heads(const Tok& x, int64_t H, const char* op, const char* arg) {
+  OT_CHECK(x.H == H, op, arg, ::ot::detail::cat(H, " heads"), x.H);
+}
+void expect_dim(const Tok& x, int64_t D, const char* op, const char* arg) {
+  OT_CHECK(x.D == D, op, arg, ::ot::detail::cat("head dim ", D), x.D);
+}
+void expect_float(DType t, const char* op, const char* arg) {
+  OT_CHECK(t == DType::f32 || t == DType::bf16 || t == DType::f16, op, arg, "fp32, bf16 or fp16", dtype_name(t));
+}
+void expect_groups(int64_t HV, int64_t HK, const char* op) {
+  OT_CHECK(HK > 0 && HV > 0 && HV % HK == 0, op, "v", ::ot::detail::cat("a number of value heads that is a multiple of HK = ", HK), "HV = ", HV);
+}
+
+void expect_finite(const Tok& x, const char* op, const char* arg) {
+  for (int64_t b = 0; b < x.B; ++b)
+    for (int64_t t = 0; t < x.T; ++t)
+      for (int64_t h = 0; h < x.H; ++h) {
+        const char* base = static_cast<const char*>(x.at(b, t, h));
+        size_t es = dtype_size(x.dt);
+        bool bad = false;
+        for (int64_t d = 0; d < x.D; ++d) {
+          const char* q = base + d * x.sd * int64_t(es);
+          float v = x.dt == DType::f32 ? *reinterpret_cast<const float*>(q)
+                    : x.dt == DType::bf16 ? bf16_to_f32(*reinterpret_cast<const uint16_t*>(q))
+                                          : f16_to_f32(*reinterpret_cast<const uint16_t*>(q));
+          bad |= !std::isfinite(v);
+        }
+        OT_CHECK(!bad, op, arg, "finite values", "NaN or Inf at token ", t, " head ", h, x.B > 1 ? ::ot::detail::cat(" batch ", b) : "");
+      }
+}
+
+void expect_finite(const TensorView& x, const char* op, const char* arg) {
+  int64_t n = x.numel();
+  for (int64_t i = 0; i < n; ++i) OT_CHECK(std::isfinite(get_as_double(x, i)), op, arg, "finite values", "NaN or Inf at element ", i);
+}
+
+void expect_state(const TensorView& s, int64_t N, int64_t HV, int64_t DK, int64_t DV, bool allow_bf16, const char* op, const char* arg) {
+  OT_CHECK(s.ndim == 4 && s.sizes[0] == N && s.sizes[1] == HV && s.sizes[2] == DK && s.sizes[3] == DV, op, arg,
+           ::ot::detail::cat("[", N, ", ", HV, ", ", DK, ", ", DV, "] (N, HV, DK, DV)"), s.shape_str());
+  OT_CHECK(s.dtype == DType::f32 || (allow_bf16 && s.dtype == DType::bf16), op, arg, allow_bf16 ? "fp32 or bf16" : "fp32",
+           dtype_name(s.dtype));
+  OT_CHECK(s.strides[3] == 1 && s.strides[2] == DV, op, arg, "rows of DK x DV contiguous", s.shape_str());
+}
+
+const SeqInfo& resolve_seq(const Common& c, int64_t B, int64_t T, SeqInfo& storage, const char* op) {
+  if (c.seq) {
+    OT_CHECK(c.seq->batch == B && c.seq->tokens == T, op, "seq", ::ot::detail::cat("metadata for batch ", B, " and ", T, " tokens"),
+             "batch ", c.seq->batch, " and ", c.seq->tokens, " tokens");
+    return *c.seq;
+  }
+  storage = make_seq_info(B, T, c.cu_seqlens, op);
+  return storage;
+}
+
+void load_rows(const Tok& x, int64_t b, int64_t t0, int64_t L, int64_t h, float* dst, int64_t ld) {
+  size_t es = dtype_size(x.dt);
+  for (int64_t i = 0; i < L; ++i) {
+    const char* src = static_cast<const char*>(x.at(b, t0 + i, h));
+    if (x.sd == 1) {
+      convert_to_f32(src, x.dt, dst + i * ld, x.D);
+    } else {
+      for (int64_t d = 0; d < x.D; ++d) {
+        const char* q = src + d * x.sd * int64_t(es);
+        dst[i * ld + d] = x.dt == DType::f32 ? *reinterpret_cast<const float*>(q)
+                          : x.dt == DType::bf16 ? bf16_to_f32(*reinterpret_cast<const uint16_t*>(q))
+                                                : f16_to_f32(*reinterpret_cast<const uint16_t*>(q));
+      }
+    }
+  }
+}
+
+void store_rows(const float* src, int64_t ld, const Tok& x, int64_t b, int64_t t0, int64_t L, int64_t h) {
+  size_t es = dtype_size(x.dt);
+  for (int64_t i = 0; i < L; ++i) {
+    char* dst = static_cast<char*>(x.at(b, t0 + i, h));
+    if (x.sd == 1) {
+      convert_from_f32(src + i * ld, dst, x.dt, x.D);
+    } else {
+      for (int64_t d = 0; d < x.D; ++d) {
+        char* q = dst + d * x.sd * int64_t(es);
+        float v = src[i * ld + d];
+        if (x.dt == DType::f32) *reinterpret_cast<float*>(q) = v;
+        else if (x.dt == DType::bf16) *reinterpret_cast<uint16_t*>(q) = f32_to_bf16(v);
+        else *reinterpret_cast<uint16_t*>(q) = f32_to_f16(v);
+      }
+    }
+  }
+}
+
+void load_scal(const Tok& x, int64_t b, int64_t t0, int64_t L, int64_t h, float* dst) {
+  for (int64_t i = 0; i < L; ++i) dst[i] = x.scalar(b, t0 + i, h);
+}
+
+StateRef state_ref(const TensorView& s) {
+  StateRef r;
+  if (!s.defined() || !s.data) return r;
+  r.p = static_cast<char*>(s.data);
+  r.dt = s.dtype;
+  r.sn = s.strides[0];
+  r.sh = s.strides[1];
+  r.DK = s.sizes[2];
+  r.DV = s.sizes[3];
+  return r;
+}
+
+void store_scal(const float* src, const Tok& x, int64_t b, int64_t t0, int64_t L, int64_t h) {
+  for (int64_t i = 0; i < L; ++i) x.set(b, t0 + i, h, 0, src[i]);
+}
+
+ChunkScratch::ChunkScratch(int64_t DK, int64_t DV) {
+  D_ = std::max(DK, DV);
+  rows_ = plan_.add<float>(size_t(7 * kChunk * D_), true);
+  vecs_ = plan_.add<float>(size_t(5 * kChunk), true);
+  mats_ = plan_.add<float>(size_t(3 * kChunk * kChunk), true);
+  state_ = plan_.add<float>(size_t(DK * DV), true);
+  ws_ = std::make_unique<Workspace>(plan_);
+}
+
+ChunkBufs ChunkScratch::get(int tid) const {
+  ChunkBufs b;
+  float* r = ws_->get(rows_, tid);
+  size_t R = size_t(kChunk * D_);
+  b.q = r, b.k = r + R, b.v = r + 2 * R, b.w = r + 3 * R, b.u = r + 4 * R, b.o = r + 5 * R, b.t = r + 6 * R;
+  float* v = ws_->get(vecs_, tid);
+  b.g = v, b.G = v + kChunk, b.beta = v + 2 * kChunk, b.rq = v + 3 * kChunk, b.rk = v + 4 * kChunk;
+  float* m = ws_->get(mats_, tid);
+  b.E = m, b.M = m + kChunk * kChunk, b.A = m + 2 * kChunk * kChunk;
+  b.S = ws_->get(state_, tid);
+  return b;
+}
+
+int64_t h_index(const SeqInfo& s, int64_t n, int64_t c) { return s.chunk_id(n, c); }
+
+std::string shape_args(const TensorView& q, const TensorView& v, Layout l) {
+  return ::ot::detail::cat("q ", q.shape_str(), " v ", v.shape_str(), " ", layout_name(l));
+}
+
+}  // namespace detail
+}  // namespace ot::gdn

@@ -1,0 +1,111 @@
+// Internal helpers of the GDN family: every token tensor, whatever its layout or rank, is read
+// through one strided (b, t, h, d) accessor, so the stages never copy a layout.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ot/error.h"
+#include "ot/gdn.h"
+#include "ot/gemm.h"
+#include "ot/tensor.h"
+#include "ot/workspace.h"
+
+namespace ot::gdn::detail {
+
+// Element (b, t, h, d) of a token tensor at p + b*sb + t*st + h*sh + d*sd (elements).
+struct Tok {
+  char* p = nullptr;
+  DType dt = DType::f32;
+  int64_t B = 0, T = 0, H = 0, D = 1;
+  int64_t sb = 0, st = 0, sh = 0, sd = 0;
+  bool packed = false;  // given as a 3-D (or 2-D for scalars) varlen view without the B dim
+  bool defined() const { return p != nullptr; }
+  int64_t off(int64_t b, int64_t t, int64_t h) const { return b * sb + t * st + h * sh; }
+  void* at(int64_t b, int64_t t, int64_t h) const { return p + off(b, t, h) * int64_t(dtype_size(dt)); }
+  // The [L, D] matrix of head h, tokens t0.. of row b.
+  gemm::MatView mat(int64_t b, int64_t t0, int64_t L, int64_t h) const { return {at(b, t0, h), dt, L, D, st, sd}; }
+  float scalar(int64_t b, int64_t t, int64_t h) const;  // D == 1 tensors (g, beta)
+  double get(int64_t b, int64_t t, int64_t h, int64_t d) const;   // element access (references)
+  void set(int64_t b, int64_t t, int64_t h, int64_t d, double x) const;
+};
+
+// A [N, HV, DK, DV] state tensor (rows of DV contiguous); element (n, h, k, v).
+struct StateRef {
+  char* p = nullptr;
+  DType dt = DType::f32;
+  int64_t sn = 0, sh = 0, DK = 0, DV = 0;
+  bool defined() const { return p != nullptr; }
+  void* at(int64_t n, int64_t h) const { return p + (n * sn + h * sh) * int64_t(dtype_size(dt)); }
+  float* f32(int64_t n, int64_t h) const { return static_cast<float*>(at(n, h)); }
+};
+StateRef state_ref(const TensorView& s);
+
+// Canonical views. `vec`: [B,T,H,D] / [B,H,T,D] (4-D) or [T,H,D] / [H,T,D] (3-D, packed).
+// `scal`: [B,T,H] / [B,H,T] or [T,H] / [H,T].
+Tok tok_vec(const TensorView& x, Layout l, const char* op, const char* arg);
+Tok tok_scal(const TensorView& x, Layout l, const char* op, const char* arg);
+// A contiguous output shaped like a token tensor in layout l.
+Tensor new_vec(Layout l, bool packed, DType dt, int64_t B, int64_t T, int64_t H, int64_t D, bool zero = false);
+Tensor new_scal(Layout l, bool packed, DType dt, int64_t B, int64_t T, int64_t H);
+
+// Shape checks naming the argument.
+void expect_bt(const Tok& x, int64_t B, int64_t T, const char* op, const char* arg);
+void expect_heads(const Tok& x, int64_t H, const char* op, const char* arg);
+void expect_dim(const Tok& x, int64_t D, const char* op, const char* arg);
+void expect_float(DType t, const char* op, const char* arg);
+// HV % HK == 0 and both > 0.
+void expect_groups(int64_t HV, int64_t HK, const char* op);
+// Reports NaN/Inf anywhere in the tensor.
+void expect_finite(const Tok& x, const char* op, const char* arg);
+void expect_finite(const TensorView& x, const char* op, const char* arg);
+// [N,HV,DK,DV] state (any float dtype listed in `allowed_bf16`).
+void expect_state(const TensorView& s, int64_t N, int64_t HV, int64_t DK, int64_t DV, bool allow_bf16, const char* op, const char* arg);
+
+// The sequence metadata of a call: c.seq when given (checked against B, T), else derived.
+const SeqInfo& resolve_seq(const Common& c, int64_t B, int64_t T, SeqInfo& storage, const char* op);
+
+// Row transfers between a token tensor and fp32 scratch [L][ld].
+void load_rows(const Tok& x, int64_t b, int64_t t0, int64_t L, int64_t h, float* dst, int64_t ld);
+void store_rows(const float* src, int64_t ld, const Tok& x, int64_t b, int64_t t0, int64_t L, int64_t h);
+void load_scal(const Tok& x, int64_t b, int64_t t0, int64_t L, int64_t h, float* dst);
+
+// A chunk of a sequence: batch row, first token and length.
+struct ChunkSpan { int64_t n, b, t0, L; };
+inline ChunkSpan chunk_span(const SeqInfo& s, int64_t n, int64_t c) {
+  int64_t t0 = s.bos[size_t(n)] + c * kChunk;
+  int64_t L = s.len[size_t(n)] - c * kChunk;
+  return {n, s.row[size_t(n)], t0, L < kChunk ? L : kChunk};
+}
+inline ChunkSpan chunk_span_global(const SeqInfo& s, int64_t id) {
+  return chunk_span(s, s.chunk_seq[size_t(id)], s.chunk_pos[size_t(id)]);
+}
+// Per-chunk state h: index [B, NT, HV, DK, DV] of the chunk (row b, chunk c of the row's sequence).
+int64_t h_index(const SeqInfo& s, int64_t n, int64_t c);
+
+void store_scal(const float* src, const Tok& x, int64_t b, int64_t t0, int64_t L, int64_t h);
+
+// Per-thread fp32 scratch for one chunk of one value head (about 350 KiB at DK = DV = 128: stays
+// in L2 for the whole chunk).
+struct ChunkBufs {
+  float *q, *k, *v, *w, *u, *o, *t;  // kChunk x D rows (D = max(DK, DV))
+  float *g, *G, *beta, *rq, *rk;     // kChunk
+  float *E, *M, *A;                  // kChunk x kChunk
+  float* S;                          // DK x DV state
+};
+class ChunkScratch {
+ public:
+  ChunkScratch(int64_t DK, int64_t DV);
+  ChunkBufs get(int tid) const;
+
+ private:
+  WorkspacePlan plan_;
+  Slot<float> rows_, vecs_, mats_, state_;
+  int64_t D_ = 0;
+  std::unique_ptr<Workspace> ws_;
+};
+
+std::string shape_args(const TensorView& q, const TensorView& v, Layout l);
+
+}  // namespace ot::gdn::detail

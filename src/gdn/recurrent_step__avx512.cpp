@@ -1,0 +1,3 @@
+// AVX-512 build of the recurrent token step (see recurrent_step.inc); dispatched by cpu::has.
+#define OT_RS_NS avx512
+#include "src/gdn/recurrent_step.inc"

@@ -1,0 +1,87 @@
+// Shared helpers of the GDN tests: deterministic inputs in any layout/dtype and error metrics.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "ot/gdn.h"
+#include "ot/tensor.h"
+
+namespace gdn_test {
+
+using ot::DType;
+using ot::Tensor;
+using ot::TensorView;
+using ot::gdn::Layout;
+
+struct Shape {
+  int64_t B = 1, T = 64, HK = 2, HV = 4, DK = 32, DV = 16;
+  Layout layout = Layout::BTHD;
+  bool packed = false;  // 3-D varlen form (B must be 1)
+};
+
+inline std::vector<int64_t> vec_shape(const Shape& s, int64_t H, int64_t D) {
+  std::vector<int64_t> v = s.layout == Layout::BTHD ? std::vector<int64_t>{s.B, s.T, H, D} : std::vector<int64_t>{s.B, H, s.T, D};
+  if (s.packed) v.erase(v.begin());
+  return v;
+}
+inline std::vector<int64_t> scal_shape(const Shape& s, int64_t H) {
+  std::vector<int64_t> v = s.layout == Layout::BTHD ? std::vector<int64_t>{s.B, s.T, H} : std::vector<int64_t>{s.B, H, s.T};
+  if (s.packed) v.erase(v.begin());
+  return v;
+}
+
+// Uniform values in [lo, hi) stored as dtype.
+inline Tensor rand_tensor(std::mt19937& rng, DType dt, const std::vector<int64_t>& shape, float lo, float hi) {
+  Tensor t = Tensor::empty(dt, shape);
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) ot::set_from_double(t, i, u(rng));
+  return t;
+}
+
+struct Inputs {
+  Tensor q, k, v, g, beta;
+};
+// Keys of norm ~1 (well-conditioned I + M without l2norm), gates in [gmin, 0), beta in (0, 1).
+inline Inputs make_inputs(const Shape& s, DType dt, uint32_t seed, float gmin = -1.f) {
+  std::mt19937 rng(seed);
+  float kr = std::sqrt(3.f / float(s.DK));
+  Inputs in;
+  in.q = rand_tensor(rng, dt, vec_shape(s, s.HK, s.DK), -1.f, 1.f);
+  in.k = rand_tensor(rng, dt, vec_shape(s, s.HK, s.DK), -kr, kr);
+  in.v = rand_tensor(rng, dt, vec_shape(s, s.HV, s.DV), -1.f, 1.f);
+  in.g = rand_tensor(rng, DType::f32, scal_shape(s, s.HV), gmin, 0.f);
+  in.beta = rand_tensor(rng, DType::f32, scal_shape(s, s.HV), 0.05f, 1.f);
+  return in;
+}
+
+// ||a - b|| / max(||b||, tiny) over all elements (any float dtypes, same numel).
+inline double rel_err(const TensorView& a, const TensorView& b) {
+  double num = 0, den = 0;
+  int64_t n = a.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    double x = ot::get_as_double(a, i), y = ot::get_as_double(b, i);
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+inline double max_abs(const TensorView& a) {
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(ot::get_as_double(a, i)));
+  return m;
+}
+
+inline Tensor cu_tensor(const std::vector<int64_t>& cu) {
+  Tensor t = Tensor::empty(DType::i64, {int64_t(cu.size())});
+  for (size_t i = 0; i < cu.size(); ++i) t.ptr<int64_t>()[i] = cu[i];
+  return t;
+}
+inline Tensor i32_tensor(const std::vector<int32_t>& x) {
+  Tensor t = Tensor::empty(DType::i32, {int64_t(x.size())});
+  for (size_t i = 0; i < x.size(); ++i) t.ptr<int32_t>()[i] = x[i];
+  return t;
+}
+
+}  // namespace gdn_test
