@@ -105,5 +105,7 @@ TEST(Workspace, TypedSlotsAreAlignedAndDisjoint) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(pa) % 64, 0u);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(pb0) % 64, 0u);
   EXPECT_GE(reinterpret_cast<char*>(pb0) - reinterpret_cast<char*>(pa), 40);
-  if (num_threads() > 1) EXPECT_NE(ws.get(b, 1), pb0);
+  if (num_threads() > 1) {
+    EXPECT_NE(ws.get(b, 1), pb0);
+  }
 }
