@@ -7,6 +7,7 @@
 #include "ot/cpu.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
+#include "ot/workspace.h"
 #include "src/gdn/chunk_kernels.h"
 #include "src/gdn/gdn_ref.h"
 
@@ -131,7 +132,7 @@ ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, co
   if (opt.output_final_state) r.final_state = Tensor::empty(DType::f32, {N, HV, DK, DV});
   if (save) {
     r.g_cumsum = new_scal(opt.layout, a.v.packed, DType::f32, a.B, a.T, HV);
-    r.A = new_vec(opt.layout, a.v.packed, DType::f32, a.B, a.T, HV, kChunk, true);
+    r.A = new_vec(opt.layout, a.v.packed, DType::f32, a.B, a.T, HV, kChunk);  // every row written
     if (opt.use_qk_l2norm_in_kernel) {
       r.q_rstd = new_scal(opt.layout, a.q.packed, DType::f32, a.B, a.T, a.HK);
       r.k_rstd = new_scal(opt.layout, a.q.packed, DType::f32, a.B, a.T, a.HK);
@@ -146,45 +147,48 @@ ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, co
   }
   StateRef S0 = state_ref(opt.initial_state), fin = state_ref(r.final_state);
   bool l2 = opt.use_qk_l2norm_in_kernel;
-  ChunkScratch scr(DK, DV);
+  const int64_t C = kChunk;
+  WorkspacePlan plan;
+  Slot<float> slot = plan.add<float>(size_t(2 * C * DK + 2 * C * DV + 8 * C + 5 * C * C + 2 * C * (DK + DV) + (DK + C) * DV +
+                                            C * (DK + C) + C * DK),
+                                     true);
+  Workspace ws(plan);
   parallel_for_dynamic(N * HV, 1, [&](int64_t i0, int64_t i1) {
-    ChunkBufs b = scr.get(thread_id());
+    float* p = ws.get(slot, thread_id());
+    FusedBufs b;
+    auto take = [&](int64_t n) { float* r = p; p += n; return r; };
+    b.kq = take(2 * C * DK), b.v = take(C * DV), b.g = take(C), b.G = take(C), b.beta = take(C), b.rq = take(C), b.rk = take(C);
+    b.E = take(C * C), b.M = take(C * C), b.A = take(C * C), b.kkq = take(2 * C * C), b.kbvb = take(C * (DK + DV));
+    b.wu = take(C * (DK + DV)), b.sd = take((DK + C) * DV), b.qsp = take(C * (DK + C)), b.o = take(C * DV), b.kd = take(C * DK);
     for (int64_t i = i0; i < i1; ++i) {
       int64_t n = i / HV, hv = i % HV, hk = hv / group;
-      if (S0.defined()) std::memcpy(b.S, S0.f32(n, hv), sizeof(float) * size_t(DK * DV));
-      else std::memset(b.S, 0, sizeof(float) * size_t(DK * DV));
+      if (S0.defined()) std::memcpy(b.sd, S0.f32(n, hv), sizeof(float) * size_t(DK * DV));
+      else std::memset(b.sd, 0, sizeof(float) * size_t(DK * DV));
       int64_t nc = s.chunk_offsets[size_t(n + 1)] - s.chunk_offsets[size_t(n)];
       for (int64_t c = 0; c < nc; ++c) {
         ChunkSpan sp = chunk_span(s, n, c);
         int64_t L = sp.L;
-        load_rows(a.q, sp.b, sp.t0, L, hk, b.q, DK);
-        load_rows(a.k, sp.b, sp.t0, L, hk, b.k, DK);
+        load_rows(a.k, sp.b, sp.t0, L, hk, b.kq, DK);
+        load_rows(a.q, sp.b, sp.t0, L, hk, b.kq + C * DK, DK);
         load_rows(a.v, sp.b, sp.t0, L, hv, b.v, DV);
         load_scal(a.g, sp.b, sp.t0, L, hv, b.g);
         load_scal(a.beta, sp.b, sp.t0, L, hv, b.beta);
         if (l2) {
-          l2norm_rows(b.q, DK, L, DK, 1e-6f, b.rq);
-          l2norm_rows(b.k, DK, L, DK, 1e-6f, b.rk);
+          l2norm_rows(b.kq, DK, L, DK, 1e-6f, b.rk);
+          l2norm_rows(b.kq + C * DK, DK, L, DK, 1e-6f, b.rq);
         }
-        cumsum_chunk(b.g, L, b.G, false, 1.f);
-        decay_matrix(b.G, L, b.E);
-        kkt_chunk(b.k, DK, L, DK, b.beta, b.E, b.M);
-        solve_tril_chunk(b.M, kChunk, L, b.A, kChunk);
-        wu_chunk(b.A, kChunk, b.k, DK, b.v, DV, b.beta, b.G, L, DK, DV, b.w, DK, b.u, DV, b.t);
-        vnew_chunk(b.w, DK, b.u, DV, b.S, L, DK, DV, b.u, DV);
-        out_chunk(b.q, DK, b.k, DK, b.u, DV, b.S, b.E, b.G, a.scale, L, DK, DV, b.o, DV, b.t, b.M);
+        fused_chunk_fwd(b, L, DK, DV, a.scale);
         store_rows(b.o, DV, ot, sp.b, sp.t0, L, hv);
-        state_update_chunk(b.S, b.k, DK, b.u, DV, b.G, L, DK, DV, b.t);
         if (save) {
           store_scal(b.G, Gt, sp.b, sp.t0, L, hv);
-          store_rows(b.A, kChunk, At, sp.b, sp.t0, L, hv);
+          store_rows(b.A, C, At, sp.b, sp.t0, L, hv);
           if (rq.defined() && hv % group == 0) {
             store_scal(b.rq, rq, sp.b, sp.t0, L, hk);
             store_scal(b.rk, rk, sp.b, sp.t0, L, hk);
           }
         }
       }
-      if (fin.defined()) std::memcpy(fin.f32(n, hv), b.S, sizeof(float) * size_t(DK * DV));
+      if (fin.defined()) std::memcpy(fin.f32(n, hv), b.sd, sizeof(float) * size_t(DK * DV));
     }
   });
   return r;

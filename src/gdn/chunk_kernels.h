@@ -9,7 +9,7 @@ namespace ot::gdn::detail {
 
 // G = scale * chunk-local prefix sum of g (reverse: suffix sum), fp32.
 void cumsum_chunk(const float* g, int64_t L, float* G, bool reverse, float scale);
-// E[i][j] = exp(G_i - G_j) for j <= i, 0 above (ld = kChunk). Never evaluates j > i.
+// E[i][j] = exp(G_i - G_j) for j <= i (ld = kChunk); entries above the diagonal are not written.
 void decay_matrix(const float* G, int64_t L, float* E);
 // M = strict(diag(beta) (K K^T) o E), ld = kChunk; columns/rows >= L zero.
 void kkt_chunk(const float* K, int64_t ldk, int64_t L, int64_t DK, const float* beta, const float* E, float* M);
@@ -29,5 +29,25 @@ void out_chunk(const float* Q, int64_t ldq, const float* K, int64_t ldk, const f
                const float* G, float s, int64_t L, int64_t DK, int64_t DV, float* O, int64_t ldo, float* scratch, float* P);
 // Rows of x scaled to unit L2 norm (eps inside the root); rstd out (may be null).
 void l2norm_rows(float* x, int64_t ld, int64_t L, int64_t D, float eps, float* rstd);
+
+
+// Buffers of the fused forward chunk (fp32, per thread). Stacking lets one matmul do two jobs:
+// [K; Q] K^T gives K K^T and Q K^T, A [Kb | Vb] gives W and U, [Qs | P] [S; v_new] gives O.
+struct FusedBufs {
+  float* kq;    // 2 kChunk x DK: k rows [0, kChunk), q rows [kChunk, 2 kChunk); rows >= L zero
+  float* v;     // kChunk x DV
+  float *g, *G, *beta, *rq, *rk;  // kChunk
+  float *E, *M, *A;               // kChunk x kChunk
+  float* kkq;   // 2 kChunk x kChunk
+  float* kbvb;  // kChunk x (DK + DV)
+  float* wu;    // kChunk x (DK + DV)
+  float* sd;    // (DK + kChunk) x DV: the state S, then v_new rows
+  float* qsp;   // kChunk x (DK + kChunk)
+  float* o;     // kChunk x DV
+  float* kd;    // kChunk x DK
+};
+// One chunk of the fused forward (spec section 4). In: kq, v, g (raw gates), beta, the state in
+// sd rows [0, DK). Out: G, A, o (rows < L), v_new in sd rows [DK, DK + L), the state advanced.
+void fused_chunk_fwd(const FusedBufs& b, int64_t L, int64_t DK, int64_t DV, float scale);
 
 }  // namespace ot::gdn::detail
