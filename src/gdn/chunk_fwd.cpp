@@ -1,4 +1,4 @@
-// chunk_gated_delta_rule_fwd (spec 5.8): the whole chunked forward fused per (sequence, value head).
+// chunk_gated_delta_rule_fwd (spec 5.8): the whole chunked forward fused per (sequence, key head).
 // Each task walks its sequence chunk by chunk with every intermediate of the chunk in per-thread
 // fp32 scratch (L2-resident), so no stage tensor is materialised except what the backward needs.
 #include <cmath>
@@ -147,48 +147,59 @@ ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, co
   }
   StateRef S0 = state_ref(opt.initial_state), fin = state_ref(r.final_state);
   bool l2 = opt.use_qk_l2norm_in_kernel;
-  const int64_t C = kChunk;
+  // One task per (sequence, key head): K, Q, their norms and [K; Q] K^T are computed once per
+  // chunk and shared by the `group` value heads, each with its own state.
+  const int64_t C = kChunk, SD = (DK + C) * DV;
   WorkspacePlan plan;
-  Slot<float> slot = plan.add<float>(size_t(2 * C * DK + 2 * C * DV + 8 * C + 5 * C * C + 2 * C * (DK + DV) + (DK + C) * DV +
-                                            C * (DK + C) + C * DK),
+  Slot<float> slot = plan.add<float>(size_t(2 * C * DK + C * DV + 8 * C + 5 * C * C + 2 * C * (DK + DV) + C * (DK + C) + C * DV +
+                                            C * DK + group * SD),
                                      true);
   Workspace ws(plan);
-  parallel_for_dynamic(N * HV, 1, [&](int64_t i0, int64_t i1) {
+  parallel_for_dynamic(N * a.HK, 1, [&](int64_t i0, int64_t i1) {
     float* p = ws.get(slot, thread_id());
     FusedBufs b;
     auto take = [&](int64_t n) { float* r = p; p += n; return r; };
     b.kq = take(2 * C * DK), b.v = take(C * DV), b.g = take(C), b.G = take(C), b.beta = take(C), b.rq = take(C), b.rk = take(C);
     b.E = take(C * C), b.M = take(C * C), b.A = take(C * C), b.kkq = take(2 * C * C), b.kbvb = take(C * (DK + DV));
-    b.wu = take(C * (DK + DV)), b.sd = take((DK + C) * DV), b.qsp = take(C * (DK + C)), b.o = take(C * DV), b.kd = take(C * DK);
+    b.wu = take(C * (DK + DV)), b.qsp = take(C * (DK + C)), b.o = take(C * DV), b.kd = take(C * DK);
+    float* states = take(group * SD);
     for (int64_t i = i0; i < i1; ++i) {
-      int64_t n = i / HV, hv = i % HV, hk = hv / group;
-      if (S0.defined()) std::memcpy(b.sd, S0.f32(n, hv), sizeof(float) * size_t(DK * DV));
-      else std::memset(b.sd, 0, sizeof(float) * size_t(DK * DV));
+      int64_t n = i / a.HK, hk = i % a.HK;
+      for (int64_t j = 0; j < group; ++j) {
+        if (S0.defined()) std::memcpy(states + j * SD, S0.f32(n, hk * group + j), sizeof(float) * size_t(DK * DV));
+        else std::memset(states + j * SD, 0, sizeof(float) * size_t(DK * DV));
+      }
       int64_t nc = s.chunk_offsets[size_t(n + 1)] - s.chunk_offsets[size_t(n)];
       for (int64_t c = 0; c < nc; ++c) {
         ChunkSpan sp = chunk_span(s, n, c);
         int64_t L = sp.L;
         load_rows(a.k, sp.b, sp.t0, L, hk, b.kq, DK);
         load_rows(a.q, sp.b, sp.t0, L, hk, b.kq + C * DK, DK);
-        load_rows(a.v, sp.b, sp.t0, L, hv, b.v, DV);
-        load_scal(a.g, sp.b, sp.t0, L, hv, b.g);
-        load_scal(a.beta, sp.b, sp.t0, L, hv, b.beta);
         if (l2) {
           l2norm_rows(b.kq, DK, L, DK, 1e-6f, b.rk);
           l2norm_rows(b.kq + C * DK, DK, L, DK, 1e-6f, b.rq);
-        }
-        fused_chunk_fwd(b, L, DK, DV, a.scale);
-        store_rows(b.o, DV, ot, sp.b, sp.t0, L, hv);
-        if (save) {
-          store_scal(b.G, Gt, sp.b, sp.t0, L, hv);
-          store_rows(b.A, C, At, sp.b, sp.t0, L, hv);
-          if (rq.defined() && hv % group == 0) {
+          if (rq.defined()) {
             store_scal(b.rq, rq, sp.b, sp.t0, L, hk);
             store_scal(b.rk, rk, sp.b, sp.t0, L, hk);
           }
         }
+        fused_chunk_kkq(b, L, DK);
+        for (int64_t j = 0; j < group; ++j) {
+          int64_t hv = hk * group + j;
+          b.sd = states + j * SD;
+          load_rows(a.v, sp.b, sp.t0, L, hv, b.v, DV);
+          load_scal(a.g, sp.b, sp.t0, L, hv, b.g);
+          load_scal(a.beta, sp.b, sp.t0, L, hv, b.beta);
+          fused_chunk_fwd(b, L, DK, DV, a.scale);
+          store_rows(b.o, DV, ot, sp.b, sp.t0, L, hv);
+          if (save) {
+            store_scal(b.G, Gt, sp.b, sp.t0, L, hv);
+            store_rows(b.A, C, At, sp.b, sp.t0, L, hv);
+          }
+        }
       }
-      if (fin.defined()) std::memcpy(fin.f32(n, hv), b.sd, sizeof(float) * size_t(DK * DV));
+      for (int64_t j = 0; j < group; ++j)
+        if (fin.defined()) std::memcpy(fin.f32(n, hk * group + j), states + j * SD, sizeof(float) * size_t(DK * DV));
     }
   });
   return r;

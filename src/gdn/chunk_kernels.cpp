@@ -8,6 +8,7 @@
 
 namespace ot::gdn::detail {
 namespace avx512 {
+void fused_chunk_kkq(const FusedBufs& b, int64_t L, int64_t DK);
 void fused_chunk_fwd(const FusedBufs& b, int64_t L, int64_t DK, int64_t DV, float scale);
 void cumsum_chunk(const float* g, int64_t L, float* G, bool reverse, float scale);
 void decay_matrix(const float* G, int64_t L, float* E);
@@ -70,6 +71,10 @@ void l2norm_rows(float* x, int64_t ld, int64_t L, int64_t D, float eps, float* r
 
 void fused_chunk_fwd(const FusedBufs& b, int64_t L, int64_t DK, int64_t DV, float scale) {
   use_avx512() ? avx512::fused_chunk_fwd(b, L, DK, DV, scale) : generic::fused_chunk_fwd(b, L, DK, DV, scale);
+}
+
+void fused_chunk_kkq(const FusedBufs& b, int64_t L, int64_t DK) {
+  use_avx512() ? avx512::fused_chunk_kkq(b, L, DK) : generic::fused_chunk_kkq(b, L, DK);
 }
 
 }  // namespace ot::gdn::detail

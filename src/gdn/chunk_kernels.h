@@ -46,8 +46,10 @@ struct FusedBufs {
   float* o;     // kChunk x DV
   float* kd;    // kChunk x DK
 };
-// One chunk of the fused forward (spec section 4). In: kq, v, g (raw gates), beta, the state in
-// sd rows [0, DK). Out: G, A, o (rows < L), v_new in sd rows [DK, DK + L), the state advanced.
+// The key-head part of a fused chunk: kkq = [K; Q] K^T (shared by the value heads of a group).
+void fused_chunk_kkq(const FusedBufs& b, int64_t L, int64_t DK);
+// The value-head part (spec section 4). In: kq, kkq, v, g (raw gates), beta, the state in sd rows
+// [0, DK). Out: G, A, o (rows < L), v_new in sd rows [DK, DK + L), the state advanced.
 void fused_chunk_fwd(const FusedBufs& b, int64_t L, int64_t DK, int64_t DV, float scale);
 
 }  // namespace ot::gdn::detail
