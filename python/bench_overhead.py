@@ -33,8 +33,28 @@ def cases():
     c = torch.empty(1, 64, dtype=torch.bfloat16)
     out.append(("matmul-1x256x64-bf16", "matmul", [a, b, c],
                 lambda: ops.matmul(a, b), lambda: ot.matmul(a, b)))
-    for extra in getattr(ot, "_overhead_cases", lambda: [])():
-        out.append(extra)
+    if ot.has_op("fused_recurrent_gated_delta_rule"):  # Qwen3.5 GDN layer, 1 token
+        B, HK, HV, D = 1, 16, 32, 128
+        q, k = torch.randn(B, 1, HK, D).bfloat16(), torch.randn(B, 1, HK, D).bfloat16()
+        v = torch.randn(B, 1, HV, D).bfloat16()
+        g, beta = -torch.rand(B, 1, HV), torch.rand(B, 1, HV)
+        s0 = torch.zeros(B, HV, D, D)
+        f = ops.fused_recurrent_gated_delta_rule
+        out.append(("gdn-decode-qwen35-B1", "fused_recurrent_gated_delta_rule", [q, k, v, g, beta, s0],
+                    lambda: f(q, k, v, g, beta, None, s0, True, None, True),
+                    lambda: ot.gdn.fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=s0,
+                                                                    output_final_state=True,
+                                                                    use_qk_l2norm_in_kernel=True)))
+    if ot.has_op("moe_ffn"):  # MoE layer, 1 token, k = 8 of 16 experts, H 2048, I 768, bf16
+        E, H, I = 16, 2048, 768
+        x = torch.randn(1, H).bfloat16()
+        rw = (torch.randn(E, H) / 45).bfloat16()
+        gw, uw = (torch.randn(E, I, H) / 45).bfloat16(), (torch.randn(E, I, H) / 45).bfloat16()
+        dw = (torch.randn(E, H, I) / 28).bfloat16()
+        router, experts = ot.moe.PackedWeight(rw), ot.moe.MoeExperts(gw, uw, dw)
+        out.append(("moe-ffn-decode-T1-e16-k8-h2048-i768", "moe_ffn", [x, rw, gw, uw, dw],
+                    lambda: ops.moe_ffn(x, router, experts, k=8),
+                    lambda: ot.moe.moe_ffn(x, router, experts, k=8)))
     return out
 
 

@@ -7,6 +7,12 @@
 #include "bridge.h"
 #include "ops.h"
 #include "ot/gemm.h"
+#ifdef OT_HAVE_GDN
+#include "ot/gdn.h"
+#endif
+#ifdef OT_HAVE_MOE
+#include "ot/moe.h"
+#endif
 
 namespace ot::py {
 
@@ -27,7 +33,32 @@ double cpp_call_us(c10::string_view op, const std::vector<Tensor>& args, int64_t
     auto c = gemm::MutMatView::of(view(args[2], who, "out"));
     return time_us(iters, [&] { gemm::matmul(a, b, c); });
   }
-  throw ot::Error(who, "op", "an operator with a C++ timing entry (matmul)", std::string(op));
+#ifdef OT_HAVE_GDN
+  if (op == "fused_recurrent_gated_delta_rule") {  // decode: state in, state out, l2norm in kernel
+    OT_CHECK(args.size() == 6, who, "args", "[q, k, v, g, beta, initial_state]", args.size());
+    gdn::RecurrentOptions o;
+    o.initial_state = view(args[5], who, "initial_state");
+    o.output_final_state = true;
+    o.use_qk_l2norm_in_kernel = true;
+    auto q = view(args[0], who, "q"), k = view(args[1], who, "k"), v = view(args[2], who, "v");
+    auto g = view(args[3], who, "g"), b = view(args[4], who, "beta");
+    return time_us(iters, [&] { gdn::recurrent_gated_delta_rule(q, k, v, g, b, o); });
+  }
+#endif
+#ifdef OT_HAVE_MOE
+  if (op == "moe_ffn") {  // top-k softmax router, experts in torch layout, packed once here
+    OT_CHECK(args.size() == 5, who, "args", "[x, router_weight, gate, up, down] (k = 8)", args.size());
+    auto router = gemm::prepack(view(args[1], who, "router_weight"), gemm::BLayout::NK);
+    auto experts = moe::MoeExperts::from_stacked(view(args[2], who, "gate"), view(args[3], who, "up"),
+                                                 view(args[4], who, "down"), moe::WeightLayout::torch);
+    moe::MoeFfnOptions o;
+    o.k = 8;
+    auto x = view(args[0], who, "x");
+    return time_us(iters, [&] { moe::moe_ffn(x, router, experts, o); });
+  }
+#endif
+  throw ot::Error(who, "op", "an operator with a C++ timing entry (matmul, fused_recurrent_gated_delta_rule, moe_ffn)",
+                  std::string(op));
 }
 
 }  // namespace ot::py

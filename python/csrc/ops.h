@@ -115,6 +115,33 @@ std::tuple<Tensor, Tensor, OptTensor> chunk_gated_delta_rule_fwd_h(const Tensor&
 Tensor chunk_fwd_o(const Tensor& q, const Tensor& k, const Tensor& v_new, const Tensor& h, const Tensor& g,
                    c10::optional<double> scale, const OptTensor& cu_seqlens, c10::string_view layout);
 
+// gdn_bwd_ops.cpp
+using GdnChunkBwd = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, OptTensor>;
+GdnChunkBwd chunk_gated_delta_rule_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g_cumsum,
+                                       const Tensor& beta, const Tensor& dO, c10::optional<double> scale,
+                                       const OptTensor& initial_state, const OptTensor& dht, bool use_qk_l2norm_in_kernel,
+                                       const OptTensor& A, const OptTensor& cu_seqlens, c10::string_view layout);
+Tensor chunk_bwd_dv_local(const Tensor& q, const Tensor& k, const Tensor& g_cumsum, const Tensor& dO, c10::optional<double> scale,
+                          const OptTensor& cu_seqlens, c10::string_view layout);
+std::tuple<Tensor, OptTensor, Tensor> chunk_gated_delta_rule_bwd_dhu(const Tensor& q, const Tensor& k, const Tensor& w,
+                                                                     const Tensor& g_cumsum, const OptTensor& dht, const Tensor& dO,
+                                                                     const Tensor& dv_local, bool want_dh0,
+                                                                     c10::optional<double> scale, const OptTensor& cu_seqlens,
+                                                                     c10::string_view layout);
+std::tuple<Tensor, Tensor, Tensor, Tensor> chunk_bwd_dqkwg(const Tensor& q, const Tensor& k, const Tensor& v_new, const Tensor& h,
+                                                           const Tensor& g_cumsum, const Tensor& dv2, const Tensor& dO,
+                                                           const Tensor& dh, c10::optional<double> scale,
+                                                           const OptTensor& cu_seqlens, c10::string_view layout);
+Tensor prepare_wy_repr_bwd_da(const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& A, const Tensor& dw,
+                              const Tensor& du, const Tensor& g_cumsum, const OptTensor& cu_seqlens, c10::string_view layout);
+std::tuple<Tensor, Tensor, Tensor, Tensor> prepare_wy_repr_bwd_full(const Tensor& k, const Tensor& v, const Tensor& beta,
+                                                                    const Tensor& A, const Tensor& dP, const Tensor& dw,
+                                                                    const Tensor& du, const Tensor& g_cumsum,
+                                                                    const OptTensor& cu_seqlens, c10::string_view layout);
+std::tuple<Tensor, Tensor, Tensor, Tensor> prepare_wy_repr_bwd(const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& A,
+                                                               const Tensor& dw, const Tensor& du, const Tensor& g_cumsum,
+                                                               const OptTensor& cu_seqlens, c10::string_view layout);
+
 // bench_ops.cpp
 double cpp_call_us(c10::string_view op, const std::vector<Tensor>& args, int64_t iters);
 

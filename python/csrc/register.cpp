@@ -117,4 +117,26 @@ TORCH_LIBRARY(ops_transformer, m) {
   m.def("chunk_fwd_o(Tensor q, Tensor k, Tensor v_new, Tensor h, Tensor g, float? scale=None, "
         "Tensor? cu_seqlens=None, *, str layout=\"BTHD\") -> Tensor", OT_OP(chunk_fwd_o));
 #endif
+#ifdef OT_HAVE_GDN_BWD
+  // ---- Gated DeltaNet backward (spec section 6): composition and stages
+  m.def("chunk_gated_delta_rule_bwd(Tensor q, Tensor k, Tensor v, Tensor g_cumsum, Tensor beta, Tensor dO, *, "
+        "float? scale=None, Tensor? initial_state=None, Tensor? dht=None, bool use_qk_l2norm_in_kernel=False, "
+        "Tensor? A=None, Tensor? cu_seqlens=None, str layout=\"BTHD\") "
+        "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor? dh0)", OT_OP(chunk_gated_delta_rule_bwd));
+  m.def("chunk_bwd_dv_local(Tensor q, Tensor k, Tensor g_cumsum, Tensor dO, float? scale=None, Tensor? cu_seqlens=None, *, "
+        "str layout=\"BTHD\") -> Tensor", OT_OP(chunk_bwd_dv_local));
+  m.def("chunk_gated_delta_rule_bwd_dhu(Tensor q, Tensor k, Tensor w, Tensor g_cumsum, Tensor? dht, Tensor dO, "
+        "Tensor dv_local, bool want_dh0=False, float? scale=None, Tensor? cu_seqlens=None, *, str layout=\"BTHD\") "
+        "-> (Tensor dh, Tensor? dh0, Tensor dv2)", OT_OP(chunk_gated_delta_rule_bwd_dhu));
+  m.def("chunk_bwd_dqkwg(Tensor q, Tensor k, Tensor v_new, Tensor h, Tensor g_cumsum, Tensor dv2, Tensor dO, Tensor dh, "
+        "float? scale=None, Tensor? cu_seqlens=None, *, str layout=\"BTHD\") -> (Tensor dq, Tensor dk, Tensor dw, Tensor dg)",
+        OT_OP(chunk_bwd_dqkwg));
+  m.def("prepare_wy_repr_bwd_da(Tensor k, Tensor v, Tensor beta, Tensor A, Tensor dw, Tensor du, Tensor g_cumsum, "
+        "Tensor? cu_seqlens=None, *, str layout=\"BTHD\") -> Tensor", OT_OP(prepare_wy_repr_bwd_da));
+  m.def("prepare_wy_repr_bwd_full(Tensor k, Tensor v, Tensor beta, Tensor A, Tensor dP, Tensor dw, Tensor du, "
+        "Tensor g_cumsum, Tensor? cu_seqlens=None, *, str layout=\"BTHD\") -> (Tensor dk, Tensor dv, Tensor dbeta, Tensor dg)",
+        OT_OP(prepare_wy_repr_bwd_full));
+  m.def("prepare_wy_repr_bwd(Tensor k, Tensor v, Tensor beta, Tensor A, Tensor dw, Tensor du, Tensor g_cumsum, "
+        "Tensor? cu_seqlens=None, *, str layout=\"BTHD\") -> (Tensor dk, Tensor dv, Tensor dbeta, Tensor dg)", OT_OP(prepare_wy_repr_bwd));
+#endif
 }

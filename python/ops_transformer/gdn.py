@@ -32,10 +32,10 @@ def _as_tensor_cu(cu_seqlens):
 class _ChunkGDN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, cu_seqlens, l2norm, layout):
-        o, final, g_cumsum, A, q_rstd, k_rstd = ops.chunk_gated_delta_rule_fwd(
+        o, final, g_cumsum, A, _, _ = ops.chunk_gated_delta_rule_fwd(
             q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, l2norm,
             layout=layout, save_for_backward=True)
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, g_cumsum, A, q_rstd, k_rstd, cu_seqlens)
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, g_cumsum, A, cu_seqlens)
         ctx.args = (scale, l2norm, layout)
         return o, final
 
@@ -44,11 +44,12 @@ class _ChunkGDN(torch.autograd.Function):
         if not HAS_BACKWARD:
             raise NotImplementedError(
                 "ops_transformer: the GDN backward (chunk_gated_delta_rule_bwd) is not built into this library yet")
-        q, k, v, g, beta, s0, g_cumsum, A, q_rstd, k_rstd, cu = ctx.saved_tensors
+        q, k, v, g, beta, s0, g_cumsum, A, cu = ctx.saved_tensors
         scale, l2norm, layout = ctx.args
         dq, dk, dv, dg, dbeta, dh0 = ops.chunk_gated_delta_rule_bwd(
-            q, k, v, g, beta, do.contiguous(), dht, scale, s0, cu, l2norm, g_cumsum, A, q_rstd, k_rstd, layout=layout)
-        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None
+            q, k, v, g_cumsum, beta, do.contiguous(), scale=scale, initial_state=s0, dht=dht,
+            use_qk_l2norm_in_kernel=l2norm, A=A, cu_seqlens=cu, layout=layout)
+        return (dq, dk, dv, dg.to(g.dtype), dbeta.to(beta.dtype), dh0, None, None, None, None, None)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,

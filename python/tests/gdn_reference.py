@@ -36,9 +36,10 @@ def recurrence(q, k, v, g, beta, scale=None, initial_state=None, l2norm=False, c
     return o, torch.stack(finals)
 
 
-def hf_gated_delta_net(layer, x):
-    """HF forward (prefill, no cache) of a GatedDeltaNet with `layer`'s parameters, plain PyTorch."""
-    p = {n: t.detach() for n, t in layer.state_dict().items()}
+def hf_gated_delta_net(layer, x, keep_grad=False):
+    """HF forward (prefill, no cache) of a GatedDeltaNet with `layer`'s parameters, plain PyTorch
+    (keep_grad: differentiable w.r.t. the layer's parameters)."""
+    p = dict(layer.named_parameters()) if keep_grad else {n: t.detach() for n, t in layer.state_dict().items()}
     B, T, _ = x.shape
     HK, HV, dk, dv = layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim
     if layer.variant == "qwen3_next":
@@ -61,7 +62,7 @@ def hf_gated_delta_net(layer, x):
     beta = b.sigmoid()
     g = -p["A_log"].float().exp() * F.softplus(a.float() + p["dt_bias"])
     o, _ = recurrence(q, k, v, g, beta, l2norm=True)
-    o = o.to(x.dtype).reshape(-1, dv)
+    o = o.to(x.dtype).reshape(-1, dv)  # recurrence is float64; x's dtype again as HF
     zz = z.reshape(-1, dv)
     var = o.float().pow(2).mean(-1, keepdim=True)
     h = o.float() * torch.rsqrt(var + layer.eps)

@@ -187,6 +187,36 @@ def test_chunk_gradients_match_recurrence():
         assert rel_err(a.grad, r.grad) < 1e-3
 
 
+@pytest.mark.skipif(not ot.has_op("chunk_gated_delta_rule_bwd"), reason="operator not landed yet: chunk_gated_delta_rule_bwd")
+def test_chunk_gradcheck_float64():
+    """gradcheck in float64 around the fp32 kernels (inputs rounded to fp32 inside; eps sized for that)."""
+    torch.manual_seed(3)
+    q, k, v, g, beta = inputs(1, 6, 1, 2, 4, 4)
+    h0 = torch.randn(1, 2, 4, 4) * 0.1
+
+    def f(q, k, v, g, beta, h0):
+        o, fin = gdn.chunk_gated_delta_rule(q.float(), k.float(), v.float(), g.float(), beta.float(),
+                                            initial_state=h0.float(), output_final_state=True,
+                                            use_qk_l2norm_in_kernel=True)
+        return o.double(), fin.double()
+    args = tuple(t.double().requires_grad_() for t in (q, k, v, g, beta, h0))
+    assert torch.autograd.gradcheck(f, args, eps=1e-3, atol=3e-3, rtol=3e-3)
+
+
+@pytest.mark.skipif(not ot.has_op("chunk_gated_delta_rule_bwd"), reason="operator not landed yet: chunk_gated_delta_rule_bwd")
+def test_varlen_gradients_match_recurrence():
+    cu = torch.tensor([0, 1, 40, 90])
+    q, k, v, g, beta = inputs(1, 90, 2, 4, 16, 16)
+    args = [t.clone().requires_grad_() for t in (q, k, v, g, beta)]
+    o, _ = gdn.chunk_gated_delta_rule(*args, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    do = torch.randn_like(o)
+    (o * do).sum().backward()
+    ref = [t.double().clone().requires_grad_() for t in (q, k, v, g, beta)]
+    (recurrence(*ref, l2norm=True, cu_seqlens=cu)[0] * do.double()).sum().backward()
+    for a, r in zip(args, ref):
+        assert rel_err(a.grad, r.grad) < 1e-3
+
+
 # ---- the layer ---------------------------------------------------------------------------------
 
 def make_layer(variant, dtype=torch.float32):
@@ -223,6 +253,20 @@ def test_layer_loads_hf_keys_and_decodes(variant):
         cache = gdn.GatedDeltaNetCache()
         outs = [layer(x[:, :9], cache)] + [layer(x[:, t:t + 1], cache) for t in range(9, 12)]
     assert rel_err(torch.cat(outs, 1), full) < 1e-4
+
+
+@pytest.mark.skipif(not ot.has_op("chunk_gated_delta_rule_bwd"), reason="operator not landed yet: chunk_gated_delta_rule_bwd")
+def test_layer_backward_matches_hf_twin():
+    layer = make_layer("qwen3_next")
+    x = torch.randn(1, 30, 64)
+    dy = torch.randn(1, 30, 64)
+    (layer(x) * dy).sum().backward()
+    got = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad()
+    twin = make_layer("qwen3_next").double()
+    (hf_gated_delta_net(twin, x.double(), keep_grad=True) * dy.double()).sum().backward()
+    for n, p in twin.named_parameters():
+        assert rel_err(got[n], p.grad) < 1e-3, n
 
 
 def test_layer_bf16():

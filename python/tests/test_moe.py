@@ -225,13 +225,13 @@ def test_losses_values_and_gradients():
     aux = moe.moe_aux_loss(probs, counts, K, 0.01)
     want = 0.01 * E / (K * T * T) * (probs.sum(0) * counts).sum()
     assert abs(aux.item() - want.item()) < 1e-6
-    g1, = torch.autograd.grad(aux, logits)
+    g1, = torch.autograd.grad(aux, logits, retain_graph=True)
     g2, = torch.autograd.grad(want, logits)
     assert rel_err(g1, g2) < 1e-5
     z = moe.moe_z_loss(logits, 0.1)
     zw = 0.1 * (torch.logsumexp(logits, -1) ** 2).mean()
     assert abs(z.item() - zw.item()) < 1e-5
-    assert rel_err(torch.autograd.grad(z, logits)[0], torch.autograd.grad(zw, logits)[0]) < 1e-5
+    assert rel_err(torch.autograd.grad(z, logits, retain_graph=True)[0], torch.autograd.grad(zw, logits)[0]) < 1e-5
     assert moe.moe_capacity(100, 2, 8, 1.2) == math.ceil(100 * 2 / 8 * 1.2)
 
 
