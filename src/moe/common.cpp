@@ -1,0 +1,59 @@
+#include "src/moe/common.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace ot::moe::impl {
+
+void check_ids(const char* op, const char* arg, const TensorView& ids, int64_t lo, int64_t hi) {
+  check_dtype(op, arg, ids, DType::i32);
+  Tensor hold;
+  TensorView c = contig(ids, hold);
+  const int32_t* p = c.ptr<int32_t>();
+  for (int64_t i = 0, n = c.numel(); i < n; ++i)
+    OT_CHECK(p[i] >= lo && p[i] <= hi, op, arg, detail::cat("ids in [", lo, ", ", hi, "]"), p[i], " at flat index ", i);
+}
+
+void check_finite(const char* op, const char* arg, const TensorView& x) {
+  Tensor hold;
+  TensorView c = contig(x, hold);
+  int64_t n = c.numel();
+  bool ok = true;
+  if (c.dtype == DType::f32) {
+    const float* p = c.ptr<float>();
+    for (int64_t i = 0; i < n; ++i) ok &= std::isfinite(p[i]);
+  } else {
+    // bf16 / fp16: exponent all ones means Inf or NaN.
+    const uint16_t* p = c.ptr<uint16_t>();
+    uint16_t mask = c.dtype == DType::bf16 ? 0x7f80 : 0x7c00;
+    for (int64_t i = 0; i < n; ++i) ok &= (p[i] & mask) != mask;
+  }
+  if (ok) return;
+  for (int64_t i = 0; i < n; ++i)
+    OT_CHECK(std::isfinite(load1(c, i)), op, arg, "finite router scores (no NaN or Inf)", load1(c, i), " at flat index ", i);
+}
+
+std::vector<int64_t> read_ints(const char* op, const char* arg, const TensorView& v) {
+  OT_CHECK(v.dtype == DType::i32 || v.dtype == DType::i64, op, arg, "int32 or int64", dtype_name(v.dtype));
+  std::vector<int64_t> r(static_cast<size_t>(v.numel()));
+  for (int64_t i = 0; i < v.numel(); ++i) r[size_t(i)] = int64_t(get_as_double(v, i));
+  return r;
+}
+
+std::vector<int32_t> stable_argsort(const int32_t* keys, int64_t n) {
+  std::vector<int32_t> perm(static_cast<size_t>(n));
+  if (n == 0) return perm;
+  int32_t mx = *std::max_element(keys, keys + n);
+  if (int64_t(mx) <= 4 * n + 4096) {
+    std::vector<int64_t> start(static_cast<size_t>(mx) + 2, 0);
+    for (int64_t j = 0; j < n; ++j) ++start[size_t(keys[j]) + 1];
+    for (size_t e = 1; e < start.size(); ++e) start[e] += start[e - 1];
+    for (int64_t j = 0; j < n; ++j) perm[size_t(start[size_t(keys[j])]++)] = int32_t(j);
+    return perm;
+  }
+  std::iota(perm.begin(), perm.end(), 0);
+  std::stable_sort(perm.begin(), perm.end(), [&](int32_t a, int32_t b) { return keys[a] < keys[b]; });
+  return perm;
+}
+
+}  // namespace ot::moe::impl

@@ -1,0 +1,75 @@
+// Helpers shared by the MoE entry points, fast paths and references: argument checks that name
+// the argument, contiguous copies of strided inputs, and row loads/stores in fp32.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ot/error.h"
+#include "ot/numeric.h"
+#include "ot/tensor.h"
+
+namespace ot::moe::impl {
+
+// Returns a contiguous view of v, copying into `hold` only when v is strided.
+inline TensorView contig(const TensorView& v, Tensor& hold) {
+  if (!v.defined() || v.is_contiguous()) return v;
+  hold = Tensor::copy_of(v);
+  return hold.view();
+}
+
+inline void check_ndim(const char* op, const char* arg, const TensorView& v, int ndim) {
+  OT_CHECK(v.ndim == ndim, op, arg, detail::cat("a ", ndim, "-D tensor"), v.shape_str());
+}
+inline void check_float(const char* op, const char* arg, const TensorView& v) {
+  OT_CHECK(is_float(v.dtype), op, arg, "bf16, fp16 or fp32", dtype_name(v.dtype));
+}
+inline void check_dtype(const char* op, const char* arg, const TensorView& v, DType t) {
+  OT_CHECK(v.dtype == t, op, arg, dtype_name(t), dtype_name(v.dtype));
+}
+inline void check_dim(const char* op, const char* arg, const TensorView& v, int d, int64_t want) {
+  OT_CHECK(v.size(d) == want, op, arg, detail::cat("size ", want, " in dim ", d), v.shape_str());
+}
+// Every element of an int32 tensor in [lo, hi].
+void check_ids(const char* op, const char* arg, const TensorView& ids, int64_t lo, int64_t hi);
+// Every element finite (router scores).
+void check_finite(const char* op, const char* arg, const TensorView& x);
+// Reads an int32/int64 tensor into int64 values.
+std::vector<int64_t> read_ints(const char* op, const char* arg, const TensorView& v);
+
+// fp32 row access of a contiguous float tensor.
+inline void load_f32(const TensorView& v, int64_t elem_off, float* dst, int64_t n) {
+  convert_to_f32(static_cast<const char*>(v.data) + elem_off * int64_t(dtype_size(v.dtype)), v.dtype, dst, n);
+}
+inline void store_f32(const TensorView& v, int64_t elem_off, const float* src, int64_t n) {
+  convert_from_f32(src, static_cast<char*>(v.data) + elem_off * int64_t(dtype_size(v.dtype)), v.dtype, n);
+}
+inline float load1(const TensorView& v, int64_t i) {
+  switch (v.dtype) {
+    case DType::f32: return v.ptr<float>()[i];
+    case DType::bf16: return bf16_to_f32(v.ptr<uint16_t>()[i]);
+    case DType::f16: return f16_to_f32(v.ptr<uint16_t>()[i]);
+    case DType::i32: return float(v.ptr<int32_t>()[i]);
+    case DType::i64: return float(v.ptr<int64_t>()[i]);
+    case DType::u8: return float(v.ptr<uint8_t>()[i]);
+  }
+  return 0;
+}
+inline const char* row_ptr(const TensorView& v, int64_t row, int64_t row_elems) {
+  return static_cast<const char*>(v.data) + row * row_elems * int64_t(dtype_size(v.dtype));
+}
+
+// Stable sort of flat expert keys: perm[i] = source index placed at i. Counting sort when keys are
+// dense, std::stable_sort otherwise. Keys must be >= 0.
+std::vector<int32_t> stable_argsort(const int32_t* keys, int64_t n);
+
+// int8 quantisation with round-half-even and saturation, stored as two's complement in a u8.
+inline uint8_t quant_i8(float v) {
+  float r = std::nearbyint(v);
+  r = r < -128.f ? -128.f : (r > 127.f ? 127.f : r);
+  return uint8_t(int8_t(r));
+}
+
+}  // namespace ot::moe::impl

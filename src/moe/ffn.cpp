@@ -1,0 +1,211 @@
+// moe_ffn and its stages. The expert FFN is two grouped GEMMs on the engine:
+//   1. h[sorted rows] = swiglu(x[gather rows] @ [Wg | Wu])   (row gather in the A operand)
+//   2. out[scatter rows] += scale * (h @ Wd)                 (scale and scatter-add in the epilogue)
+// so the token permutation and the weighted combine never touch memory on their own.
+#include <algorithm>
+#include <numeric>
+
+#include "ot/cpu.h"
+#include "ot/moe/ffn.h"
+#include "ot/moe/loss.h"
+#include "ot/moe/routing.h"
+#include "ot/parallel.h"
+#include "ot/trace.h"
+#include "src/moe/common.h"
+#include "src/moe/ffn_plan.h"
+
+namespace ot::moe {
+
+ExpertRows RoutingPlan::rows() const {
+  ExpertRows r;
+  r.offsets = offsets;
+  r.first_expert = first_expert;
+  r.gather = token.data();
+  r.scale = weight.data();
+  r.scatter = token.data();
+  return r;
+}
+
+RoutingPlan moe_routing_plan(const TensorView& ids_in, const TensorView& w_in, int64_t E, int64_t cap, int64_t b, int64_t e_end) {
+  const char* op = "moe_routing_plan";
+  OT_CHECK(E >= 1, op, "num_experts", ">= 1", E);
+  impl::check_ndim(op, "topk_ids", ids_in, 2);
+  impl::check_ids(op, "topk_ids", ids_in, 0, E);
+  impl::check_float(op, "topk_weights", w_in);
+  OT_CHECK(w_in.shape() == ids_in.shape(), op, "topk_weights", "the shape of topk_ids", w_in.shape_str(), " vs ", ids_in.shape_str());
+  if (e_end < 0) e_end = E;
+  OT_CHECK(b >= 0 && b <= e_end && e_end <= E, op, "expert_range", detail::cat("0 <= begin <= end <= E = ", E), b, ", ", e_end);
+  OT_CHECK(cap == -1 || cap >= 0, op, "expert_capacity", "-1 (dropless) or >= 0", cap);
+  Tensor hi, hw;
+  TensorView ids = impl::contig(ids_in, hi), w = impl::contig(w_in, hw);
+  const int32_t* id = ids.ptr<int32_t>();
+  const int64_t NK = ids.numel(), K = ids.size(1), EL = e_end - b;
+  RoutingPlan p;
+  p.first_expert = b;
+  p.counts.assign(size_t(EL), 0);
+  for (int64_t j = 0; j < NK; ++j) if (id[j] >= b && id[j] < e_end) ++p.counts[size_t(id[j] - b)];
+  p.offsets.assign(size_t(EL + 1), 0);
+  for (int64_t e = 0; e < EL; ++e) {
+    int64_t kept = cap < 0 ? p.counts[size_t(e)] : std::min(p.counts[size_t(e)], cap);
+    p.dropped += p.counts[size_t(e)] - kept;
+    p.offsets[size_t(e + 1)] = p.offsets[size_t(e)] + kept;
+  }
+  int64_t A = p.offsets.back();
+  p.token.resize(size_t(A)); p.slot.resize(size_t(A)); p.weight.resize(size_t(A));
+  std::vector<int64_t> fill(p.offsets.begin(), p.offsets.end() - 1);
+  for (int64_t j = 0; j < NK; ++j) {  // token-major walk = the canonical stable order
+    if (id[j] < b || id[j] >= e_end) continue;
+    int64_t e = id[j] - b;
+    if (fill[size_t(e)] == p.offsets[size_t(e + 1)]) continue;  // over capacity: dropped
+    int64_t i = fill[size_t(e)]++;
+    p.token[size_t(i)] = int32_t(j / K);
+    p.slot[size_t(i)] = int32_t(j);
+    p.weight[size_t(i)] = impl::load1(w, j);
+  }
+  return p;
+}
+
+void moe_expert_ffn(const TensorView& x, const MoeExperts& ex, const ExpertRows& rows, const TensorView& out, bool accumulate) {
+  const char* op = "moe_expert_ffn";
+  impl::check_ndim(op, "x", x, 2);
+  OT_CHECK(x.dtype == ex.dtype(), op, "x", detail::cat("the experts' dtype ", dtype_name(ex.dtype())), dtype_name(x.dtype));
+  OT_CHECK(x.size(1) == ex.hidden(), op, "x", detail::cat("[*, H] with H = ", ex.hidden()), x.shape_str());
+  OT_CHECK(x.is_contiguous(), op, "x", "a contiguous tensor", "strided");
+  impl::check_ndim(op, "out", out, 2);
+  impl::check_float(op, "out", out);
+  OT_CHECK(out.size(1) == ex.hidden() && out.is_contiguous(), op, "out", detail::cat("a contiguous [*, H] with H = ", ex.hidden()), out.shape_str());
+  int64_t EL = int64_t(rows.offsets.size()) - 1;
+  OT_CHECK(EL >= 0 && rows.offsets[0] == 0, op, "rows", "offsets starting at 0", rows.offsets.size());
+  OT_CHECK(rows.first_expert >= 0 && rows.first_expert + EL <= ex.num_experts(), op, "rows", detail::cat("experts within [0, ", ex.num_experts(), ")"),
+           rows.first_expert, " + ", EL);
+  for (int64_t e = 0; e < EL; ++e) OT_CHECK(rows.offsets[size_t(e + 1)] >= rows.offsets[size_t(e)], op, "rows", "non-decreasing offsets", e);
+  const int64_t A = rows.rows(), H = ex.hidden(), I = ex.intermediate();
+  OT_CHECK(rows.gather || A <= x.size(0), op, "x", detail::cat("at least ", A, " rows"), x.size(0));
+  OT_CHECK(rows.scatter || A <= out.size(0), op, "out", detail::cat("at least ", A, " rows"), out.size(0));
+  for (int64_t i = 0; i < A; ++i) {
+    OT_CHECK(!rows.gather || (rows.gather[i] >= 0 && rows.gather[i] < x.size(0)), op, "rows.gather", "row ids of x", rows.gather[i]);
+    OT_CHECK(!rows.scatter || (rows.scatter[i] >= 0 && rows.scatter[i] < out.size(0)), op, "rows.scatter", "row ids of out", rows.scatter[i]);
+  }
+  if (A == 0) return;
+  Tensor h = Tensor::empty(x.dtype, {A, I});
+  size_t xs = dtype_size(x.dtype), os = dtype_size(out.dtype);
+  std::vector<gemm::Group> up, down;
+  for (int64_t e = 0; e < EL; ++e) {
+    int64_t off = rows.offsets[size_t(e)], M = rows.offsets[size_t(e + 1)] - off;
+    if (M == 0) continue;
+    int64_t eid = rows.first_expert + e;
+    gemm::Group g;
+    g.M = M;
+    g.a = rows.gather ? gemm::AOperand{x.data, x.dtype, H, rows.gather + off}
+                      : gemm::AOperand{static_cast<const char*>(x.data) + size_t(off * H) * xs, x.dtype, H, nullptr};
+    g.b = &ex.gate_up(eid);
+    g.c = {static_cast<char*>(h.view().data) + size_t(off * I) * xs, x.dtype, I};
+    g.ep.act = gemm::Act::swiglu;
+    up.push_back(g);
+    gemm::Group d;
+    d.M = M;
+    d.a = {static_cast<const char*>(h.view().data) + size_t(off * I) * xs, x.dtype, I, nullptr};
+    d.b = &ex.down(eid);
+    d.c = rows.scatter ? gemm::COperand{out.data, out.dtype, H}
+                       : gemm::COperand{static_cast<char*>(out.data) + size_t(off * H) * os, out.dtype, H};
+    d.ep.row_scale = rows.scale ? rows.scale + off : nullptr;
+    d.ep.scatter_rows = rows.scatter ? rows.scatter + off : nullptr;
+    d.ep.accumulate = accumulate;
+    down.push_back(d);
+  }
+  gemm::grouped_gemm(up.data(), int64_t(up.size()));
+  gemm::grouped_gemm(down.data(), int64_t(down.size()));
+}
+
+namespace impl {
+
+FfnPlan plan_ffn(const TensorView& x, int64_t router_h, int64_t router_e, int64_t H, int64_t I, DType wdt, int64_t E, const MoeFfnOptions& o,
+                 int64_t shared_h, DType shared_dt) {
+  const char* op = "moe_ffn";
+  FfnPlan p;
+  check_ndim(op, "x", x, 2);
+  check_float(op, "x", x);
+  OT_CHECK(E >= 1, op, "experts", "at least one expert", E);
+  OT_CHECK(x.dtype == wdt, op, "experts", detail::cat("weights in x's dtype ", dtype_name(x.dtype)), dtype_name(wdt));
+  OT_CHECK(x.size(1) == H, op, "x", detail::cat("[T, H] with the experts' H = ", H), x.shape_str());
+  OT_CHECK(router_h == H && router_e == E, op, "router", detail::cat("an [E, H] = [", E, ", ", H, "] router weight"), "[", router_e, ", ", router_h, "]");
+  OT_CHECK(o.k >= 1 && o.k <= E && o.k <= 1024, op, "k", detail::cat("1 <= k <= min(E, 1024) with E = ", E), o.k);
+  p.T = x.size(0); p.H = H; p.E = E; p.K = o.k;
+  if (o.residual.defined()) {
+    check_float(op, "residual", o.residual);
+    OT_CHECK(o.residual.shape() == x.shape(), op, "residual", "the shape of x", o.residual.shape_str());
+  }
+  if (o.shared) {
+    OT_CHECK(shared_h == H && shared_dt == wdt, op, "shared", "an expert store with the same H and dtype", shared_h);
+  }
+  OT_CHECK(o.expert_capacity >= -1, op, "expert_capacity", "-1 (dropless) or >= 0", o.expert_capacity);
+  p.cap = o.capacity_factor > 0 ? moe_capacity(p.T, o.k, E, o.capacity_factor) : o.expert_capacity;
+  return p;
+}
+
+// Router stage on fp32 logits; returns fp32 weights (renormalised if asked) and ids.
+GatingResult run_router(const TensorView& logits, const MoeFfnOptions& o, bool ref) {
+  GatingResult g;
+  switch (o.router) {
+    case RouterKind::softmax_topk:
+      g = ref ? ref::moe_gating_top_k_softmax(logits, o.k, {}, o.allowed) : moe_gating_top_k_softmax(logits, o.k, {}, o.allowed);
+      break;
+    case RouterKind::softmax_topk_v2:
+      g = ref ? ref::moe_gating_top_k_softmax_v2(logits, o.k, {}, o.renorm, false, o.allowed)
+              : moe_gating_top_k_softmax_v2(logits, o.k, {}, o.renorm, false, o.allowed);
+      break;
+    case RouterKind::gating_top_k: {
+      GatingTopKOptions go = o.gating;
+      go.k = o.k;
+      go.allowed = o.allowed;
+      g = ref ? ref::moe_gating_top_k(logits, go) : moe_gating_top_k(logits, go);
+      break;
+    }
+  }
+  if (o.norm_topk_prob && o.router != RouterKind::gating_top_k) {
+    float* w = g.y.ptr<float>();
+    for (int64_t t = 0; t < logits.size(0); ++t) {
+      float s = 0;
+      for (int64_t j = 0; j < o.k; ++j) s += w[t * o.k + j];
+      for (int64_t j = 0; j < o.k; ++j) w[t * o.k + j] /= s;
+    }
+  }
+  return g;
+}
+
+}  // namespace impl
+
+MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const MoeExperts& ex, const MoeFfnOptions& o) {
+  impl::FfnPlan p = impl::plan_ffn(x_in, router.K(), router.N(), ex.hidden(), ex.intermediate(), ex.dtype(), ex.num_experts(), o,
+                                   o.shared ? o.shared->hidden() : 0, o.shared ? o.shared->dtype() : DType::f32);
+  trace::OpScope scope("moe_ffn");
+  scope.kernel(gemm::kernel_name(x_in.dtype, ex.dtype(), p.T)).args(x_in.shape_str() + " E=" + std::to_string(p.E) + " K=" + std::to_string(p.K));
+  scope.flops(2.0 * double(p.T) * double(p.H) * (double(p.E) + double(p.K) * 3.0 * double(ex.intermediate())));
+  Tensor hx;
+  TensorView x = impl::contig(x_in, hx);
+  MoeFfnResult r;
+  r.router_logits = Tensor::empty(DType::f32, {p.T, p.E});
+  gemm::gemm(p.T, {x.data, x.dtype, p.H, nullptr}, router, {r.router_logits.view().data, DType::f32, p.E});
+  GatingResult g = impl::run_router(r.router_logits, o, false);
+  r.topk_ids = g.expert_idx;
+  r.topk_weights = g.y;
+  RoutingPlan plan = moe_routing_plan(r.topk_ids, r.topk_weights, p.E, p.cap);
+  r.dropped = plan.dropped;
+  r.expert_counts = Tensor::empty(DType::i64, {p.E});
+  std::copy(plan.counts.begin(), plan.counts.end(), r.expert_counts.ptr<int64_t>());
+  // fp32 accumulator: the output itself when it is fp32, else one [T, H] buffer cast at the end.
+  r.y = Tensor::empty(x.dtype, {p.T, p.H});
+  Tensor acc = x.dtype == DType::f32 ? r.y : Tensor::empty(DType::f32, {p.T, p.H});
+  if (o.residual.defined()) copy_into(o.residual, acc.view());
+  else std::memset(acc.view().data, 0, acc.view().nbytes());
+  if (o.shared && p.T > 0) {
+    ExpertRows all;
+    all.offsets = {0, p.T};
+    moe_expert_ffn(x, *o.shared, all, acc, true);
+  }
+  moe_expert_ffn(x, ex, plan.rows(), acc, true);
+  if (x.dtype != DType::f32) convert_from_f32(acc.ptr<float>(), r.y.view().data, x.dtype, p.T * p.H);
+  return r;
+}
+
+}  // namespace ot::moe

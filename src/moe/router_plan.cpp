@@ -1,0 +1,96 @@
+#include "src/moe/router_plan.h"
+
+#include "src/moe/common.h"
+
+namespace ot::moe::impl {
+
+static void plan_common(RouterSpec& s, const char* op, const TensorView& x, int64_t k, const TensorView& allowed) {
+  check_float(op, "x", x);
+  OT_CHECK(x.ndim >= 1, op, "x", "[.., E]", x.shape_str());
+  s.E = x.size(-1);
+  s.R = s.E > 0 ? x.numel() / s.E : 0;
+  OT_CHECK(s.E >= 1, op, "x", "at least one expert (E >= 1)", x.shape_str());
+  OT_CHECK(k >= 1 && k <= s.E && k <= 1024, op, "k", detail::cat("1 <= k <= min(E, 1024) with E = ", s.E), k);
+  s.k = k;
+  check_finite(op, "x", x);
+  s.x = contig(x, s.hold_x);
+  if (allowed.defined()) {
+    check_dtype(op, "allowed", allowed, DType::u8);
+    OT_CHECK(allowed.shape() == x.shape(), op, "allowed", "the shape of x", allowed.shape_str(), " vs ", x.shape_str());
+    TensorView a = contig(allowed, s.hold_allowed);
+    s.allowed = a.ptr<uint8_t>();
+    for (int64_t r = 0; r < s.R; ++r) {
+      int64_t n = 0;
+      for (int64_t e = 0; e < s.E; ++e) n += s.allowed[r * s.E + e] != 0;
+      OT_CHECK(n >= k, op, "allowed", detail::cat("at least k = ", k, " allowed experts per token"), n, " in row ", r);
+    }
+  }
+}
+
+RouterSpec plan_softmax(const char* op, const TensorView& x, int64_t k, const TensorView& finished, const TensorView& allowed) {
+  RouterSpec s;
+  OT_CHECK(x.ndim == 2 || x.ndim == 3, op, "x", "[T, E] or [B, S, E]", x.shape_str());
+  plan_common(s, op, x, k, allowed);
+  if (finished.defined()) {
+    check_dtype(op, "finished", finished, DType::u8);
+    std::vector<int64_t> want(x.sizes, x.sizes + x.ndim - 1);
+    OT_CHECK(finished.shape() == want, op, "finished", "x.shape[:-1]", finished.shape_str());
+    s.finished = contig(finished, s.hold_fin).ptr<uint8_t>();
+  }
+  return s;
+}
+
+RouterSpec plan_gating(const TensorView& x, const GatingTopKOptions& o) {
+  const char* op = "moe_gating_top_k";
+  RouterSpec s;
+  s.select = Select::gating;
+  OT_CHECK(x.ndim == 2, op, "x", "[T, E]", x.shape_str());
+  plan_common(s, op, x, o.k, o.allowed);
+  OT_CHECK(s.E <= 2048, op, "x", "E <= 2048", s.E);
+  OT_CHECK(o.group_count >= 1 && s.E % o.group_count == 0, op, "group_count", detail::cat("a divisor of E = ", s.E), o.group_count);
+  OT_CHECK(o.k_group >= 1 && o.k_group <= o.group_count, op, "k_group", detail::cat("1 <= k_group <= group_count = ", o.group_count), o.k_group);
+  OT_CHECK(o.group_select_mode == 0 || o.group_select_mode == 1, op, "group_select_mode", "0 (max) or 1 (top-2 sum)", o.group_select_mode);
+  OT_CHECK(o.group_select_mode == 0 || s.E / o.group_count >= 2, op, "group_count", "at least 2 experts per group with group_select_mode 1",
+           s.E / o.group_count);
+  OT_CHECK(o.k <= o.k_group * (s.E / o.group_count), op, "k", "k <= k_group * E / group_count", o.k);
+  OT_CHECK(o.norm_type == 0 || o.norm_type == 1, op, "norm_type", "0 (softmax) or 1 (sigmoid)", o.norm_type);
+  OT_CHECK(o.renorm == 0, op, "renorm", "0 (the only mode upstream supports)", o.renorm);
+  OT_CHECK(std::isfinite(o.routed_scaling_factor), op, "routed_scaling_factor", "a finite number", o.routed_scaling_factor);
+  OT_CHECK(o.eps >= 0, op, "eps", ">= 0", o.eps);
+  if (o.bias.defined()) {
+    check_float(op, "bias", o.bias);
+    OT_CHECK(o.bias.ndim == 1 && o.bias.size(0) == s.E, op, "bias", detail::cat("[E] = [", s.E, "]"), o.bias.shape_str());
+    check_finite(op, "bias", o.bias);
+    s.bias.resize(size_t(s.E));
+    for (int64_t e = 0; e < s.E; ++e) s.bias[size_t(e)] = float(get_as_double(o.bias, e));
+  }
+  s.sigmoid = o.norm_type == 1;
+  s.groups = o.group_count;
+  s.k_group = o.k_group;
+  s.group_mode = o.group_select_mode;
+  s.scale = o.routed_scaling_factor;
+  s.eps = o.eps;
+  s.scores = o.out_flag;
+  return s;
+}
+
+GatingResult alloc_outputs(const RouterSpec& s, const TensorView& x) {
+  GatingResult r;
+  std::vector<int64_t> shape(x.sizes, x.sizes + x.ndim);
+  std::vector<int64_t> kshape = shape;
+  kshape.back() = s.k;
+  r.y = Tensor::empty(x.dtype, kshape);
+  r.expert_idx = Tensor::empty(DType::i32, kshape);
+  if (s.row_idx) r.row_idx = Tensor::empty(DType::i32, kshape);
+  if (s.scores) r.scores = Tensor::empty(DType::f32, shape);
+  return r;
+}
+
+void fill_row_idx(const RouterSpec& s, GatingResult& r) {
+  if (!s.row_idx) return;
+  int32_t* p = r.row_idx.ptr<int32_t>();
+  for (int64_t row = 0; row < s.R; ++row)
+    for (int64_t j = 0; j < s.k; ++j) p[row * s.k + j] = int32_t(j * s.R + row);
+}
+
+}  // namespace ot::moe::impl

@@ -1,0 +1,234 @@
+// moe_ffn and its stages: fused layer vs the reference over token counts, dtypes, routers, weight
+// layouts, capacity, shared expert + residual; expert store updates; losses; errors.
+#include "helpers.h"
+
+using namespace ot;
+using namespace ot::moe;
+using namespace mt;
+
+namespace {
+struct Layer {
+  int64_t E, H, I;
+  Tensor router, gate, up, down;  // EHI: gate/up [E, H, I], down [E, I, H]
+  Layer(DType t, int64_t E_, int64_t H_, int64_t I_, uint32_t seed) : E(E_), H(H_), I(I_) {
+    router = randn(t, {E, H}, seed, 0.5f);
+    gate = randn(t, {E, H, I}, seed + 1, 0.3f);
+    up = randn(t, {E, H, I}, seed + 2, 0.3f);
+    down = randn(t, {E, I, H}, seed + 3, 0.3f);
+  }
+};
+// [E, a, b] -> [E, b, a] copy (torch Linear layout of an EHI weight).
+Tensor transposed(const Tensor& w) {
+  int64_t E = w.size(0), a = w.size(1), b = w.size(2);
+  Tensor r = Tensor::empty(w.dtype(), {E, b, a});
+  copy_into(TensorView(w.view().data, w.dtype(), {E, b, a}, {a * b, 1, b}), r);
+  return r;
+}
+// Rows whose top-k ids agree; outputs compared on those (fp32 vs fp64 logits may flip a near tie).
+void expect_ffn_match(const MoeFfnResult& f, const MoeFfnResult& r, DType t, const char* what) {
+  ASSERT_EQ(f.y.shape(), r.y.shape()) << what;
+  int64_t T = f.y.size(0), H = f.y.size(1), K = f.topk_ids.size(1), bad = 0;
+  double m = 0, s = 1e-6;
+  for (int64_t i = 0; i < T; ++i) {
+    bool same = true;
+    for (int64_t k = 0; k < K; ++k) same &= f.topk_ids.ptr<int32_t>()[i * K + k] == r.topk_ids.ptr<int32_t>()[i * K + k];
+    if (!same) { ++bad; continue; }
+    for (int64_t h = 0; h < H; ++h) {
+      m = std::max(m, std::fabs(get_as_double(f.y, i * H + h) - get_as_double(r.y, i * H + h)));
+      s = std::max(s, std::fabs(get_as_double(r.y, i * H + h)));
+    }
+  }
+  EXPECT_LE(bad, T / 100) << what;
+  EXPECT_LE(m / s, t == DType::f32 ? 1e-4 : tol(t)) << what;
+  if (bad == 0) {
+    expect_same(f.expert_counts, r.expert_counts, "expert_counts");
+    EXPECT_EQ(f.dropped, r.dropped) << what;
+  }
+}
+}  // namespace
+
+TEST(MoeFfn, MatchesReferenceOverTokensAndDtypes) {
+  for (DType t : float_types()) {
+    Layer L(t, 8, 32, 16, 7);
+    gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
+    MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+    for (int64_t T : {0, 1, 7, 513}) {
+      Tensor x = randn(t, {T, 32}, uint32_t(T + 1));
+      MoeFfnOptions o;
+      o.k = 2;
+      o.norm_topk_prob = true;
+      MoeFfnResult f = moe_ffn(x, router, ex, o), r = ref::moe_ffn(x, L.router, L.gate, L.up, L.down, o);
+      expect_ffn_match(f, r, t, dtype_name(t));
+      int64_t total = 0;
+      for (int64_t e = 0; e < 8; ++e) total += f.expert_counts.ptr<int64_t>()[e];
+      EXPECT_EQ(total, T * 2);
+    }
+  }
+}
+
+TEST(MoeFfn, RoutersCapacitySharedResidual) {
+  DType t = DType::bf16;
+  Layer L(t, 8, 32, 16, 11), S(t, 1, 32, 16, 99);
+  gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
+  MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+  MoeExperts shared = MoeExperts::from_stacked(S.gate, S.up, S.down, WeightLayout::EHI);
+  Tensor x = randn(t, {129, 32}, 3), res = randn(t, {129, 32}, 4);
+  for (int variant = 0; variant < 6; ++variant) {
+    MoeFfnOptions o;
+    o.k = 2;
+    if (variant == 1) { o.router = RouterKind::softmax_topk_v2; o.renorm = 1; }
+    if (variant == 2) { o.router = RouterKind::gating_top_k; o.gating.norm_type = 1; o.gating.group_count = 4; o.gating.k_group = 2; o.gating.group_select_mode = 1; o.gating.routed_scaling_factor = 2.5f; }
+    if (variant == 3) o.capacity_factor = 0.5;  // capacity overflow: dropped, reported
+    if (variant == 4) { o.shared = &shared; o.residual = res; }
+    if (variant == 5) o.k = 8;                   // k = E
+    MoeFfnResult f = moe_ffn(x, router, ex, o);
+    MoeFfnResult r = ref::moe_ffn(x, L.router, L.gate, L.up, L.down, o, S.gate.view().select(0, 0), S.up.view().select(0, 0),
+                                  S.down.view().select(0, 0));
+    expect_ffn_match(f, r, t, std::to_string(variant).c_str());
+    if (variant == 3) {
+      EXPECT_GT(f.dropped, 0);
+    }
+  }
+}
+
+TEST(MoeFfn, AllTokensOnOneExpertAndEmptyExperts) {
+  Layer L(DType::f32, 4, 16, 8, 5);
+  gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
+  MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+  Tensor x = randn(DType::f32, {513, 16}, 6);
+  Tensor allowed = Tensor::zeros(DType::u8, {513, 4});
+  for (int64_t i = 0; i < 513; ++i) allowed.ptr<uint8_t>()[i * 4 + 2] = 1;
+  MoeFfnOptions o;
+  o.k = 1;
+  o.allowed = allowed;
+  MoeFfnResult f = moe_ffn(x, router, ex, o);
+  EXPECT_EQ(values(f.expert_counts), (std::vector<double>{0, 0, 513, 0}));
+  expect_ffn_match(f, ref::moe_ffn(x, L.router, L.gate, L.up, L.down, o), DType::f32, "one expert");
+}
+
+TEST(MoeFfn, WeightLayoutsAgree) {
+  DType t = DType::bf16;
+  Layer L(t, 4, 32, 16, 21);
+  gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
+  Tensor x = randn(t, {40, 32}, 8);
+  MoeFfnOptions o;
+  Tensor base = moe_ffn(x, router, MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI), o).y;
+  Tensor torch_y = moe_ffn(x, router, MoeExperts::from_stacked(transposed(L.gate), transposed(L.up), transposed(L.down), WeightLayout::torch), o).y;
+  EXPECT_LE(nerr(torch_y, base), 1e-6);
+  // Fused gate_up: EHI [E, H, 2I] and torch w13 [E, 2I, H].
+  Tensor gu = Tensor::empty(t, {4, 32, 32});
+  for (int64_t e = 0; e < 4; ++e) {
+    copy_into(L.gate.view().select(0, e), gu.view().select(0, e).narrow(1, 0, 16));
+    copy_into(L.up.view().select(0, e), gu.view().select(0, e).narrow(1, 16, 16));
+  }
+  EXPECT_LE(nerr(moe_ffn(x, router, MoeExperts::from_fused(gu, L.down, WeightLayout::EHI), o).y, base), 1e-6);
+  EXPECT_LE(nerr(moe_ffn(x, router, MoeExperts::from_fused(transposed(gu), transposed(L.down), WeightLayout::torch), o).y, base), 1e-6);
+}
+
+TEST(MoeFfn, ExpertStoreReplaceAddRemove) {
+  DType t = DType::f32;
+  Layer A(t, 4, 16, 8, 31), B(t, 4, 16, 8, 41);
+  MoeExperts ex = MoeExperts::from_stacked(A.gate, A.up, A.down, WeightLayout::EHI);
+  const gemm::PackedB* keep = &ex.gate_up(1);
+  ex.set(2, B.gate.view().select(0, 2), B.up.view().select(0, 2), B.down.view().select(0, 2), WeightLayout::EHI);  // replace
+  EXPECT_EQ(&ex.gate_up(1), keep);  // others untouched, not repacked
+  ex.set(4, B.gate.view().select(0, 0), B.up.view().select(0, 0), B.down.view().select(0, 0), WeightLayout::EHI);  // add: E = 5
+  EXPECT_EQ(ex.num_experts(), 5);
+  // The same layer built from scratch gives the same result.
+  Tensor g = Tensor::empty(t, {5, 16, 8}), u = Tensor::empty(t, {5, 16, 8}), d = Tensor::empty(t, {5, 8, 16});
+  for (int64_t e = 0; e < 5; ++e) {
+    const Layer& src = e == 2 || e == 4 ? B : A;
+    int64_t se = e == 4 ? 0 : e;
+    copy_into(src.gate.view().select(0, se), g.view().select(0, e));
+    copy_into(src.up.view().select(0, se), u.view().select(0, e));
+    copy_into(src.down.view().select(0, se), d.view().select(0, e));
+  }
+  Tensor router_w = randn(t, {5, 16}, 2);
+  gemm::PackedB router = gemm::prepack(router_w, gemm::BLayout::NK);
+  Tensor x = randn(t, {33, 16}, 3);
+  MoeFfnOptions o;
+  o.k = 2;
+  expect_ffn_match(moe_ffn(x, router, ex, o), ref::moe_ffn(x, router_w, g, u, d, o), t, "updated store");
+  ex.remove(0);
+  EXPECT_EQ(ex.num_experts(), 4);
+  EXPECT_EQ(&ex.gate_up(0), keep);
+  EXPECT_OT_ERROR(ex.remove(4), "e");
+  EXPECT_OT_ERROR(ex.set(6, g.view().select(0, 0), u.view().select(0, 0), d.view().select(0, 0), WeightLayout::EHI), "e");
+  EXPECT_OT_ERROR(ex.set(0, randn(t, {16, 9}, 1), u.view().select(0, 0), d.view().select(0, 0), WeightLayout::EHI), "gate");
+}
+
+TEST(MoeFfn, StagesComposeForExpertParallelism) {
+  // Two "ranks" each run their half of the experts on the same routing; the sum equals moe_ffn.
+  DType t = DType::f32;
+  Layer L(t, 8, 16, 8, 51);
+  gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
+  MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+  Tensor x = randn(t, {65, 16}, 4);
+  MoeFfnOptions o;
+  o.k = 3;
+  MoeFfnResult full = moe_ffn(x, router, ex, o);
+  Tensor y = Tensor::zeros(DType::f32, {65, 16});
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    RoutingPlan p = moe_routing_plan(full.topk_ids, full.topk_weights, 8, -1, rank * 4, rank * 4 + 4);
+    EXPECT_EQ(p.first_expert, rank * 4);
+    moe_expert_ffn(x, ex, p.rows(), y, true);
+  }
+  EXPECT_LE(nerr(y, full.y), 1e-5);
+  // Grouped FFN on already-permuted rows (what EP dispatch delivers): no gather, no scatter.
+  RoutingPlan p = moe_routing_plan(full.topk_ids, full.topk_weights, 8);
+  Tensor xs = Tensor::empty(t, {p.rows().rows(), 16});
+  for (int64_t i = 0; i < xs.size(0); ++i) std::memcpy(xs.ptr<float>() + i * 16, x.ptr<float>() + p.token[size_t(i)] * 16, 64);
+  ExpertRows plain;
+  plain.offsets = p.offsets;
+  Tensor ys = Tensor::empty(t, {xs.size(0), 16});
+  moe_expert_ffn(xs, ex, plain, ys, false);
+  Tensor y2 = Tensor::zeros(DType::f32, {65, 16});
+  for (int64_t i = 0; i < xs.size(0); ++i)
+    for (int64_t h = 0; h < 16; ++h) y2.ptr<float>()[p.token[size_t(i)] * 16 + h] += p.weight[size_t(i)] * ys.ptr<float>()[i * 16 + h];
+  EXPECT_LE(nerr(y2, full.y), 1e-5);
+}
+
+TEST(MoeFfn, BadInput) {
+  Layer L(DType::bf16, 4, 16, 8, 61);
+  gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
+  MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+  MoeFfnOptions o;
+  EXPECT_OT_ERROR(moe_ffn(randn(DType::f32, {3, 16}, 1), router, ex, o), "experts");  // dtype mismatch
+  EXPECT_OT_ERROR(moe_ffn(randn(DType::bf16, {3, 12}, 1), router, ex, o), "x");
+  o.k = 5;
+  EXPECT_OT_ERROR(moe_ffn(randn(DType::bf16, {3, 16}, 1), router, ex, o), "k");
+  o.k = 2;
+  o.residual = randn(DType::bf16, {2, 16}, 1);
+  EXPECT_OT_ERROR(moe_ffn(randn(DType::bf16, {3, 16}, 1), router, ex, o), "residual");
+  gemm::PackedB r3 = gemm::prepack(randn(DType::bf16, {3, 16}, 1), gemm::BLayout::NK);
+  EXPECT_OT_ERROR(moe_ffn(randn(DType::bf16, {3, 16}, 1), r3, ex, MoeFfnOptions{}), "router");
+  Tensor nan_x = randn(DType::bf16, {3, 16}, 1);
+  nan_x.ptr<uint16_t>()[0] = 0x7fc0;
+  EXPECT_OT_ERROR(moe_ffn(nan_x, router, ex, MoeFfnOptions{}), "x");  // NaN router scores
+  EXPECT_OT_ERROR(moe_routing_plan(ints({1, 2}, {0, 5}), floats(DType::f32, {1, 2}, {1, 1}), 4), "topk_ids");
+}
+
+TEST(MoeLoss, AuxZAndCapacity) {
+  // Two tokens, two experts: probs [[0.75, 0.25], [0.25, 0.75]], counts [2, 0] with k = 1:
+  // loss = E * sum_i f_i P_i = 2 * (1 * 0.5 + 0 * 0.5) = 1.
+  Tensor probs = floats(DType::f32, {2, 2}, {0.75, 0.25, 0.25, 0.75});
+  Tensor counts = ints({2}, {2, 0});
+  EXPECT_NEAR(moe_aux_loss(probs, counts, 1), 1.0, 1e-6);
+  EXPECT_NEAR(moe_aux_loss(probs, counts, 1, 0.01f), 0.01, 1e-8);
+  Tensor p = randn(DType::f32, {65, 8}, 1);
+  Tensor c = ints({8}, {10, 20, 0, 5, 30, 15, 25, 25});
+  EXPECT_NEAR(moe_aux_loss(p, c, 2), ref::moe_aux_loss(p, c, 2), 1e-5);
+  Tensor logits = floats(DType::f32, {2, 2}, {0, 0, 1, 1});
+  double l0 = std::log(2.0), l1 = 1 + std::log(2.0);
+  EXPECT_NEAR(moe_z_loss(logits), (l0 * l0 + l1 * l1) / 2, 1e-5);
+  Tensor mask = Tensor::zeros(DType::u8, {2});
+  mask.ptr<uint8_t>()[1] = 1;
+  EXPECT_NEAR(moe_z_loss(logits, 1.f, mask), l1 * l1, 1e-5);
+  Tensor lg = randn(DType::bf16, {33, 8}, 2);
+  EXPECT_NEAR(moe_z_loss(lg, 0.1f), ref::moe_z_loss(lg, 0.1f), 1e-4);
+  EXPECT_EQ(moe_capacity(512, 8, 128, 1.25), 40);   // ceil(512*8/128*1.25)
+  EXPECT_EQ(moe_capacity(10, 2, 8, 1.0, 4), 4);     // ceil(2.5) = 3, raised to min_capacity
+  EXPECT_OT_ERROR(moe_aux_loss(probs, ints({3}, {1, 1, 0}), 1), "tokens_per_expert");
+  EXPECT_OT_ERROR(moe_aux_loss(probs, counts, 3), "k");
+  EXPECT_OT_ERROR(moe_capacity(10, 2, 8, 0.0), "capacity_factor");
+}
