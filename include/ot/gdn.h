@@ -132,6 +132,12 @@ struct RecurrentOut { Tensor o, final_state; };
 RecurrentOut recurrent_gated_delta_rule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
                                         const TensorView& beta, const RecurrentOptions& opt = {});
 
+// fla's name for the same operator.
+inline RecurrentOut fused_recurrent_gated_delta_rule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                                                     const TensorView& beta, const RecurrentOptions& opt = {}) {
+  return recurrent_gated_delta_rule(q, k, v, g, beta, opt);
+}
+
 // ---- references (fp64; used by the OT_FORCE_REF path, tests and `ot bench`) ---------------
 namespace ref {
 // The token-by-token recurrence of spec section 3 in fp64 for every (sequence, value head), with
