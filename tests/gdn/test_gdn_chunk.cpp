@@ -207,3 +207,21 @@ TEST(GdnStages, L2norm) {
     EXPECT_NEAR(dx.ptr<float>()[i], fd, 2e-3) << i;
   }
 }
+
+TEST(GdnChunkFwd, LargestHeadDims) {
+  // DK = 256 (the limit) and DV = 200: scratch sizing of the chunk and recurrent paths.
+  Shape s;
+  s.T = 66, s.HK = 1, s.HV = 1, s.DK = 256, s.DV = 200;
+  run_case({s, DType::f32, true, -1.f, {}, true}, 90);
+  Inputs in = make_inputs(s, DType::f32, 91);
+  gdn::RecurrentOptions ro;
+  ro.use_qk_l2norm_in_kernel = true;
+  ro.output_final_state = true;
+  gdn::RecurrentOut f = gdn::recurrent_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, ro);
+  gdn::ChunkOptions co;
+  co.use_qk_l2norm_in_kernel = true;
+  co.output_final_state = true;
+  gdn::ChunkFwd r = gdn::ref::recurrence(in.q, in.k, in.v, in.g, in.beta, co);
+  EXPECT_LT(rel_err(f.o, r.o), 1e-5);
+  EXPECT_LT(rel_err(f.final_state, r.final_state), 1e-5);
+}
