@@ -26,6 +26,18 @@ def py_call_us(fn, iters):
     return (time.perf_counter() - t0) / iters * 1e6
 
 
+def gdn_case(name, HK, HV, D):
+    q, k = torch.randn(1, 1, HK, D).bfloat16(), torch.randn(1, 1, HK, D).bfloat16()
+    v = torch.randn(1, 1, HV, D).bfloat16()
+    g, beta = -torch.rand(1, 1, HV), torch.rand(1, 1, HV)
+    s0 = torch.zeros(1, HV, D, D)
+    f = ops.fused_recurrent_gated_delta_rule
+    return (name, "fused_recurrent_gated_delta_rule", [q, k, v, g, beta, s0],
+            lambda: f(q, k, v, g, beta, None, s0, True, None, True),
+            lambda: ot.gdn.fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=s0, output_final_state=True,
+                                                            use_qk_l2norm_in_kernel=True))
+
+
 def cases():
     """(name, op for the C++ timer, its args, torch.ops call, package call); decode shapes."""
     out = []
@@ -33,18 +45,9 @@ def cases():
     c = torch.empty(1, 64, dtype=torch.bfloat16)
     out.append(("matmul-1x256x64-bf16", "matmul", [a, b, c],
                 lambda: ops.matmul(a, b), lambda: ot.matmul(a, b)))
-    if ot.has_op("fused_recurrent_gated_delta_rule"):  # Qwen3.5 GDN layer, 1 token
-        B, HK, HV, D = 1, 16, 32, 128
-        q, k = torch.randn(B, 1, HK, D).bfloat16(), torch.randn(B, 1, HK, D).bfloat16()
-        v = torch.randn(B, 1, HV, D).bfloat16()
-        g, beta = -torch.rand(B, 1, HV), torch.rand(B, 1, HV)
-        s0 = torch.zeros(B, HV, D, D)
-        f = ops.fused_recurrent_gated_delta_rule
-        out.append(("gdn-decode-qwen35-B1", "fused_recurrent_gated_delta_rule", [q, k, v, g, beta, s0],
-                    lambda: f(q, k, v, g, beta, None, s0, True, None, True),
-                    lambda: ot.gdn.fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=s0,
-                                                                    output_final_state=True,
-                                                                    use_qk_l2norm_in_kernel=True)))
+    if ot.has_op("fused_recurrent_gated_delta_rule"):  # GDN decode, 1 token: tiny (overhead-bound) and Qwen3.5
+        for name, (HK, HV, D) in (("gdn-decode-tiny-h1-d16", (1, 1, 16)), ("gdn-decode-qwen35-B1", (16, 32, 128))):
+            out.append(gdn_case(name, HK, HV, D))
     if ot.has_op("moe_ffn"):  # MoE layer, 1 token, k = 8 of 16 experts, H 2048, I 768, bf16
         E, H, I = 16, 2048, 768
         x = torch.randn(1, H).bfloat16()
