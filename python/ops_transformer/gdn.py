@@ -71,8 +71,12 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, ini
     """Token-by-token recurrence (decode, speculative verification); forward only, as in fla.
     With A_log and dt_bias, g holds the raw `a` (g = -exp(A_log) softplus(a + dt_bias)); with
     beta_sigmoid, beta holds the raw `b` (beta = sigmoid(b))."""
+    cu = _as_tensor_cu(cu_seqlens)
+    if A_log is None and dt_bias is None and not beta_sigmoid and layout == "BTHD":  # positional: cheapest call
+        return ops.fused_recurrent_gated_delta_rule.default(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                            cu, use_qk_l2norm_in_kernel)
     return ops.fused_recurrent_gated_delta_rule(
-        q, k, v, g, beta, scale, initial_state, output_final_state, _as_tensor_cu(cu_seqlens),
+        q, k, v, g, beta, scale, initial_state, output_final_state, cu,
         use_qk_l2norm_in_kernel, A_log=A_log, dt_bias=dt_bias, beta_sigmoid=beta_sigmoid, layout=layout)
 
 
