@@ -1,0 +1,217 @@
+// Expert parallelism over MPI: tokens travel to the ranks that hold their experts (dispatch) and the
+// expert outputs travel back, weighted and summed per token (combine). Semantics follow the v2
+// dispatch/combine pair (specs/moe_ops.md section 9.2/9.3); the wire format is our own (section 9
+// says the intermediate tensors are opaque), with DeepEP's per-rank dedup: a token crosses the wire
+// once per destination rank and is fanned out to its local experts there.
+//
+// Every call here is collective over the Comm: every rank calls it, in the same order. Arguments are
+// validated before any communication and the outcome is agreed by all ranks, so a bad argument on
+// one rank makes every rank throw ot::Error (no rank is left waiting). MPI is only called from the
+// calling thread, never from inside a kernel.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ot/gemm.h"
+#include "ot/tensor.h"
+
+namespace ot::ep {
+
+// Which rank(s) hold each expert. Default: contiguous shards (expert e on rank e / (E/W)). A hot
+// expert may have copies on several ranks; a token's slot then goes to one copy (its own rank when it
+// holds one, otherwise copy (src_rank + token) mod n), so tokens are split between copies.
+class Placement {
+ public:
+  Placement() = default;
+  static Placement contiguous(int64_t num_experts, int world_size);
+  // copies[e]: ranks holding expert e (non-empty, distinct, each in [0, W)).
+  static Placement from_copies(int64_t num_experts, int world_size, std::vector<std::vector<int>> copies);
+  // Contiguous shards plus extra copies of the hottest experts (by `load`, tokens per expert) on the
+  // least loaded ranks, `extra_per_rank` more experts per rank; a simple greedy rebalancer.
+  static Placement rebalanced(int64_t num_experts, int world_size, const std::vector<int64_t>& load, int extra_per_rank);
+
+  int64_t num_experts() const { return int64_t(copies_.size()); }
+  int world_size() const { return world_; }
+  const std::vector<int>& copies(int64_t e) const { return copies_[size_t(e)]; }
+  // Global ids of the experts held by rank q, ascending: the local expert order of expand_x.
+  const std::vector<int64_t>& local_experts(int q) const { return local_[size_t(q)]; }
+  // Local index of expert e on rank q, or -1.
+  int local_index(int q, int64_t e) const;
+  // Rank that receives slot (token t of rank r, expert e).
+  int destination(int src_rank, int64_t token, int64_t e) const;
+  uint64_t hash() const;  // equal on every rank (checked at each dispatch)
+
+ private:
+  int world_ = 0;
+  std::vector<std::vector<int>> copies_;
+  std::vector<std::vector<int64_t>> local_;
+  std::vector<std::vector<int>> local_index_;  // [q][e]
+  void build_local();
+};
+
+// A communicator wrapper: the caller's MPI communicator (not owned; MPI_COMM_WORLD by default), the
+// expert placement and reusable communication buffers.
+class Comm {
+ public:
+  Comm(MPI_Comm comm, int64_t num_experts);  // contiguous placement
+  explicit Comm(int64_t num_experts) : Comm(MPI_COMM_WORLD, num_experts) {}
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  int ep_world_size() const { return world_; }
+  int ep_rank_id() const { return rank_; }
+  MPI_Comm mpi() const { return comm_; }
+  const Placement& placement() const { return placement_; }
+  // Takes effect at the next dispatch; every rank must set the same placement.
+  void set_placement(Placement p);
+  int64_t num_local_experts() const { return int64_t(placement_.local_experts(rank_).size()); }
+
+  // Advances outstanding non-blocking transfers (called between compute steps while overlapping).
+  void progress();
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  MPI_Comm comm_;
+  int world_ = 1, rank_ = 0;
+  Placement placement_;
+  std::unique_ptr<Impl> impl_;
+};
+
+enum class Dispatcher { all_to_all, all_gather };
+const char* dispatcher_name(Dispatcher d);
+
+struct DispatchOptions {
+  int64_t moe_expert_num = 0;        // E: must equal the Comm's placement and be divisible by W
+  int ep_world_size = 0;             // 0: the communicator's; otherwise must match it
+  int ep_rank_id = -1;               // -1: the communicator's; otherwise must match it
+  Dispatcher dispatcher = Dispatcher::all_to_all;
+  bool quant_int8 = false;           // dynamic per-row int8 (expand_x int8 + dynamic_scales)
+  int expert_token_nums_type = 1;    // 0 cumsum, 1 count (the grouped matmul's group_list_type)
+  // Combine: true reduces each token's local expert outputs on the expert rank and sends one row
+  // back per (token, rank) (DeepEP normal mode); false sends one row per (token, expert) and sums in
+  // k order at the source (bit-identical to the single-process k-order sum). all_gather always
+  // reduce-scatters partial sums (Megatron's allgather dispatcher).
+  bool dedup_combine = true;
+  int shared_expert_num = 0;         // shared experts computed on every rank from its own x (no traffic)
+};
+
+// Internal state shared by dispatch and the matching combine (opaque).
+struct DispatchState;
+
+struct DispatchResult {
+  Tensor expand_x;                  // [A, H]: rows ordered (local expert, source rank, token); int8 if quant
+  Tensor dynamic_scales;            // [A] fp32 when quant_int8 (row = q * scale), else undefined
+  Tensor assist_info_for_combine;   // [A, 3] int32: (source rank, source token, k) of each row
+  Tensor expert_token_nums;         // [L] int64: count or inclusive cumsum per local expert
+  Tensor ep_recv_counts;            // [L * W] int32: inclusive running sum in (l, r) order
+  int64_t bytes_sent = 0;           // bytes this rank put on the wire (payload + headers, no self)
+  std::shared_ptr<DispatchState> handle;
+};
+
+// Split form: start validates, agrees, exchanges counts, posts the non-blocking transfer and fills
+// the rows that come from this rank (they are ready at once); wait() completes the remote rows.
+class PendingDispatch {
+ public:
+  PendingDispatch() = default;
+  PendingDispatch(PendingDispatch&&) noexcept;
+  PendingDispatch& operator=(PendingDispatch&&) noexcept;
+  ~PendingDispatch();
+  // Outputs are allocated at start; expand_x rows of local_blocks() are valid before wait().
+  DispatchResult& result() { return res_; }
+  // For each local expert l: [begin, begin + count) rows of expand_x from this rank (ready now).
+  struct Block { int64_t begin = 0, count = 0; };
+  const std::vector<Block>& local_blocks() const;
+  bool test();        // true when the transfer has finished (advances it)
+  DispatchResult& wait();
+
+ private:
+  friend struct PendingAccess;
+  DispatchResult res_;
+  bool done_ = true;
+};
+
+// x [BS, H] (bf16/fp16/fp32), expert_ids [BS, K] int32 (distinct per row, in [0, E)),
+// expert_scales [BS, K] fp32 (undefined: all 1).
+DispatchResult moe_distribute_dispatch(Comm& comm, const TensorView& x, const TensorView& expert_ids,
+                                       const TensorView& expert_scales, const DispatchOptions& opt);
+PendingDispatch moe_distribute_dispatch_start(Comm& comm, const TensorView& x, const TensorView& expert_ids,
+                                              const TensorView& expert_scales, const DispatchOptions& opt);
+
+// expert_out [A, H] (float dtype): the expert output of each expand_x row. Returns x_out [BS, H] in
+// expert_out's dtype: sum over k of scale * expert output (+ shared_expert_x [BS, H] unweighted).
+Tensor moe_distribute_combine(Comm& comm, const TensorView& expert_out, const DispatchResult& dispatched,
+                              const TensorView& shared_expert_x = {});
+
+// Split form of combine: start sends, wait receives and sums.
+class PendingCombine {
+ public:
+  PendingCombine() = default;
+  PendingCombine(PendingCombine&&) noexcept;
+  PendingCombine& operator=(PendingCombine&&) noexcept;
+  ~PendingCombine();
+  bool test();
+  Tensor wait();
+  int64_t bytes_sent() const { return bytes_sent_; }
+  struct State;
+
+ private:
+  friend struct PendingAccess;
+  std::shared_ptr<State> st_;
+  int64_t bytes_sent_ = 0;
+};
+PendingCombine moe_distribute_combine_start(Comm& comm, const TensorView& expert_out, const DispatchResult& dispatched,
+                                            const TensorView& shared_expert_x = {});
+
+// ---- Local expert compute (the seam to the MoE layer's grouped FFN) ----
+// One batch of rows for the local experts: rows [row_begin[g], row_begin[g] + rows[g]) of x belong
+// to local expert expert[g]. x is bf16/fp16/fp32, or int8 with per-row dynamic_scales.
+struct ExpertBatch {
+  TensorView x;                    // [A, H]
+  TensorView dynamic_scales;       // [A] fp32 or undefined
+  std::vector<int64_t> expert, row_begin, rows;
+  TensorView y;                    // [A, H] output rows (same row positions)
+  std::function<void()> progress;  // call between groups to advance communication
+};
+using ExpertFn = std::function<void(const ExpertBatch&)>;
+
+// SwiGLU experts on prepacked weights: y = (silu(x Wg) * (x Wu)) Wd, gate_up[l] packed [H, 2I]
+// ([gate | up] columns), down[l] packed [I, H], for local expert l. Runs on ot::gemm::grouped_gemm.
+ExpertFn swiglu_experts(std::vector<const gemm::PackedB*> gate_up, std::vector<const gemm::PackedB*> down);
+
+// Groups of a DispatchResult as an ExpertBatch (all rows, one group per local expert).
+ExpertBatch batch_of(const DispatchResult& d, const TensorView& y);
+
+struct FfnOptions {
+  DispatchOptions dispatch;
+  int chunks = 2;  // token chunks; chunk i's communication overlaps chunk i-1's compute
+};
+
+// Pipelined dispatch -> local experts -> combine. Returns [BS, H] in x's dtype (+ shared_expert_x).
+Tensor ep_moe_ffn(Comm& comm, const TensorView& x, const TensorView& expert_ids, const TensorView& expert_scales,
+                  const ExpertFn& experts, const FfnOptions& opt, const TensorView& shared_expert_x = {});
+
+// ---- Plain single-process reference (tests): what rank q receives, given every rank's inputs ----
+namespace ref {
+struct RankInput { TensorView x, expert_ids, expert_scales; };
+struct RankExpand {
+  Tensor expand_x;                   // [A, H] same dtype as x (or int8 when quant)
+  Tensor dynamic_scales;             // [A] when quant
+  std::vector<int32_t> assist;       // 3 per row
+  std::vector<int64_t> tokens_per_expert;  // [L] counts
+};
+RankExpand dispatch(const std::vector<RankInput>& ranks, const Placement& p, int q, bool quant_int8);
+// Combine on rank r from the expert outputs of every rank (expand order as returned by dispatch):
+// x_out[t] = sum over k (in k order) of scale * Y(t, k), in fp32, cast to `out`'s dtype.
+void combine(const std::vector<RankInput>& ranks, const Placement& p, const std::vector<TensorView>& expert_out, int r,
+             const TensorView& out);
+}  // namespace ref
+
+}  // namespace ot::ep

@@ -1,0 +1,390 @@
+// moe_distribute_dispatch: validate, agree, exchange counts, pack each token once per destination
+// rank, post the non-blocking transfer, fan out this rank's own rows at once and the remote rows
+// when they arrive. Receive layout: (local expert, source rank, token) as in spec section 9.2.
+#include <algorithm>
+
+#include "ot/numeric.h"
+#include "ot/parallel.h"
+#include "ot/trace.h"
+#include "src/ep/internal.h"
+
+namespace ot::ep {
+
+namespace {
+
+constexpr const char* kOp = "moe_distribute_dispatch";
+
+enum Code {
+  kOk, kX, kXDtype, kIds, kIdsDtype, kK, kIdsRange, kIdsDup, kScales, kE, kEDiv, kPlacementE, kWorld, kRank, kType,
+  kMisK, kMisH, kMisDtype, kMisE, kMisOpt, kMisPlacement, kMisTag,
+};
+const std::vector<FaultText> kTable = {
+    {"", ""},
+    {"x", "a 2-D [BS, H] view with contiguous rows and H >= 1"},
+    {"x", "bf16, fp16 or fp32"},
+    {"expert_ids", "a [BS, K] view with contiguous rows (BS = rows of x)"},
+    {"expert_ids", "int32"},
+    {"expert_ids", "K in [1, min(moe_expert_num, 64)]"},
+    {"expert_ids", "expert ids in [0, moe_expert_num)"},
+    {"expert_ids", "distinct expert ids within a row"},
+    {"expert_scales", "fp32 [BS, K] with contiguous rows, or undefined"},
+    {"moe_expert_num", ">= 1"},
+    {"moe_expert_num", "a multiple of the EP world size"},
+    {"moe_expert_num", "the number of experts of the Comm's placement"},
+    {"ep_world_size", "0 or the communicator's size"},
+    {"ep_rank_id", "-1 or the communicator's rank"},
+    {"expert_token_nums_type", "0 (cumsum) or 1 (count)"},
+    {"expert_ids", "the same K on every rank"},
+    {"x", "the same H on every rank"},
+    {"x", "the same dtype on every rank"},
+    {"moe_expert_num", "the same value on every rank"},
+    {"options", "the same dispatcher, quant_int8, dedup_combine and expert_token_nums_type on every rank"},
+    {"placement", "the same expert placement on every rank"},
+    {"chunks", "the same value on every rank"},
+};
+enum Field { fBS, fK, fH, fE, fDtype, fQuant, fDisp, fDedup, fType, fHash, fTag };
+
+Fault validate(const Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w, const DispatchOptions& o) {
+  const int W = comm.ep_world_size();
+  if (x.ndim != 2 || !x.last_dim_contiguous() || x.size(1) < 1) return {kX, x.ndim == 2 ? x.size(1) : x.ndim};
+  if (!is_float(x.dtype)) return {kXDtype, int64_t(x.dtype)};
+  if (ids.ndim != 2 || ids.size(0) != x.size(0) || !ids.last_dim_contiguous()) return {kIds, ids.ndim == 2 ? ids.size(0) : ids.ndim};
+  if (ids.dtype != DType::i32) return {kIdsDtype, int64_t(ids.dtype)};
+  if (o.moe_expert_num < 1) return {kE, o.moe_expert_num};
+  if (o.moe_expert_num % W != 0) return {kEDiv, o.moe_expert_num};
+  if (o.moe_expert_num != comm.placement().num_experts()) return {kPlacementE, o.moe_expert_num};
+  if (o.ep_world_size != 0 && o.ep_world_size != W) return {kWorld, o.ep_world_size};
+  if (o.ep_rank_id != -1 && o.ep_rank_id != comm.ep_rank_id()) return {kRank, o.ep_rank_id};
+  if (o.expert_token_nums_type != 0 && o.expert_token_nums_type != 1) return {kType, o.expert_token_nums_type};
+  const int64_t K = ids.size(1), BS = x.size(0), E = o.moe_expert_num;
+  if (K < 1 || K > std::min<int64_t>(E, 64)) return {kK, K};
+  if (w.defined() && (w.ndim != 2 || w.size(0) != BS || w.size(1) != K || w.dtype != DType::f32 || !w.last_dim_contiguous()))
+    return {kScales, w.ndim == 2 ? w.size(1) : w.ndim};
+  std::vector<int64_t> seen(size_t(E), -1);
+  for (int64_t t = 0; t < BS; ++t) {
+    const int32_t* row = ids.ptr<int32_t>() + t * ids.stride(0);
+    for (int64_t k = 0; k < K; ++k) {
+      int32_t e = row[k];
+      if (e < 0 || e >= E) return {kIdsRange, e};
+      if (seen[size_t(e)] == t) return {kIdsDup, e};
+      seen[size_t(e)] = t;
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+PendingDispatch::PendingDispatch(PendingDispatch&& o) noexcept : res_(std::move(o.res_)), done_(o.done_) { o.done_ = true; }
+PendingDispatch& PendingDispatch::operator=(PendingDispatch&& o) noexcept {
+  if (this != &o) {
+    if (!done_) wait();
+    res_ = std::move(o.res_);
+    done_ = o.done_;
+    o.done_ = true;
+  }
+  return *this;
+}
+PendingDispatch::~PendingDispatch() {
+  // A transfer must never be abandoned while peers take part in it.
+  if (!done_) {
+    try { wait(); } catch (...) {}
+  }
+}
+
+const std::vector<PendingDispatch::Block>& PendingDispatch::local_blocks() const { return res_.handle->local_blocks; }
+
+bool PendingDispatch::test() {
+  if (done_) return true;
+  DispatchState& st = *res_.handle;
+  int flag = 0;
+  MPI_Test(&st.req, &flag, MPI_STATUS_IGNORE);
+  return flag != 0;
+}
+
+DispatchResult& PendingDispatch::wait() {
+  if (done_) return res_;
+  DispatchState& st = *res_.handle;
+  trace::OpScope scope("moe_distribute_dispatch_wait", "comm");
+  MPI_Wait(&st.req, MPI_STATUS_IGNORE);
+  st.comm->impl().untrack(&st.req);
+  done_ = true;
+  st.finish_receive(res_);
+  return res_;
+}
+
+PendingDispatch moe_distribute_dispatch_start(Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w,
+                                              const DispatchOptions& opt) {
+  return dispatch_start_tagged(comm, x, ids, w, opt, 0);
+}
+
+DispatchResult moe_distribute_dispatch(Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w,
+                                       const DispatchOptions& opt) {
+  PendingDispatch pd = moe_distribute_dispatch_start(comm, x, ids, w, opt);
+  return std::move(pd.wait());
+}
+
+PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& wv,
+                                      const DispatchOptions& opt, int64_t tag) {
+  PendingDispatch pd;
+  trace::OpScope scope(kOp, "comm");
+  const int W = comm.ep_world_size(), me = comm.ep_rank_id();
+  const Placement& P = comm.placement();
+
+  // 1. Validate locally, then agree with every rank before anything is sent.
+  Fault fault = validate(comm, x, ids, wv, opt);
+  Meta meta;
+  if (fault.code == 0) {
+    meta.f[fBS] = x.size(0);
+    meta.f[fK] = ids.size(1);
+    meta.f[fH] = x.size(1);
+  }
+  meta.f[fE] = opt.moe_expert_num;
+  meta.f[fDtype] = int64_t(x.dtype);
+  meta.f[fQuant] = opt.quant_int8;
+  meta.f[fDisp] = int64_t(opt.dispatcher);
+  meta.f[fDedup] = opt.dedup_combine;
+  meta.f[fType] = opt.expert_token_nums_type;
+  meta.f[fHash] = int64_t(P.hash());
+  meta.f[fTag] = tag;
+  std::vector<Meta> all = agree(comm.mpi(), kOp, fault, meta, kTable,
+                                {{fK, kMisK}, {fH, kMisH}, {fDtype, kMisDtype}, {fE, kMisE}, {fQuant, kMisOpt}, {fDisp, kMisOpt},
+                                 {fDedup, kMisOpt}, {fType, kMisOpt}, {fHash, kMisPlacement}, {fTag, kMisTag}});
+
+  auto sp = std::make_shared<DispatchState>();
+  DispatchState& st = *sp;
+  st.comm = &comm;
+  st.W = W;
+  st.me = me;
+  st.BS = x.size(0);
+  st.K = ids.size(1);
+  st.H = x.size(1);
+  st.E = opt.moe_expert_num;
+  st.L = int64_t(P.local_experts(me).size());
+  st.dtype = x.dtype;
+  st.opt = opt;
+  const int64_t BS = st.BS, K = st.K, H = st.H, L = st.L;
+  const bool a2a = opt.dispatcher == Dispatcher::all_to_all;
+  const size_t xes = dtype_size(x.dtype);
+  st.fmt = RowFormat(K, H, opt.quant_int8 ? 1 : xes);
+  const RowFormat& fmt = st.fmt;
+  st.all_bs.resize(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) st.all_bs[size_t(r)] = all[size_t(r)].f[fBS];
+  st.scales.assign(size_t(BS * K), 1.f);
+  if (wv.defined())
+    for (int64_t t = 0; t < BS; ++t)
+      std::copy_n(wv.ptr<float>() + t * wv.stride(0), K, st.scales.begin() + t * K);
+
+  // 2. Route: destination of each slot, deduplicated rows per destination, slot counts per
+  // (destination, its local expert).
+  int64_t Lmax = 0;
+  for (int q = 0; q < W; ++q) Lmax = std::max<int64_t>(Lmax, int64_t(P.local_experts(q).size()));
+  const int64_t blk = 2 + Lmax;  // [dedup rows, slots, slots per local expert...]
+  std::vector<int64_t> sendc(size_t(W * blk), 0), recvc(size_t(W * blk), 0);
+  st.slot_dest.resize(size_t(BS * K));
+  st.slot_ret.assign(size_t(BS * K), -1);
+  st.token_pos.assign(size_t(BS * W), -1);
+  st.send_rows.assign(size_t(W), 0);
+  st.slots_to.assign(size_t(W), 0);
+  for (int64_t t = 0; t < BS; ++t) {
+    const int32_t* row = ids.ptr<int32_t>() + t * ids.stride(0);
+    for (int64_t k = 0; k < K; ++k) {
+      int q = P.destination(me, t, row[k]);
+      st.slot_dest[size_t(t * K + k)] = q;
+      st.slot_ret[size_t(t * K + k)] = st.slots_to[size_t(q)]++;  // per-slot combine order (self: replaced later)
+      int32_t& pos = st.token_pos[size_t(t * W + q)];
+      if (pos < 0) pos = int32_t(st.send_rows[size_t(q)]++);
+      ++sendc[size_t(q * blk + 2 + P.local_index(q, row[k]))];
+    }
+  }
+  for (int q = 0; q < W; ++q) {
+    sendc[size_t(q * blk)] = q == me || !a2a ? 0 : st.send_rows[size_t(q)];
+    sendc[size_t(q * blk + 1)] = st.slots_to[size_t(q)];
+  }
+  st.send_rows[size_t(me)] = 0;
+  MPI_Alltoall(sendc.data(), int(blk), MPI_INT64_T, recvc.data(), int(blk), MPI_INT64_T, comm.mpi());
+
+  // 3. Receive plan: blocks in (local expert, source rank) order.
+  st.recv_rows.resize(static_cast<size_t>(W));
+  st.recv_slots.resize(static_cast<size_t>(W));
+  st.block.resize(size_t(L * W));
+  st.fill.assign(size_t(L * W), 0);
+  int64_t A = 0;
+  for (int r = 0; r < W; ++r) {
+    st.recv_rows[size_t(r)] = recvc[size_t(r * blk)];
+    st.recv_slots[size_t(r)] = r == me ? 0 : recvc[size_t(r * blk + 1)];
+  }
+  DispatchResult& res = PendingAccess::res(pd);
+  res = DispatchResult();
+  res.expert_token_nums = Tensor::empty(DType::i64, {L});
+  res.ep_recv_counts = Tensor::empty(DType::i32, {L * W});
+  for (int64_t l = 0; l < L; ++l) {
+    int64_t before = A;
+    for (int r = 0; r < W; ++r) {
+      st.block[size_t(l * W + r)] = A;
+      A += recvc[size_t(r * blk + 2 + l)];
+      res.ep_recv_counts.ptr<int32_t>()[l * W + r] = int32_t(A);
+    }
+    res.expert_token_nums.ptr<int64_t>()[l] = opt.expert_token_nums_type == 0 ? A : A - before;
+  }
+  st.A = A;
+  res.expand_x = Tensor::empty(opt.quant_int8 ? DType::u8 : x.dtype, {A, H});
+  if (opt.quant_int8) res.dynamic_scales = Tensor::empty(DType::f32, {A});
+  res.assist_info_for_combine = Tensor::empty(DType::i32, {A, 3});
+  st.local_blocks.resize(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) st.local_blocks[size_t(l)] = {st.block[size_t(l * W + me)], recvc[size_t(me * blk + 2 + l)]};
+
+  // 4. Pack and post. all_to_all: one row per (token, remote destination); all_gather: every token
+  // once, straight into its place in the gathered buffer (MPI_IN_PLACE).
+  auto pack_row = [&](char* row, int64_t t, int q) {
+    const int32_t* idr = ids.ptr<int32_t>() + t * ids.stride(0);
+    RowFormat::token(row) = int32_t(t);
+    for (int64_t k = 0; k < K; ++k) {
+      RowFormat::ids(row)[k] = q < 0 || st.slot_dest[size_t(t * K + k)] == q ? idr[k] : -1;
+      fmt.w(row)[k] = st.scales[size_t(t * K + k)];
+    }
+    const char* src = static_cast<const char*>(x.data) + t * x.stride(0) * int64_t(xes);
+    if (opt.quant_int8) RowFormat::qscale(row) = quantize_row_int8(src, x.dtype, H, reinterpret_cast<int8_t*>(fmt.payload(row)));
+    else std::memcpy(fmt.payload(row), src, size_t(H) * xes);
+  };
+  MPI_Datatype rt = comm.impl().row_type(int64_t(fmt.stride));
+  st.scount.assign(size_t(W), 0);
+  st.sdispl.assign(size_t(W), 0);
+  st.rcount.assign(size_t(W), 0);
+  st.rdispl.assign(size_t(W), 0);
+  if (a2a) {
+    int64_t so = 0, ro = 0;
+    for (int q = 0; q < W; ++q) {
+      st.sdispl[size_t(q)] = checked_int(so, kOp, "send rows");
+      st.scount[size_t(q)] = checked_int(st.send_rows[size_t(q)], kOp, "send rows");
+      so += st.send_rows[size_t(q)];
+      st.rdispl[size_t(q)] = checked_int(ro, kOp, "receive rows");
+      st.rcount[size_t(q)] = checked_int(st.recv_rows[size_t(q)], kOp, "receive rows");
+      ro += st.recv_rows[size_t(q)];
+      st.bytes_sent += st.send_rows[size_t(q)] * int64_t(fmt.stride);
+    }
+    st.sendbuf = PooledBuffer(comm.impl().pool, size_t(so) * fmt.stride);
+    st.recvbuf = PooledBuffer(comm.impl().pool, size_t(ro) * fmt.stride);
+    char* sb = st.sendbuf.data();
+    parallel_for(BS, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int q = 0; q < W; ++q) {
+          int32_t pos = st.token_pos[size_t(t * W + q)];
+          if (q != me && pos >= 0) pack_row(sb + size_t(st.sdispl[size_t(q)] + pos) * fmt.stride, t, q);
+        }
+    });
+    MPI_Ialltoallv(sb, st.scount.data(), st.sdispl.data(), rt, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi(),
+                   &st.req);
+  } else {
+    int64_t ro = 0;
+    for (int r = 0; r < W; ++r) {
+      st.rdispl[size_t(r)] = checked_int(ro, kOp, "gathered rows");
+      st.rcount[size_t(r)] = checked_int(st.all_bs[size_t(r)], kOp, "gathered rows");
+      ro += st.all_bs[size_t(r)];
+    }
+    st.bytes_sent = BS * int64_t(fmt.stride) * (W - 1);
+    st.recvbuf = PooledBuffer(comm.impl().pool, size_t(ro) * fmt.stride);
+    char* own = st.recvbuf.data() + size_t(st.rdispl[size_t(me)]) * fmt.stride;
+    parallel_for(BS, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) pack_row(own + size_t(t) * fmt.stride, t, -1);
+    });
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi(), &st.req);
+  }
+  st.posted = true;
+  comm.impl().track(&st.req);
+
+  // 5. This rank's own rows go straight from x into expand_x while the transfer runs.
+  st.recv.reserve(static_cast<size_t>(BS));
+  struct Copy { int64_t dst, t; };
+  std::vector<Copy> copies;
+  std::vector<int64_t> self_j(size_t(BS), -1);
+  for (int64_t t = 0; t < BS; ++t) {
+    const int32_t* idr = ids.ptr<int32_t>() + t * ids.stride(0);
+    bool any = false;
+    for (int64_t k = 0; k < K; ++k) {
+      if (st.slot_dest[size_t(t * K + k)] != me) continue;
+      if (!any) {
+        self_j[size_t(t)] = int64_t(st.recv.size());
+        st.recv.push_back({int32_t(me), int32_t(t), -1});
+        any = true;
+      }
+      int l = P.local_index(me, idr[k]);
+      int64_t row = st.block[size_t(l * W + me)] + st.fill[size_t(l * W + me)]++;
+      st.ent_row.push_back(row);
+      st.ent_w.push_back(st.scales[size_t(t * K + k)]);
+      st.slot_ret[size_t(t * K + k)] = row;
+      int32_t* as = res.assist_info_for_combine.ptr<int32_t>() + row * 3;
+      as[0] = me, as[1] = int32_t(t), as[2] = int32_t(k);
+      copies.push_back({row, t});
+    }
+    if (any) st.ent_begin.push_back(int64_t(st.ent_row.size()));
+  }
+  st.self_j = std::move(self_j);
+  char* ex = static_cast<char*>(res.expand_x.view().data);
+  const size_t out_row = size_t(H) * (opt.quant_int8 ? 1 : xes);
+  parallel_for(int64_t(copies.size()), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const char* src = static_cast<const char*>(x.data) + copies[size_t(i)].t * x.stride(0) * int64_t(xes);
+      char* dst = ex + size_t(copies[size_t(i)].dst) * out_row;
+      if (opt.quant_int8) res.dynamic_scales.ptr<float>()[copies[size_t(i)].dst] = quantize_row_int8(src, x.dtype, H, reinterpret_cast<int8_t*>(dst));
+      else std::memcpy(dst, src, out_row);
+    }
+  });
+  res.bytes_sent = st.bytes_sent;
+  res.handle = sp;
+  PendingAccess::done(pd) = false;
+  scope.kernel(dispatcher_name(opt.dispatcher)).bytes(double(st.bytes_sent));
+  if (scope.active()) scope.args(detail::cat("x[", BS, ",", H, "] ", dtype_name(x.dtype), " K=", K, " E=", st.E, " W=", W));
+  return pd;
+}
+
+void DispatchState::finish_receive(DispatchResult& res) {
+  const Placement& P = comm->placement();
+  const bool a2a = opt.dispatcher == Dispatcher::all_to_all;
+  const size_t out_row = size_t(H) * fmt.elem;
+  struct Copy { int64_t dst; const char* row; };
+  std::vector<Copy> copies;
+  char* rb = recvbuf.data();
+  for (int r = 0; r < W; ++r) {
+    if (r == me) continue;
+    int64_t n = rcount[size_t(r)];
+    int64_t ret = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      char* row = rb + size_t(rdispl[size_t(r)] + i) * fmt.stride;
+      int32_t tok = RowFormat::token(row);
+      const int32_t* idr = RowFormat::ids(row);
+      bool any = false;
+      for (int64_t k = 0; k < K; ++k) {
+        int32_t e = idr[k];
+        if (e < 0 || (!a2a && P.destination(r, tok, e) != me)) continue;
+        if (!any) {
+          recv.push_back({int32_t(r), tok, a2a ? ret++ : -1});
+          any = true;
+        }
+        int l = P.local_index(me, e);
+        int64_t dst = block[size_t(l * W + r)] + fill[size_t(l * W + r)]++;
+        ent_row.push_back(dst);
+        ent_w.push_back(fmt.w(row)[k]);
+        int32_t* as = res.assist_info_for_combine.ptr<int32_t>() + dst * 3;
+        as[0] = r, as[1] = tok, as[2] = int32_t(k);
+        copies.push_back({dst, row});
+      }
+      if (any) ent_begin.push_back(int64_t(ent_row.size()));
+    }
+  }
+  char* ex = static_cast<char*>(res.expand_x.view().data);
+  const bool quant = opt.quant_int8;
+  parallel_for(int64_t(copies.size()), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const Copy& c = copies[size_t(i)];
+      std::memcpy(ex + size_t(c.dst) * out_row, fmt.payload(const_cast<char*>(c.row)), out_row);
+      if (quant) res.dynamic_scales.ptr<float>()[c.dst] = RowFormat::qscale(const_cast<char*>(c.row));
+    }
+  });
+  // The gathered/received rows are no longer needed: give the buffers back to the pool now.
+  sendbuf.reset();
+  recvbuf.reset();
+  received = true;
+}
+
+}  // namespace ot::ep

@@ -1,0 +1,157 @@
+// Local expert compute (the seam to the MoE layer's grouped FFN) and the pipelined ep_moe_ffn:
+// chunk c+1's dispatch and chunk c-1's combine are in flight while chunk c's experts run, and each
+// chunk's own-rank rows are computed before its remote rows have arrived.
+#include <algorithm>
+
+#include "ot/numeric.h"
+#include "ot/parallel.h"
+#include "ot/trace.h"
+#include "src/ep/internal.h"
+
+namespace ot::ep {
+
+ExpertFn swiglu_experts(std::vector<const gemm::PackedB*> gate_up, std::vector<const gemm::PackedB*> down) {
+  OT_CHECK(gate_up.size() == down.size(), "swiglu_experts", "down", "one weight per local expert, as gate_up", down.size());
+  for (size_t l = 0; l < gate_up.size(); ++l) {
+    OT_CHECK(gate_up[l] && down[l], "swiglu_experts", "gate_up/down", "non-null packed weights", "null at ", l);
+    OT_CHECK(gate_up[l]->N() == 2 * down[l]->K() && down[l]->N() == gate_up[l]->K(), "swiglu_experts", "down",
+             "[I, H] with gate_up [H, 2I]", down[l]->K(), "x", down[l]->N(), " vs ", gate_up[l]->K(), "x", gate_up[l]->N());
+  }
+  return [gate_up = std::move(gate_up), down = std::move(down)](const ExpertBatch& b) {
+    const int64_t A = b.x.size(0), H = b.x.size(1);
+    int64_t I = 0;
+    for (int64_t e : b.expert) {
+      OT_CHECK(e >= 0 && e < int64_t(gate_up.size()), "swiglu_experts", "expert", "a local expert index", e);
+      OT_CHECK(gate_up[size_t(e)]->K() == H, "swiglu_experts", "x", "H equal to the weights' H", H);
+      I = std::max(I, down[size_t(e)]->K());
+    }
+    if (b.expert.empty()) return;
+    // int8 rows (dispatch quant) are dequantised to fp32 here: the engine takes float A operands.
+    TensorView xin = b.x;
+    Tensor xf;
+    if (b.x.dtype == DType::u8) {
+      xf = Tensor::empty(DType::f32, {A, H});
+      parallel_for(A, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const int8_t* q = reinterpret_cast<const int8_t*>(b.x.ptr<uint8_t>() + r * b.x.stride(0));
+          float s = b.dynamic_scales.ptr<float>()[r];
+          for (int64_t h = 0; h < H; ++h) xf.ptr<float>()[r * H + h] = float(q[h]) * s;
+        }
+      });
+      xin = xf.view();
+    }
+    Tensor hbuf = Tensor::empty(DType::f32, {std::max<int64_t>(A, 1), std::max<int64_t>(I, 1)});
+    const size_t xes = dtype_size(xin.dtype), yes = dtype_size(b.y.dtype);
+    std::vector<gemm::Group> up, dn;
+    for (size_t g = 0; g < b.expert.size(); ++g) {
+      int64_t r0 = b.row_begin[g], M = b.rows[g], l = b.expert[g];
+      if (M == 0) continue;
+      gemm::Group u;
+      u.M = M;
+      u.a = {static_cast<const char*>(xin.data) + r0 * xin.stride(0) * int64_t(xes), xin.dtype, xin.stride(0), nullptr};
+      u.b = gate_up[size_t(l)];
+      u.c = {hbuf.ptr<float>() + r0 * I, DType::f32, I};
+      u.ep.act = gemm::Act::swiglu;
+      up.push_back(u);
+      gemm::Group d;
+      d.M = M;
+      d.a = {hbuf.ptr<float>() + r0 * I, DType::f32, I, nullptr};
+      d.b = down[size_t(l)];
+      d.c = {static_cast<char*>(b.y.data) + r0 * b.y.stride(0) * int64_t(yes), b.y.dtype, b.y.stride(0)};
+      dn.push_back(d);
+    }
+    // A few pieces with progress calls between them keep the transfers in flight moving.
+    const int64_t n = int64_t(up.size()), piece = std::max<int64_t>(1, (n + 3) / 4);
+    for (auto* gs : {&up, &dn})
+      for (int64_t i = 0; i < n; i += piece) {
+        gemm::grouped_gemm(gs->data() + i, std::min(piece, n - i));
+        if (b.progress) b.progress();
+      }
+  };
+}
+
+// Groups of expand_x rows: for each local expert, rows from sources in [r_lo, r_hi).
+static void add_groups(const DispatchResult& d, int r_lo, int r_hi, ExpertBatch& b) {
+  const DispatchState& st = *d.handle;
+  const int32_t* rc = d.ep_recv_counts.ptr<int32_t>();
+  for (int64_t l = 0; l < st.L; ++l) {
+    if (r_lo >= r_hi) continue;
+    int64_t i0 = l * st.W + r_lo, i1 = l * st.W + r_hi - 1;
+    int64_t begin = i0 == 0 ? 0 : rc[i0 - 1], end = rc[i1];
+    if (end > begin) {
+      b.expert.push_back(l);
+      b.row_begin.push_back(begin);
+      b.rows.push_back(end - begin);
+    }
+  }
+}
+
+ExpertBatch batch_of(const DispatchResult& d, const TensorView& y) {
+  ExpertBatch b;
+  b.x = d.expand_x.view();
+  b.dynamic_scales = d.dynamic_scales.defined() ? d.dynamic_scales.view() : TensorView();
+  b.y = y;
+  if (d.handle) add_groups(d, 0, d.handle->W, b);
+  return b;
+}
+
+Tensor ep_moe_ffn(Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w, const ExpertFn& experts,
+                  const FfnOptions& opt, const TensorView& shared) {
+  trace::OpScope scope("ep_moe_ffn");
+  const int C = std::max(1, opt.chunks);
+  // Chunk only well-formed inputs; anything else goes whole to the first dispatch, whose
+  // agreement step then fails on every rank.
+  const bool shaped = x.ndim == 2 && ids.ndim == 2 && ids.size(0) == x.size(0) &&
+                      (!w.defined() || (w.ndim == 2 && w.size(0) == x.size(0))) &&
+                      (!shared.defined() || (shared.ndim == 2 && shared.size(0) == x.size(0)));
+  const int64_t BS = shaped ? x.size(0) : 0;
+  auto lo = [&](int c) { return BS * c / C; };
+  auto part = [&](const TensorView& v, int c) { return v.defined() && shaped ? v.narrow(0, lo(c), lo(c + 1) - lo(c)) : v; };
+  auto start = [&](int c) { return dispatch_start_tagged(comm, part(x, c), part(ids, c), part(w, c), opt.dispatch, C); };
+
+  std::vector<PendingDispatch> pend(static_cast<size_t>(C));
+  std::vector<PendingCombine> comb(static_cast<size_t>(C));
+  std::vector<Tensor> ys(static_cast<size_t>(C));
+  Tensor out;
+  auto collect = [&](int c) {
+    Tensor o = comb[size_t(c)].wait();
+    if (!out.defined()) out = Tensor::empty(o.dtype(), {BS, o.size(1)});
+    if (o.numel() > 0) std::memcpy(static_cast<char*>(out.view().data) + lo(c) * o.size(1) * int64_t(dtype_size(o.dtype())), o.view().data, o.view().nbytes());
+    comb[size_t(c)] = PendingCombine();
+    pend[size_t(c)] = PendingDispatch();
+  };
+  pend[0] = start(0);
+  for (int c = 0; c < C; ++c) {
+    if (c + 1 < C) pend[size_t(c + 1)] = start(c + 1);
+    PendingDispatch& p = pend[size_t(c)];
+    DispatchResult& d = p.result();
+    const DispatchState& st = *d.handle;
+    ys[size_t(c)] = Tensor::empty(st.dtype, {st.A, st.H});
+    bool failed = false;
+    try {
+      // Rows from this rank are ready now; the rest after the wait.
+      ExpertBatch local;
+      local.x = d.expand_x.view();
+      local.dynamic_scales = d.dynamic_scales.defined() ? d.dynamic_scales.view() : TensorView();
+      local.y = ys[size_t(c)].view();
+      local.progress = [&comm] { comm.progress(); };
+      add_groups(d, st.me, st.me + 1, local);
+      experts(local);
+      p.wait();
+      ExpertBatch remote = local;
+      remote.expert.clear(), remote.row_begin.clear(), remote.rows.clear();
+      add_groups(d, 0, st.me, remote);
+      add_groups(d, st.me + 1, st.W, remote);
+      experts(remote);
+    } catch (const std::exception&) {
+      p.wait();
+      failed = true;
+    }
+    comb[size_t(c)] = combine_start_impl(comm, ys[size_t(c)].view(), p.result(), part(shared, c), failed);
+    if (c > 0) collect(c - 1);
+  }
+  collect(C - 1);
+  return out;
+}
+
+}  // namespace ot::ep

@@ -1,0 +1,161 @@
+// Internal pieces shared by the expert-parallel files: buffers, the agreement step, the dispatch
+// state that combine needs, and the wire format of a dispatched row.
+#pragma once
+#include <mpi.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "ot/ep.h"
+#include "ot/error.h"
+#include "ot/workspace.h"
+
+namespace ot::ep {
+
+// A reusable 64-byte-aligned byte buffer; pooled by the Comm so steady-state calls do not allocate.
+struct Buffer {
+  AlignedPtr<char> mem;
+  size_t cap = 0;
+  char* data() const { return mem.get(); }
+};
+class BufferPool {
+ public:
+  std::unique_ptr<Buffer> acquire(size_t bytes);
+  void release(std::unique_ptr<Buffer> b);
+
+ private:
+  std::vector<std::unique_ptr<Buffer>> free_;
+};
+// A buffer borrowed from a pool and returned when it goes out of scope.
+class PooledBuffer {
+ public:
+  PooledBuffer() = default;
+  PooledBuffer(std::shared_ptr<BufferPool> pool, size_t bytes) : pool_(std::move(pool)), buf_(pool_->acquire(bytes)) {}
+  PooledBuffer(PooledBuffer&&) noexcept = default;
+  PooledBuffer& operator=(PooledBuffer&& o) noexcept {
+    reset();
+    pool_ = std::move(o.pool_);
+    buf_ = std::move(o.buf_);
+    return *this;
+  }
+  ~PooledBuffer() { reset(); }
+  char* data() const { return buf_ ? buf_->data() : nullptr; }
+  void reset() {
+    if (pool_ && buf_) pool_->release(std::move(buf_));
+    buf_.reset();
+  }
+
+ private:
+  std::shared_ptr<BufferPool> pool_;
+  std::unique_ptr<Buffer> buf_;
+};
+
+struct Comm::Impl {
+  std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
+  std::map<int64_t, MPI_Datatype> row_types;  // contiguous byte rows, by size
+  std::vector<MPI_Request*> inflight;         // advanced by progress()
+  MPI_Datatype row_type(int64_t bytes);
+  void track(MPI_Request* r) { inflight.push_back(r); }
+  void untrack(MPI_Request* r);
+};
+
+// ---- Agreement: every rank contributes a fixed-size record; all ranks see all records and take
+// the same decision (so either all proceed or all throw the same ot::Error).
+struct Fault {
+  int code = 0;        // 0: fine; otherwise an index into the caller's table of {arg, expected}
+  int64_t value = 0;   // what was got (for the message)
+};
+struct FaultText { const char* arg; const char* expected; };
+constexpr int kMetaFields = 16;
+struct Meta {
+  int64_t f[kMetaFields] = {};
+};
+// Allgathers (fault, meta) and throws on every rank when any rank has a fault or when the fields
+// listed in `must_match` differ between ranks (mismatch i reports table[match_codes[i]]).
+std::vector<Meta> agree(MPI_Comm comm, const char* op, const Fault& fault, const Meta& meta, const std::vector<FaultText>& table,
+                        const std::vector<std::pair<int, int>>& must_match /* (field, code) */);
+
+// ---- Wire format of one dispatched row: header, then H values (x dtype, or int8 when quantised).
+// Header: int32 token, float row scale (quant), int32 ids[K] (-1: slot not for this rank), float w[K].
+struct RowFormat {
+  int64_t K = 0, H = 0;
+  size_t elem = 0;    // bytes per value on the wire
+  size_t header = 0;  // bytes, 16-aligned
+  size_t stride = 0;  // bytes per row, 16-aligned
+  RowFormat(int64_t k, int64_t h, size_t e) : K(k), H(h), elem(e) {
+    header = (8 + 8 * size_t(K) + 15) & ~size_t(15);
+    stride = (header + size_t(H) * elem + 15) & ~size_t(15);
+  }
+  static int32_t& token(char* row) { return *reinterpret_cast<int32_t*>(row); }
+  static float& qscale(char* row) { return *reinterpret_cast<float*>(row + 4); }
+  static int32_t* ids(char* row) { return reinterpret_cast<int32_t*>(row + 8); }
+  float* w(char* row) const { return reinterpret_cast<float*>(row + 8 + 4 * K); }
+  char* payload(char* row) const { return row + header; }
+};
+
+// Dynamic int8 of one row: d = max|x| / 127, q = round_half_even(x / d) saturated; returns d.
+float quantize_row_int8(const void* src, DType t, int64_t n, int8_t* dst);
+// Copies one row, converting to f32 when needed (combine sums).
+void load_row_f32(const void* src, DType t, int64_t n, float* dst);
+
+// Everything combine needs from dispatch, plus what is in flight during the split form.
+struct DispatchState {
+  Comm* comm = nullptr;
+  int W = 1, me = 0;
+  int64_t BS = 0, K = 0, H = 0, E = 0, L = 0, A = 0;
+  DType dtype = DType::f32;
+  DispatchOptions opt;
+  // Sender side.
+  std::vector<int32_t> slot_dest;   // [BS*K] destination rank of each slot
+  std::vector<float> scales;        // [BS*K]
+  std::vector<int64_t> send_rows;   // [W] deduplicated rows to each rank (0 to self)
+  std::vector<int32_t> token_pos;   // [BS*W] position of token t among the rows sent to q, or -1
+  std::vector<int64_t> slot_ret;    // [BS*K] per-slot combine: position among rows back from q; self: expand row
+  std::vector<int64_t> slots_to;    // [W] slots sent to each rank
+  std::vector<int64_t> self_j;      // [BS] index into recv of this token's own-rank entry, or -1
+  // Receiver side: one entry per (received token, local slot), grouped by received token j.
+  struct Recv { int32_t src = 0, tok = 0; int64_t ret = -1; };  // ret: row in the combine send block, -1 self
+  std::vector<Recv> recv;
+  std::vector<int64_t> ent_begin{0};
+  std::vector<int64_t> ent_row;     // expand row
+  std::vector<float> ent_w;
+  std::vector<int64_t> recv_rows;   // [W] deduplicated rows received from each rank
+  std::vector<int64_t> recv_slots;  // [W] slots received from each rank
+  std::vector<int64_t> block;       // [L*W] start row of block (l, r); block[l*W+r]
+  std::vector<int64_t> fill;        // [L*W] rows placed so far in each block
+  std::vector<int64_t> all_bs;      // [W] tokens on each rank (all_gather)
+  std::vector<PendingDispatch::Block> local_blocks;
+  // In flight.
+  RowFormat fmt{0, 0, 0};
+  PooledBuffer sendbuf, recvbuf;
+  std::vector<int> scount, sdispl, rcount, rdispl;
+  MPI_Request req = MPI_REQUEST_NULL;
+  bool posted = false;
+  bool received = false;  // finish_receive ran: combine may use this state
+  int64_t bytes_sent = 0;
+  void finish_receive(DispatchResult& res);  // fan out the received rows (after the transfer)
+};
+
+// Access to the pending handles' internals for the implementation files.
+struct PendingAccess {
+  static DispatchResult& res(PendingDispatch& p) { return p.res_; }
+  static bool& done(PendingDispatch& p) { return p.done_; }
+  static std::shared_ptr<PendingCombine::State>& state(PendingCombine& p) { return p.st_; }
+  static int64_t& bytes(PendingCombine& p) { return p.bytes_sent_; }
+};
+
+// Internal dispatch entry (tag: a value every rank must agree on, e.g. ep_moe_ffn's chunk count).
+PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w,
+                                      const DispatchOptions& opt, int64_t tag);
+
+// Combine start; experts_failed makes every rank throw (a rank's local expert compute failed).
+PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const DispatchResult& dr, const TensorView& shared, bool experts_failed);
+
+inline int checked_int(int64_t v, const char* op, const char* what) {
+  OT_CHECK(v >= 0 && v <= INT32_MAX, op, what, "a count that fits MPI's int", v);
+  return int(v);
+}
+
+}  // namespace ot::ep

@@ -1,0 +1,529 @@
+// Expert-parallel tests, run under mpirun with 1..4 ranks. Every rank builds every rank's inputs from
+// the same seeds, so each can compute the single-process answer on the concatenated tokens locally.
+// Checks are non-fatal (EXPECT) after collectives so no rank skips a collective its peers enter.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "ot/ep.h"
+#include "ot/error.h"
+#include "ot/numeric.h"
+
+using namespace ot;
+using namespace ot::ep;
+
+namespace {
+
+int W() { int w; MPI_Comm_size(MPI_COMM_WORLD, &w); return w; }
+int me() { int r; MPI_Comm_rank(MPI_COMM_WORLD, &r); return r; }
+// Experts: two per rank, at least 4 (so K = 3 fits on one rank too).
+int64_t two_per_rank() { return std::max<int64_t>(4, 2 * W()); }
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 12345) {}
+  uint32_t next() { s = s * 6364136223846793005ull + 1442695040888963407ull; return uint32_t(s >> 33); }
+  float uni() { return float(next() & 0xffffff) / float(0x1000000); }  // [0, 1)
+};
+
+// Shapes of a test; ids: K distinct experts per token, drawn from `pool` (all experts by default).
+struct Case {
+  int64_t H = 24, K = 3, E = 8;
+  DType dtype = DType::f32;
+  std::function<int64_t(int)> bs = [](int r) { return int64_t((5 * r + 7) % 11); };  // 7, 1, 6, 0(r=3) ...
+  std::function<std::vector<int>(int, int64_t)> pool;  // experts allowed for token (r, t)
+};
+
+std::vector<ref::RankInput> views(const std::vector<std::vector<Tensor>>& in) {
+  std::vector<ref::RankInput> v;
+  for (auto& r : in) v.push_back({r[0].view(), r[1].view(), r[2].view()});
+  return v;
+}
+
+std::vector<std::vector<Tensor>> make_inputs(const Case& c, int world, uint64_t seed) {
+  std::vector<std::vector<Tensor>> all;
+  for (int r = 0; r < world; ++r) {
+    Rng g(seed * 1000 + uint64_t(r));
+    int64_t BS = c.bs(r);
+    Tensor x = Tensor::empty(c.dtype, {BS, c.H}), ids = Tensor::empty(DType::i32, {BS, c.K}), w = Tensor::empty(DType::f32, {BS, c.K});
+    for (int64_t i = 0; i < BS * c.H; ++i) set_from_double(x, i, 2.0 * g.uni() - 1.0);
+    for (int64_t t = 0; t < BS; ++t) {
+      std::vector<int> pool;
+      if (c.pool) pool = c.pool(r, t);
+      else for (int e = 0; e < c.E; ++e) pool.push_back(e);
+      for (int64_t k = 0; k < c.K; ++k) {  // partial Fisher-Yates: distinct ids
+        size_t j = size_t(k) + g.next() % (pool.size() - size_t(k));
+        std::swap(pool[size_t(k)], pool[j]);
+        ids.ptr<int32_t>()[t * c.K + k] = pool[size_t(k)];
+        w.ptr<float>()[t * c.K + k] = 0.1f + g.uni();
+      }
+    }
+    all.push_back({x, ids, w});
+  }
+  return all;
+}
+
+// Experts: SwiGLU FFN weights for every expert, packed once.
+struct Experts {
+  int64_t H, I;
+  std::vector<gemm::PackedB> gu, dn;
+  Experts(int64_t E, int64_t H_, int64_t I_) : H(H_), I(I_) {
+    Rng g(777);
+    for (int64_t e = 0; e < E; ++e) {
+      Tensor a = Tensor::empty(DType::f32, {H, 2 * I}), b = Tensor::empty(DType::f32, {I, H});
+      for (int64_t i = 0; i < a.numel(); ++i) a.ptr<float>()[i] = (2 * g.uni() - 1) / std::sqrt(float(H));
+      for (int64_t i = 0; i < b.numel(); ++i) b.ptr<float>()[i] = (2 * g.uni() - 1) / std::sqrt(float(I));
+      gu.push_back(gemm::prepack(a, gemm::BLayout::KN));
+      dn.push_back(gemm::prepack(b, gemm::BLayout::KN));
+    }
+  }
+  ExpertFn local(const Placement& p, int q) const {
+    std::vector<const gemm::PackedB*> a, b;
+    for (int64_t e : p.local_experts(q)) a.push_back(&gu[size_t(e)]), b.push_back(&dn[size_t(e)]);
+    return swiglu_experts(a, b);
+  }
+  ExpertFn all() const {
+    std::vector<const gemm::PackedB*> a, b;
+    for (size_t e = 0; e < gu.size(); ++e) a.push_back(&gu[e]), b.push_back(&dn[e]);
+    return swiglu_experts(a, b);
+  }
+};
+
+// The single-process MoE on the concatenated tokens of all ranks: rows sorted by expert (stable in
+// (rank, token) order), one grouped SwiGLU FFN over all experts, then out[t] = sum_k w * y in k order.
+std::vector<Tensor> single_process(const std::vector<std::vector<Tensor>>& in, const Experts& ex, int64_t E, DType out_dtype) {
+  const int64_t H = in[0][0].size(1), K = in[0][1].size(1);
+  std::vector<std::tuple<int, int64_t, int64_t>> rows;  // (r, t, k)
+  ExpertBatch b;
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t begin = int64_t(rows.size());
+    for (size_t r = 0; r < in.size(); ++r)
+      for (int64_t t = 0; t < in[r][0].size(0); ++t)
+        for (int64_t k = 0; k < K; ++k)
+          if (in[r][1].ptr<int32_t>()[t * K + k] == e) rows.push_back({int(r), t, k});
+    b.expert.push_back(e), b.row_begin.push_back(begin), b.rows.push_back(int64_t(rows.size()) - begin);
+  }
+  const int64_t A = int64_t(rows.size());
+  DType dt = in[0][0].dtype();
+  Tensor xs = Tensor::empty(dt, {A, H}), ys = Tensor::empty(dt, {A, H});
+  for (int64_t i = 0; i < A; ++i) {
+    auto [r, t, k] = rows[size_t(i)];
+    std::memcpy(static_cast<char*>(xs.view().data) + i * H * int64_t(dtype_size(dt)),
+                static_cast<const char*>(in[size_t(r)][0].view().data) + t * H * int64_t(dtype_size(dt)), size_t(H) * dtype_size(dt));
+  }
+  b.x = xs.view();
+  b.y = ys.view();
+  ex.all()(b);
+  std::vector<std::vector<int64_t>> where(in.size());
+  for (size_t r = 0; r < in.size(); ++r) where[r].assign(size_t(in[r][0].size(0) * K), -1);
+  for (int64_t i = 0; i < A; ++i) {
+    auto [r, t, k] = rows[size_t(i)];
+    where[size_t(r)][size_t(t * K + k)] = i;
+  }
+  std::vector<Tensor> out;
+  for (size_t r = 0; r < in.size(); ++r) {
+    int64_t BS = in[r][0].size(0);
+    Tensor o = Tensor::empty(out_dtype, {BS, H});
+    for (int64_t t = 0; t < BS; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        float acc = 0;
+        for (int64_t k = 0; k < K; ++k)
+          acc += in[r][2].ptr<float>()[t * K + k] * float(get_as_double(ys, where[r][size_t(t * K + k)] * H + h));
+        set_from_double(o, t * H + h, acc);
+      }
+    out.push_back(o);
+  }
+  return out;
+}
+
+double norm_err(const TensorView& a, const TensorView& b) {
+  double m = 0, s = 1e-30;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    m = std::max(m, std::fabs(get_as_double(a, i) - get_as_double(b, i)));
+    s = std::max(s, std::fabs(get_as_double(b, i)));
+  }
+  return m / s;
+}
+bool bit_equal(const TensorView& a, const TensorView& b) {
+  return a.numel() == b.numel() && a.dtype == b.dtype && (a.numel() == 0 || std::memcmp(a.data, b.data, a.nbytes()) == 0);
+}
+
+// Runs dispatch -> local experts -> combine (blocking form).
+Tensor run_blocking(Comm& comm, const std::vector<Tensor>& mine, const Experts& ex, const DispatchOptions& o, DispatchResult* keep = nullptr) {
+  DispatchResult d = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
+  Tensor y = Tensor::empty(mine[0].dtype(), {d.expand_x.size(0), mine[0].size(1)});
+  ex.local(comm.placement(), comm.ep_rank_id())(batch_of(d, y));
+  Tensor out = moe_distribute_combine(comm, y, d);
+  if (keep) *keep = std::move(d);
+  return out;
+}
+
+}  // namespace
+
+TEST(EpPlacement, ContiguousCopiesAndRebalance) {
+  Placement p = Placement::contiguous(8, 4);
+  EXPECT_EQ(p.local_experts(1), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(p.destination(0, 5, 7), 3);
+  Placement c = Placement::from_copies(4, 2, {{0, 1}, {0}, {1}, {1}});
+  EXPECT_EQ(c.local_experts(1), (std::vector<int64_t>{0, 2, 3}));
+  EXPECT_EQ(c.destination(1, 3, 0), 1);  // own copy
+  EXPECT_NE(c.hash(), Placement::contiguous(4, 2).hash());
+  Placement rb = Placement::rebalanced(8, 4, {100, 1, 1, 1, 1, 1, 1, 1}, 1);
+  EXPECT_GE(rb.copies(0).size(), 2u);
+  EXPECT_THROW(Placement::from_copies(2, 2, {{0}, {}}), Error);
+  EXPECT_THROW(Placement::from_copies(2, 2, {{0}, {2}}), Error);
+  EXPECT_THROW(Placement::contiguous(6, 4), Error);
+}
+
+TEST(EpDispatch, LayoutMatchesReference) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (Dispatcher disp : {Dispatcher::all_to_all, Dispatcher::all_gather})
+      for (bool quant : {false, true})
+        for (int type : {0, 1}) {
+          Case c;
+          c.dtype = dt;
+          c.E = two_per_rank();
+          c.K = std::min<int64_t>(3, c.E);
+          auto in = make_inputs(c, W(), 1);
+          Comm comm(c.E);
+          DispatchOptions o;
+          o.moe_expert_num = c.E;
+          o.dispatcher = disp;
+          o.quant_int8 = quant;
+          o.expert_token_nums_type = type;
+          DispatchResult d = moe_distribute_dispatch(comm, in[size_t(me())][0], in[size_t(me())][1], in[size_t(me())][2], o);
+          ref::RankExpand r = ref::dispatch(views(in), comm.placement(), me(), quant);
+          SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " " << dispatcher_name(disp) << " quant=" << quant << " type=" << type);
+          EXPECT_TRUE(bit_equal(d.expand_x, r.expand_x));
+          if (quant) {
+            EXPECT_TRUE(bit_equal(d.dynamic_scales, r.dynamic_scales));
+          }
+          EXPECT_EQ(std::vector<int32_t>(d.assist_info_for_combine.ptr<int32_t>(), d.assist_info_for_combine.ptr<int32_t>() + 3 * d.expand_x.size(0)),
+                    r.assist);
+          int64_t run = 0;
+          for (size_t l = 0; l < r.tokens_per_expert.size(); ++l) {
+            run += r.tokens_per_expert[l];
+            EXPECT_EQ(d.expert_token_nums.ptr<int64_t>()[l], type == 0 ? run : r.tokens_per_expert[l]);
+            EXPECT_EQ(d.ep_recv_counts.ptr<int32_t>()[int64_t(l) * W() + W() - 1], run);
+          }
+        }
+}
+
+// dispatch + local experts + combine == the single-process MoE on the concatenated tokens.
+TEST(EpEndToEnd, Fp32BitExactAndForms) {
+  Case c;
+  c.E = 2 * W() + (W() == 1 ? 2 : 0);
+  c.K = 3;
+  Experts ex(c.E, c.H, 8);
+  auto in = make_inputs(c, W(), 2);
+  auto want = single_process(in, ex, c.E, DType::f32);
+  Comm comm(c.E);
+  DispatchOptions o;
+  o.moe_expert_num = c.E;
+  o.dedup_combine = false;  // per-slot return, k-order sum: bit-identical
+  Tensor got = run_blocking(comm, in[size_t(me())], ex, o);
+  EXPECT_TRUE(bit_equal(got, want[size_t(me())])) << norm_err(got, want[size_t(me())]);
+  o.dedup_combine = true;  // partial sums on the expert rank: rounding differs
+  EXPECT_LE(norm_err(run_blocking(comm, in[size_t(me())], ex, o), want[size_t(me())]), 1e-6);
+  o.dispatcher = Dispatcher::all_gather;
+  EXPECT_LE(norm_err(run_blocking(comm, in[size_t(me())], ex, o), want[size_t(me())]), 1e-6);
+}
+
+TEST(EpEndToEnd, Bf16WithinTolerance) {
+  Case c;
+  c.dtype = DType::bf16;
+  c.E = 4 * W();
+  c.K = 4;
+  c.H = 32;
+  Experts ex(c.E, c.H, 16);
+  auto in = make_inputs(c, W(), 3);
+  auto want = single_process(in, ex, c.E, DType::f32);
+  Comm comm(c.E);
+  for (Dispatcher disp : {Dispatcher::all_to_all, Dispatcher::all_gather})
+    for (bool dedup : {true, false}) {
+      DispatchOptions o;
+      o.moe_expert_num = c.E;
+      o.dispatcher = disp;
+      o.dedup_combine = dedup;
+      Tensor got = run_blocking(comm, in[size_t(me())], ex, o);
+      EXPECT_EQ(got.dtype(), DType::bf16);
+      EXPECT_LE(norm_err(got, want[size_t(me())]), 1.5e-2) << dispatcher_name(disp) << " dedup=" << dedup;
+    }
+}
+
+// A token with several experts on one rank crosses the wire once; bytes_sent says so.
+TEST(EpDispatch, DedupByteCounts) {
+  Case c;
+  c.dtype = DType::bf16;
+  c.E = 4 * W();
+  c.K = 4;
+  c.H = 40;
+  c.bs = [](int r) { return int64_t(9 + r); };
+  auto in = make_inputs(c, W(), 4);
+  Comm comm(c.E);
+  const Placement& p = comm.placement();
+  const int64_t stride_bf16 = ((((8 + 8 * c.K + 15) / 16) * 16 + c.H * 2 + 15) / 16) * 16;
+  const int64_t stride_i8 = ((((8 + 8 * c.K + 15) / 16) * 16 + c.H + 15) / 16) * 16;
+  int64_t rows_out = 0, slots_out = 0, rows_in = 0;
+  for (int r = 0; r < W(); ++r)
+    for (int64_t t = 0; t < c.bs(r); ++t) {
+      std::vector<int> dests;
+      for (int64_t k = 0; k < c.K; ++k) {
+        int q = p.destination(r, t, in[size_t(r)][1].ptr<int32_t>()[t * c.K + k]);
+        if (r == me() && q != me()) ++slots_out;
+        if (std::find(dests.begin(), dests.end(), q) == dests.end()) dests.push_back(q);
+      }
+      for (int q : dests) {
+        if (r == me() && q != me()) ++rows_out;
+        if (q == me() && r != me()) ++rows_in;
+      }
+    }
+  DispatchOptions o;
+  o.moe_expert_num = c.E;
+  const auto& mine = in[size_t(me())];
+  DispatchResult d = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
+  EXPECT_EQ(d.bytes_sent, rows_out * stride_bf16);
+  if (W() > 1) {
+    EXPECT_LT(rows_out, slots_out + 1);
+  }
+  Tensor y = Tensor::copy_of(d.expand_x);
+  PendingCombine pc = moe_distribute_combine_start(comm, y, d);
+  EXPECT_EQ(pc.bytes_sent(), rows_in * c.H * 2);  // one partial row per received token
+  pc.wait();
+  o.quant_int8 = true;
+  EXPECT_EQ(moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o).bytes_sent, rows_out * stride_i8);
+}
+
+// Split form: own rows are computed before the remote rows arrive; same answer as blocking.
+TEST(EpOverlap, SplitFormMatchesBlocking) {
+  Case c;
+  c.E = two_per_rank();
+  Experts ex(c.E, c.H, 8);
+  auto in = make_inputs(c, W(), 5);
+  auto want = single_process(in, ex, c.E, DType::f32);
+  Comm comm(c.E);
+  ExpertFn fn = ex.local(comm.placement(), me());
+  for (bool dedup : {false, true}) {
+    DispatchOptions o;
+    o.moe_expert_num = c.E;
+    o.dedup_combine = dedup;
+    const auto& mine = in[size_t(me())];
+    PendingDispatch pd = moe_distribute_dispatch_start(comm, mine[0], mine[1], mine[2], o);
+    DispatchResult& d = pd.result();
+    Tensor y = Tensor::empty(DType::f32, {d.expand_x.size(0), c.H});
+    ExpertBatch local;
+    local.x = d.expand_x.view();
+    local.y = y.view();
+    local.progress = [&] { comm.progress(); };
+    for (size_t l = 0; l < pd.local_blocks().size(); ++l)
+      if (pd.local_blocks()[l].count > 0)
+        local.expert.push_back(int64_t(l)), local.row_begin.push_back(pd.local_blocks()[l].begin), local.rows.push_back(pd.local_blocks()[l].count);
+    fn(local);
+    pd.wait();
+    // Remaining rows: everything not in a local block.
+    ExpertBatch rest = batch_of(d, y.view());
+    ExpertBatch remote = local;
+    remote.expert.clear(), remote.row_begin.clear(), remote.rows.clear();
+    for (size_t g = 0; g < rest.expert.size(); ++g) {
+      const auto& blk = pd.local_blocks()[size_t(rest.expert[g])];
+      int64_t b0 = rest.row_begin[g], b1 = b0 + rest.rows[g];
+      if (blk.begin > b0) remote.expert.push_back(rest.expert[g]), remote.row_begin.push_back(b0), remote.rows.push_back(blk.begin - b0);
+      if (b1 > blk.begin + blk.count)
+        remote.expert.push_back(rest.expert[g]), remote.row_begin.push_back(blk.begin + blk.count), remote.rows.push_back(b1 - blk.begin - blk.count);
+    }
+    fn(remote);
+    PendingCombine pc = moe_distribute_combine_start(comm, y, d);
+    while (!pc.test()) comm.progress();
+    Tensor got = pc.wait();
+    EXPECT_LE(norm_err(got, want[size_t(me())]), dedup ? 1e-6 : 0.0) << "dedup=" << dedup;
+  }
+}
+
+TEST(EpOverlap, PipelinedFfnMatchesSingleProcess) {
+  Case c;
+  c.E = two_per_rank();
+  c.bs = [](int r) { return int64_t(r == 1 ? 0 : 6 + 3 * r); };
+  Experts ex(c.E, c.H, 8);
+  auto in = make_inputs(c, W(), 6);
+  auto want = single_process(in, ex, c.E, DType::f32);
+  Comm comm(c.E);
+  const auto& mine = in[size_t(me())];
+  Tensor shared = Tensor::empty(DType::f32, {mine[0].size(0), c.H});
+  for (int64_t i = 0; i < shared.numel(); ++i) shared.ptr<float>()[i] = 0.25f * float(i % 7);
+  for (int chunks : {1, 2, 3})
+    for (Dispatcher disp : {Dispatcher::all_to_all, Dispatcher::all_gather}) {
+      FfnOptions f;
+      f.dispatch.moe_expert_num = c.E;
+      f.dispatch.dispatcher = disp;
+      f.dispatch.dedup_combine = false;
+      f.chunks = chunks;
+      Tensor got = ep_moe_ffn(comm, mine[0], mine[1], mine[2], ex.local(comm.placement(), me()), f);
+      EXPECT_LE(norm_err(got, want[size_t(me())]), disp == Dispatcher::all_to_all ? 0.0 : 1e-6) << chunks;
+      Tensor with_shared = ep_moe_ffn(comm, mine[0], mine[1], mine[2], ex.local(comm.placement(), me()), f, shared);
+      Tensor expect = Tensor::copy_of(want[size_t(me())]);
+      for (int64_t i = 0; i < expect.numel(); ++i) expect.ptr<float>()[i] += shared.ptr<float>()[i];
+      EXPECT_LE(norm_err(with_shared, expect), 1e-6) << chunks;
+    }
+}
+
+TEST(EpQuant, Int8RowsWithinTolerance) {
+  Case c;
+  c.dtype = DType::bf16;
+  c.E = two_per_rank();
+  c.H = 32;
+  Experts ex(c.E, c.H, 16);
+  auto in = make_inputs(c, W(), 7);
+  auto want = single_process(in, ex, c.E, DType::f32);
+  Comm comm(c.E);
+  FfnOptions f;
+  f.dispatch.moe_expert_num = c.E;
+  f.dispatch.quant_int8 = true;
+  const auto& mine = in[size_t(me())];
+  Tensor got = ep_moe_ffn(comm, mine[0], mine[1], mine[2], ex.local(comm.placement(), me()), f);
+  EXPECT_LE(norm_err(got, want[size_t(me())]), 3e-2);
+}
+
+// A hot expert copied on every rank: its tokens are split between copies; results unchanged.
+TEST(EpPlacement, RedundantCopiesSplitTokens) {
+  Case c;
+  c.E = two_per_rank();
+  c.K = 2;
+  c.bs = [](int r) { return int64_t(10 + r); };
+  c.pool = [](int, int64_t t) { return std::vector<int>{0, int(1 + t % 3)}; };
+  Experts ex(c.E, c.H, 8);
+  auto in = make_inputs(c, W(), 8);
+  auto want = single_process(in, ex, c.E, DType::f32);
+  Comm comm(c.E);
+  std::vector<std::vector<int>> copies;
+  for (int64_t e = 0; e < c.E; ++e) copies.push_back({int(e / (c.E / W()))});
+  for (int q = 1; q < W(); ++q) copies[0].push_back(q);
+  comm.set_placement(Placement::from_copies(c.E, W(), copies));
+  DispatchOptions o;
+  o.moe_expert_num = c.E;
+  DispatchResult d;
+  Tensor got = run_blocking(comm, in[size_t(me())], ex, o, &d);
+  EXPECT_LE(norm_err(got, want[size_t(me())]), 1e-6);
+  int64_t hot = d.expert_token_nums.ptr<int64_t>()[comm.placement().local_index(me(), 0)];
+  EXPECT_GT(hot, 0);  // every copy receives part of expert 0's tokens
+}
+
+TEST(EpEdge, AllTokensToOneRankAndEmptyRanks) {
+  Case c;
+  c.E = two_per_rank();
+  c.K = 2;
+  c.bs = [](int r) { return int64_t(r % 2 == 0 ? 0 : 5 + r); };
+  c.pool = [](int, int64_t) { return std::vector<int>{0, 1}; };  // rank 0's experts only
+  Experts ex(c.E, c.H, 8);
+  auto in = make_inputs(c, W(), 9);
+  auto want = single_process(in, ex, c.E, DType::f32);
+  Comm comm(c.E);
+  for (Dispatcher disp : {Dispatcher::all_to_all, Dispatcher::all_gather}) {
+    DispatchOptions o;
+    o.moe_expert_num = c.E;
+    o.dispatcher = disp;
+    DispatchResult d;
+    Tensor got = run_blocking(comm, in[size_t(me())], ex, o, &d);
+    EXPECT_LE(norm_err(got, want[size_t(me())]), 1e-6);
+    if (me() != 0) {
+      EXPECT_EQ(d.expand_x.size(0), 0);
+    }
+  }
+}
+
+// Each bad argument on ONE rank makes every rank throw; afterwards a good call still works.
+TEST(EpErrors, BadArgumentOnOneRankFailsEverywhere) {
+  Case c;
+  c.E = two_per_rank();
+  Comm comm(c.E);
+  const int bad = W() - 1;
+  auto expect_all_throw = [&](const char* arg, const std::function<void()>& fn) {
+    bool threw = false;
+    try {
+      fn();
+    } catch (const Error& e) {
+      threw = true;
+      EXPECT_EQ(e.arg(), arg) << e.what();
+    }
+    EXPECT_TRUE(threw) << arg;
+  };
+  DispatchOptions o;
+  o.moe_expert_num = c.E;
+  Case c2 = c;  // every rank has tokens, so the bad rank can hold a bad id
+
+  c2.bs = [](int) { return int64_t(4); };
+  auto in2 = make_inputs(c2, W(), 11);
+  const auto& m2 = in2[size_t(me())];
+  {
+    Tensor ids = Tensor::copy_of(m2[1]);
+    if (me() == bad) ids.ptr<int32_t>()[1] = int32_t(c.E + 3);
+    expect_all_throw("expert_ids", [&] { moe_distribute_dispatch(comm, m2[0], ids, m2[2], o); });
+  }
+  {  // K mismatch across ranks
+    Tensor ids = m2[1], w = m2[2];
+    if (me() == bad) {
+      ids = Tensor::empty(DType::i32, {4, c.K - 1});
+      w = Tensor::empty(DType::f32, {4, c.K - 1});
+      for (int64_t i = 0; i < ids.numel(); ++i) ids.ptr<int32_t>()[i] = int32_t(i % (c.K - 1)), w.ptr<float>()[i] = 1;
+    }
+    if (W() > 1) expect_all_throw("expert_ids", [&] { moe_distribute_dispatch(comm, m2[0], ids, w, o); });
+  }
+  {  // world size not matching the communicator
+    DispatchOptions ob = o;
+    if (me() == bad) ob.ep_world_size = W() + 1;
+    expect_all_throw("ep_world_size", [&] { moe_distribute_dispatch(comm, m2[0], m2[1], m2[2], ob); });
+  }
+  if (W() > 1) {  // moe_expert_num not divisible by the world size (on one rank)
+    DispatchOptions ob = o;
+    if (me() == bad) ob.moe_expert_num = c.E + 1;
+    expect_all_throw("moe_expert_num", [&] { moe_distribute_dispatch(comm, m2[0], m2[1], m2[2], ob); });
+  }
+  {  // combine: wrong expert_out shape on one rank
+    DispatchResult d = moe_distribute_dispatch(comm, m2[0], m2[1], m2[2], o);
+    Tensor y = Tensor::empty(DType::f32, {d.expand_x.size(0) + (me() == bad ? 1 : 0), c.H});
+    expect_all_throw("expert_out", [&] { moe_distribute_combine(comm, y, d); });
+  }
+  {  // the local expert computation throws on one rank inside the pipeline
+    FfnOptions f;
+    f.dispatch = o;
+    f.chunks = 2;
+    Experts ex(c.E, c.H, 8);
+    ExpertFn good = ex.local(comm.placement(), me());
+    ExpertFn fn = [&](const ExpertBatch& b) {
+      if (me() == bad) throw std::runtime_error("boom");
+      good(b);
+    };
+    expect_all_throw("experts", [&] { ep_moe_ffn(comm, m2[0], m2[1], m2[2], fn, f); });
+  }
+  // Nobody is left hanging: a good call completes everywhere.
+  DispatchResult d = moe_distribute_dispatch(comm, m2[0], m2[1], m2[2], o);
+  EXPECT_EQ(d.expert_token_nums.numel(), comm.num_local_experts());
+}
+
+// Ranks other than 0 print only their failures (rank-prefixed).
+struct FailurePrinter : ::testing::EmptyTestEventListener {
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed()) std::fprintf(stderr, "[rank %d] %s:%d: %s\n", me(), r.file_name() ? r.file_name() : "?", r.line_number(), r.summary());
+  }
+};
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (me() != 0) {  // one rank prints the progress; failures on any rank still fail the run
+    auto& ls = ::testing::UnitTest::GetInstance()->listeners();
+    delete ls.Release(ls.default_result_printer());
+    ls.Append(new FailurePrinter);
+  }
+  int rc = RUN_ALL_TESTS();
+  int any = 0;
+  MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rc != 0) std::fprintf(stderr, "rank %d: tests failed\n", me());
+  MPI_Finalize();
+  return any;
+}
