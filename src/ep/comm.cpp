@@ -76,18 +76,23 @@ void Comm::progress() {
 }
 
 std::vector<Meta> agree(MPI_Comm comm, const char* op, const Fault& fault, const Meta& meta, const std::vector<FaultText>& table,
-                        const std::vector<std::pair<int, int>>& must_match) {
+                        const std::vector<std::pair<int, int>>& must_match, const std::vector<int64_t>& extra,
+                        std::vector<int64_t>* extra_all) {
   int W = 1;
   MPI_Comm_size(comm, &W);
-  // Record: [code, value, meta fields...]
-  std::vector<int64_t> mine(2 + kMetaFields), all(size_t(W) * mine.size());
+  // Record: [code, value, meta fields..., extra...]; extra has the same length on every rank.
+  const size_t head = 2 + kMetaFields;
+  std::vector<int64_t> mine(head + extra.size()), all(size_t(W) * mine.size());
   mine[0] = fault.code;
   mine[1] = fault.value;
   std::copy(meta.f, meta.f + kMetaFields, mine.begin() + 2);
+  std::copy(extra.begin(), extra.end(), mine.begin() + std::ptrdiff_t(head));
   MPI_Allgather(mine.data(), int(mine.size()), MPI_INT64_T, all.data(), int(mine.size()), MPI_INT64_T, comm);
   std::vector<Meta> out(static_cast<size_t>(W));
+  if (extra_all) extra_all->resize(size_t(W) * extra.size());
   for (int r = 0; r < W; ++r) {
     const int64_t* rec = all.data() + size_t(r) * mine.size();
+    if (extra_all) std::copy(rec + head, rec + mine.size(), extra_all->begin() + std::ptrdiff_t(size_t(r) * extra.size()));
     if (rec[0] != 0) {
       const FaultText& t = table.at(size_t(rec[0]));
       throw Error(op, t.arg, t.expected, detail::cat("rank ", r, ": ", rec[1]));

@@ -115,30 +115,99 @@ DispatchResult& PendingDispatch::wait() {
 
 PendingDispatch moe_distribute_dispatch_start(Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w,
                                               const DispatchOptions& opt) {
-  return dispatch_start_tagged(comm, x, ids, w, opt, 0);
+  return dispatch_start_tagged(comm, x, ids, w, opt, 0, true);
 }
 
 DispatchResult moe_distribute_dispatch(Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w,
                                        const DispatchOptions& opt) {
-  PendingDispatch pd = moe_distribute_dispatch_start(comm, x, ids, w, opt);
+  // Blocking form: one agreement round (which also carries the row counts) and one blocking
+  // exchange; the receive layout is then built from the received headers.
+  PendingDispatch pd = dispatch_start_tagged(comm, x, ids, w, opt, 0, false);
   return std::move(pd.wait());
 }
 
+// Receive layout from slot counts per (local expert l, source r): blocks in (l, r) order.
+void DispatchState::plan(const std::vector<int64_t>& cnt, DispatchResult& res) {
+  block.resize(size_t(L * W));
+  fill.assign(size_t(L * W), 0);
+  res.expert_token_nums = Tensor::empty(DType::i64, {L});
+  res.ep_recv_counts = Tensor::empty(DType::i32, {L * W});
+  A = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    int64_t before = A;
+    for (int r = 0; r < W; ++r) {
+      block[size_t(l * W + r)] = A;
+      A += cnt[size_t(l * W + r)];
+      res.ep_recv_counts.ptr<int32_t>()[l * W + r] = int32_t(A);
+    }
+    res.expert_token_nums.ptr<int64_t>()[l] = opt.expert_token_nums_type == 0 ? A : A - before;
+  }
+  res.expand_x = Tensor::empty(opt.quant_int8 ? DType::u8 : dtype, {A, H});
+  if (opt.quant_int8) res.dynamic_scales = Tensor::empty(DType::f32, {A});
+  res.assist_info_for_combine = Tensor::empty(DType::i32, {A, 3});
+  local_blocks.resize(size_t(L));
+  for (int64_t l = 0; l < L; ++l) local_blocks[size_t(l)] = {block[size_t(l * W + me)], cnt[size_t(l * W + me)]};
+  planned = true;
+}
+
+// This rank's own slots go straight from x into their expand_x rows (no wire, no packing).
+void DispatchState::place_local(DispatchResult& res) {
+  const Placement& P = comm->placement();
+  struct Copy { int64_t dst, t; };
+  std::vector<Copy> copies;
+  self_j.assign(size_t(BS), -1);
+  for (int64_t t = 0; t < BS; ++t) {
+    const int32_t* idr = ids_view.ptr<int32_t>() + t * ids_view.stride(0);
+    bool any = false;
+    for (int64_t k = 0; k < K; ++k) {
+      if (slot_dest[size_t(t * K + k)] != me) continue;
+      if (!any) {
+        self_j[size_t(t)] = int64_t(recv.size());
+        recv.push_back({int32_t(me), int32_t(t), -1});
+        any = true;
+      }
+      int l = P.local_index(me, idr[k]);
+      int64_t row = block[size_t(l * W + me)] + fill[size_t(l * W + me)]++;
+      ent_row.push_back(row);
+      ent_w.push_back(scales[size_t(t * K + k)]);
+      slot_ret[size_t(t * K + k)] = row;
+      int32_t* as = res.assist_info_for_combine.ptr<int32_t>() + row * 3;
+      as[0] = me, as[1] = int32_t(t), as[2] = int32_t(k);
+      copies.push_back({row, t});
+    }
+    if (any) ent_begin.push_back(int64_t(ent_row.size()));
+  }
+  const size_t xes = dtype_size(dtype), out_row = size_t(H) * fmt.elem;
+  char* ex = static_cast<char*>(res.expand_x.view().data);
+  const TensorView& x = x_view;
+  parallel_for(int64_t(copies.size()), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const char* src = static_cast<const char*>(x.data) + copies[size_t(i)].t * x.stride(0) * int64_t(xes);
+      char* dst = ex + size_t(copies[size_t(i)].dst) * out_row;
+      if (opt.quant_int8) res.dynamic_scales.ptr<float>()[copies[size_t(i)].dst] = quantize_row_int8(src, dtype, H, reinterpret_cast<int8_t*>(dst));
+      else std::memcpy(dst, src, out_row);
+    }
+  });
+}
+
 PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& wv,
-                                      const DispatchOptions& opt, int64_t tag) {
+                                      const DispatchOptions& opt, int64_t tag, bool split) {
   PendingDispatch pd;
   trace::OpScope scope(kOp, "comm");
   const int W = comm.ep_world_size(), me = comm.ep_rank_id();
   const Placement& P = comm.placement();
+  const bool a2a = opt.dispatcher == Dispatcher::all_to_all;
 
-  // 1. Validate locally, then agree with every rank before anything is sent.
+  // 1. Validate locally.
   Fault fault = validate(comm, x, ids, wv, opt);
+  auto sp = std::make_shared<DispatchState>();
+  DispatchState& st = *sp;
+  st.comm = &comm;
+  st.W = W;
+  st.me = me;
+  st.opt = opt;
+  st.dtype = x.dtype;
   Meta meta;
-  if (fault.code == 0) {
-    meta.f[fBS] = x.size(0);
-    meta.f[fK] = ids.size(1);
-    meta.f[fH] = x.size(1);
-  }
   meta.f[fE] = opt.moe_expert_num;
   meta.f[fDtype] = int64_t(x.dtype);
   meta.f[fQuant] = opt.quant_int8;
@@ -147,95 +216,79 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   meta.f[fType] = opt.expert_token_nums_type;
   meta.f[fHash] = int64_t(P.hash());
   meta.f[fTag] = tag;
+
+  // 2. Route (valid arguments only): destination of each slot; rows (one per token and remote
+  // destination rank) and slots per destination travel with the agreement.
+  std::vector<int64_t> extra(size_t(2 * W), 0), extra_all;
+  if (fault.code == 0) {
+    st.BS = x.size(0), st.K = ids.size(1), st.H = x.size(1), st.E = opt.moe_expert_num;
+    st.L = int64_t(P.local_experts(me).size());
+    meta.f[fBS] = st.BS, meta.f[fK] = st.K, meta.f[fH] = st.H;
+    const int64_t BS = st.BS, K = st.K;
+    st.scales.assign(size_t(BS * K), 1.f);
+    if (wv.defined())
+      for (int64_t t = 0; t < BS; ++t) std::copy_n(wv.ptr<float>() + t * wv.stride(0), K, st.scales.begin() + t * K);
+    st.slot_dest.resize(size_t(BS * K));
+    st.slot_ret.assign(size_t(BS * K), -1);
+    st.token_pos.assign(size_t(BS * W), -1);
+    st.send_rows.assign(size_t(W), 0);
+    st.slots_to.assign(size_t(W), 0);
+    for (int64_t t = 0; t < BS; ++t) {
+      const int32_t* row = ids.ptr<int32_t>() + t * ids.stride(0);
+      for (int64_t k = 0; k < K; ++k) {
+        int q = P.destination(me, t, row[k]);
+        st.slot_dest[size_t(t * K + k)] = q;
+        st.slot_ret[size_t(t * K + k)] = st.slots_to[size_t(q)]++;  // per-slot combine order (self: replaced later)
+        int32_t& pos = st.token_pos[size_t(t * W + q)];
+        if (pos < 0) pos = int32_t(st.send_rows[size_t(q)]++);
+      }
+    }
+    st.send_rows[size_t(me)] = 0;
+    if (!a2a) std::fill(st.send_rows.begin(), st.send_rows.end(), 0);
+    for (int q = 0; q < W; ++q) extra[size_t(2 * q)] = st.send_rows[size_t(q)], extra[size_t(2 * q + 1)] = q == me ? 0 : st.slots_to[size_t(q)];
+  }
+
+  // 3. Agree with every rank before anything is sent: all proceed or all throw the same error.
   std::vector<Meta> all = agree(comm.mpi(), kOp, fault, meta, kTable,
                                 {{fK, kMisK}, {fH, kMisH}, {fDtype, kMisDtype}, {fE, kMisE}, {fQuant, kMisOpt}, {fDisp, kMisOpt},
-                                 {fDedup, kMisOpt}, {fType, kMisOpt}, {fHash, kMisPlacement}, {fTag, kMisTag}});
-
-  auto sp = std::make_shared<DispatchState>();
-  DispatchState& st = *sp;
-  st.comm = &comm;
-  st.W = W;
-  st.me = me;
-  st.BS = x.size(0);
-  st.K = ids.size(1);
-  st.H = x.size(1);
-  st.E = opt.moe_expert_num;
-  st.L = int64_t(P.local_experts(me).size());
-  st.dtype = x.dtype;
-  st.opt = opt;
+                                 {fDedup, kMisOpt}, {fType, kMisOpt}, {fHash, kMisPlacement}, {fTag, kMisTag}},
+                                extra, &extra_all);
   const int64_t BS = st.BS, K = st.K, H = st.H, L = st.L;
-  const bool a2a = opt.dispatcher == Dispatcher::all_to_all;
   const size_t xes = dtype_size(x.dtype);
   st.fmt = RowFormat(K, H, opt.quant_int8 ? 1 : xes);
   const RowFormat& fmt = st.fmt;
+  st.x_view = x;
+  st.ids_view = ids;
   st.all_bs.resize(static_cast<size_t>(W));
-  for (int r = 0; r < W; ++r) st.all_bs[size_t(r)] = all[size_t(r)].f[fBS];
-  st.scales.assign(size_t(BS * K), 1.f);
-  if (wv.defined())
-    for (int64_t t = 0; t < BS; ++t)
-      std::copy_n(wv.ptr<float>() + t * wv.stride(0), K, st.scales.begin() + t * K);
-
-  // 2. Route: destination of each slot, deduplicated rows per destination, slot counts per
-  // (destination, its local expert).
-  int64_t Lmax = 0;
-  for (int q = 0; q < W; ++q) Lmax = std::max<int64_t>(Lmax, int64_t(P.local_experts(q).size()));
-  const int64_t blk = 2 + Lmax;  // [dedup rows, slots, slots per local expert...]
-  std::vector<int64_t> sendc(size_t(W * blk), 0), recvc(size_t(W * blk), 0);
-  st.slot_dest.resize(size_t(BS * K));
-  st.slot_ret.assign(size_t(BS * K), -1);
-  st.token_pos.assign(size_t(BS * W), -1);
-  st.send_rows.assign(size_t(W), 0);
-  st.slots_to.assign(size_t(W), 0);
-  for (int64_t t = 0; t < BS; ++t) {
-    const int32_t* row = ids.ptr<int32_t>() + t * ids.stride(0);
-    for (int64_t k = 0; k < K; ++k) {
-      int q = P.destination(me, t, row[k]);
-      st.slot_dest[size_t(t * K + k)] = q;
-      st.slot_ret[size_t(t * K + k)] = st.slots_to[size_t(q)]++;  // per-slot combine order (self: replaced later)
-      int32_t& pos = st.token_pos[size_t(t * W + q)];
-      if (pos < 0) pos = int32_t(st.send_rows[size_t(q)]++);
-      ++sendc[size_t(q * blk + 2 + P.local_index(q, row[k]))];
-    }
-  }
-  for (int q = 0; q < W; ++q) {
-    sendc[size_t(q * blk)] = q == me || !a2a ? 0 : st.send_rows[size_t(q)];
-    sendc[size_t(q * blk + 1)] = st.slots_to[size_t(q)];
-  }
-  st.send_rows[size_t(me)] = 0;
-  MPI_Alltoall(sendc.data(), int(blk), MPI_INT64_T, recvc.data(), int(blk), MPI_INT64_T, comm.mpi());
-
-  // 3. Receive plan: blocks in (local expert, source rank) order.
-  st.recv_rows.resize(static_cast<size_t>(W));
-  st.recv_slots.resize(static_cast<size_t>(W));
-  st.block.resize(size_t(L * W));
-  st.fill.assign(size_t(L * W), 0);
-  int64_t A = 0;
+  st.recv_rows.assign(size_t(W), 0);
+  st.recv_slots.assign(size_t(W), 0);
   for (int r = 0; r < W; ++r) {
-    st.recv_rows[size_t(r)] = recvc[size_t(r * blk)];
-    st.recv_slots[size_t(r)] = r == me ? 0 : recvc[size_t(r * blk + 1)];
+    st.all_bs[size_t(r)] = all[size_t(r)].f[fBS];
+    st.recv_rows[size_t(r)] = extra_all[size_t(r * 2 * W + 2 * me)];
+    st.recv_slots[size_t(r)] = extra_all[size_t(r * 2 * W + 2 * me + 1)];
   }
   DispatchResult& res = PendingAccess::res(pd);
   res = DispatchResult();
-  res.expert_token_nums = Tensor::empty(DType::i64, {L});
-  res.ep_recv_counts = Tensor::empty(DType::i32, {L * W});
-  for (int64_t l = 0; l < L; ++l) {
-    int64_t before = A;
-    for (int r = 0; r < W; ++r) {
-      st.block[size_t(l * W + r)] = A;
-      A += recvc[size_t(r * blk + 2 + l)];
-      res.ep_recv_counts.ptr<int32_t>()[l * W + r] = int32_t(A);
-    }
-    res.expert_token_nums.ptr<int64_t>()[l] = opt.expert_token_nums_type == 0 ? A : A - before;
-  }
-  st.A = A;
-  res.expand_x = Tensor::empty(opt.quant_int8 ? DType::u8 : x.dtype, {A, H});
-  if (opt.quant_int8) res.dynamic_scales = Tensor::empty(DType::f32, {A});
-  res.assist_info_for_combine = Tensor::empty(DType::i32, {A, 3});
-  st.local_blocks.resize(static_cast<size_t>(L));
-  for (int64_t l = 0; l < L; ++l) st.local_blocks[size_t(l)] = {st.block[size_t(l * W + me)], recvc[size_t(me * blk + 2 + l)]};
 
-  // 4. Pack and post. all_to_all: one row per (token, remote destination); all_gather: every token
-  // once, straight into its place in the gathered buffer (MPI_IN_PLACE).
+  // 4. Split form: the receive layout is needed now (own rows are placed before the remote ones
+  // arrive), so exchange slot counts per (destination, local expert) too.
+  if (split) {
+    int64_t Lmax = 0;
+    for (int q = 0; q < W; ++q) Lmax = std::max<int64_t>(Lmax, int64_t(P.local_experts(q).size()));
+    std::vector<int64_t> sendc(size_t(W * Lmax), 0), recvc(size_t(W * Lmax), 0), cnt(size_t(L * W), 0);
+    for (int64_t t = 0; t < BS; ++t)
+      for (int64_t k = 0; k < K; ++k) {
+        int q = st.slot_dest[size_t(t * K + k)];
+        ++sendc[size_t(q * Lmax + P.local_index(q, ids.ptr<int32_t>()[t * ids.stride(0) + k]))];
+      }
+    MPI_Alltoall(sendc.data(), int(Lmax), MPI_INT64_T, recvc.data(), int(Lmax), MPI_INT64_T, comm.mpi());
+    for (int r = 0; r < W; ++r)
+      for (int64_t l = 0; l < L; ++l) cnt[size_t(l * W + r)] = recvc[size_t(r * Lmax + l)];
+    st.plan(cnt, res);
+  }
+
+  // 5. Pack and exchange. all_to_all: one row per (token, remote destination rank); all_gather:
+  // every token once, packed straight into its place in the gathered buffer (MPI_IN_PLACE).
   auto pack_row = [&](char* row, int64_t t, int q) {
     const int32_t* idr = ids.ptr<int32_t>() + t * ids.stride(0);
     RowFormat::token(row) = int32_t(t);
@@ -273,8 +326,11 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
           if (q != me && pos >= 0) pack_row(sb + size_t(st.sdispl[size_t(q)] + pos) * fmt.stride, t, q);
         }
     });
-    MPI_Ialltoallv(sb, st.scount.data(), st.sdispl.data(), rt, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi(),
-                   &st.req);
+    if (split)
+      MPI_Ialltoallv(sb, st.scount.data(), st.sdispl.data(), rt, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi(),
+                     &st.req);
+    else
+      MPI_Alltoallv(sb, st.scount.data(), st.sdispl.data(), rt, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi());
   } else {
     int64_t ro = 0;
     for (int r = 0; r < W; ++r) {
@@ -288,48 +344,15 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     parallel_for(BS, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) pack_row(own + size_t(t) * fmt.stride, t, -1);
     });
-    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi(), &st.req);
+    if (split)
+      MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi(), &st.req);
+    else
+      MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi());
   }
-  st.posted = true;
-  comm.impl().track(&st.req);
-
-  // 5. This rank's own rows go straight from x into expand_x while the transfer runs.
-  st.recv.reserve(static_cast<size_t>(BS));
-  struct Copy { int64_t dst, t; };
-  std::vector<Copy> copies;
-  std::vector<int64_t> self_j(size_t(BS), -1);
-  for (int64_t t = 0; t < BS; ++t) {
-    const int32_t* idr = ids.ptr<int32_t>() + t * ids.stride(0);
-    bool any = false;
-    for (int64_t k = 0; k < K; ++k) {
-      if (st.slot_dest[size_t(t * K + k)] != me) continue;
-      if (!any) {
-        self_j[size_t(t)] = int64_t(st.recv.size());
-        st.recv.push_back({int32_t(me), int32_t(t), -1});
-        any = true;
-      }
-      int l = P.local_index(me, idr[k]);
-      int64_t row = st.block[size_t(l * W + me)] + st.fill[size_t(l * W + me)]++;
-      st.ent_row.push_back(row);
-      st.ent_w.push_back(st.scales[size_t(t * K + k)]);
-      st.slot_ret[size_t(t * K + k)] = row;
-      int32_t* as = res.assist_info_for_combine.ptr<int32_t>() + row * 3;
-      as[0] = me, as[1] = int32_t(t), as[2] = int32_t(k);
-      copies.push_back({row, t});
-    }
-    if (any) st.ent_begin.push_back(int64_t(st.ent_row.size()));
+  if (split) {
+    comm.impl().track(&st.req);
+    st.place_local(res);  // while the transfer runs
   }
-  st.self_j = std::move(self_j);
-  char* ex = static_cast<char*>(res.expand_x.view().data);
-  const size_t out_row = size_t(H) * (opt.quant_int8 ? 1 : xes);
-  parallel_for(int64_t(copies.size()), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const char* src = static_cast<const char*>(x.data) + copies[size_t(i)].t * x.stride(0) * int64_t(xes);
-      char* dst = ex + size_t(copies[size_t(i)].dst) * out_row;
-      if (opt.quant_int8) res.dynamic_scales.ptr<float>()[copies[size_t(i)].dst] = quantize_row_int8(src, x.dtype, H, reinterpret_cast<int8_t*>(dst));
-      else std::memcpy(dst, src, out_row);
-    }
-  });
   res.bytes_sent = st.bytes_sent;
   res.handle = sp;
   PendingAccess::done(pd) = false;
@@ -342,21 +365,37 @@ void DispatchState::finish_receive(DispatchResult& res) {
   const Placement& P = comm->placement();
   const bool a2a = opt.dispatcher == Dispatcher::all_to_all;
   const size_t out_row = size_t(H) * fmt.elem;
+  char* rb = recvbuf.data();
+  auto for_slots_here = [&](int r, char* row, auto&& fn) {  // fn(k, e) for each slot of this row that is ours
+    int32_t tok = RowFormat::token(row);
+    const int32_t* idr = RowFormat::ids(row);
+    for (int64_t k = 0; k < K; ++k) {
+      int32_t e = idr[k];
+      if (e >= 0 && (a2a || P.destination(r, tok, e) == me)) fn(k, e);
+    }
+  };
+  if (!planned) {  // blocking form: count slots per (local expert, source) from what arrived
+    std::vector<int64_t> cnt(size_t(L * W), 0);
+    for (int64_t j = 0; j < BS * K; ++j)
+      if (slot_dest[size_t(j)] == me) ++cnt[size_t(P.local_index(me, ids_view.ptr<int32_t>()[(j / K) * ids_view.stride(0) + j % K]) * W + me)];
+    for (int r = 0; r < W; ++r)
+      if (r != me)
+        for (int64_t i = 0; i < rcount[size_t(r)]; ++i)
+          for_slots_here(r, rb + size_t(rdispl[size_t(r)] + i) * fmt.stride,
+                         [&](int64_t, int32_t e) { ++cnt[size_t(P.local_index(me, e) * W + r)]; });
+    plan(cnt, res);
+    place_local(res);
+  }
   struct Copy { int64_t dst; const char* row; };
   std::vector<Copy> copies;
-  char* rb = recvbuf.data();
   for (int r = 0; r < W; ++r) {
     if (r == me) continue;
-    int64_t n = rcount[size_t(r)];
     int64_t ret = 0;
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < rcount[size_t(r)]; ++i) {
       char* row = rb + size_t(rdispl[size_t(r)] + i) * fmt.stride;
       int32_t tok = RowFormat::token(row);
-      const int32_t* idr = RowFormat::ids(row);
       bool any = false;
-      for (int64_t k = 0; k < K; ++k) {
-        int32_t e = idr[k];
-        if (e < 0 || (!a2a && P.destination(r, tok, e) != me)) continue;
+      for_slots_here(r, row, [&](int64_t k, int32_t e) {
         if (!any) {
           recv.push_back({int32_t(r), tok, a2a ? ret++ : -1});
           any = true;
@@ -368,7 +407,7 @@ void DispatchState::finish_receive(DispatchResult& res) {
         int32_t* as = res.assist_info_for_combine.ptr<int32_t>() + dst * 3;
         as[0] = r, as[1] = tok, as[2] = int32_t(k);
         copies.push_back({dst, row});
-      }
+      });
       if (any) ent_begin.push_back(int64_t(ent_row.size()));
     }
   }
@@ -381,9 +420,11 @@ void DispatchState::finish_receive(DispatchResult& res) {
       if (quant) res.dynamic_scales.ptr<float>()[c.dst] = RowFormat::qscale(const_cast<char*>(c.row));
     }
   });
-  // The gathered/received rows are no longer needed: give the buffers back to the pool now.
+  // The received rows and the caller's inputs are no longer needed.
   sendbuf.reset();
   recvbuf.reset();
+  x_view = TensorView();
+  ids_view = TensorView();
   received = true;
 }
 

@@ -107,7 +107,7 @@ Tensor ep_moe_ffn(Comm& comm, const TensorView& x, const TensorView& ids, const 
   const int64_t BS = shaped ? x.size(0) : 0;
   auto lo = [&](int c) { return BS * c / C; };
   auto part = [&](const TensorView& v, int c) { return v.defined() && shaped ? v.narrow(0, lo(c), lo(c + 1) - lo(c)) : v; };
-  auto start = [&](int c) { return dispatch_start_tagged(comm, part(x, c), part(ids, c), part(w, c), opt.dispatch, C); };
+  auto start = [&](int c) { return dispatch_start_tagged(comm, part(x, c), part(ids, c), part(w, c), opt.dispatch, C, true); };
 
   std::vector<PendingDispatch> pend(static_cast<size_t>(C));
   std::vector<PendingCombine> comb(static_cast<size_t>(C));

@@ -75,7 +75,8 @@ struct Meta {
 // Allgathers (fault, meta) and throws on every rank when any rank has a fault or when the fields
 // listed in `must_match` differ between ranks (mismatch i reports table[match_codes[i]]).
 std::vector<Meta> agree(MPI_Comm comm, const char* op, const Fault& fault, const Meta& meta, const std::vector<FaultText>& table,
-                        const std::vector<std::pair<int, int>>& must_match /* (field, code) */);
+                        const std::vector<std::pair<int, int>>& must_match /* (field, code) */,
+                        const std::vector<int64_t>& extra = {}, std::vector<int64_t>* extra_all = nullptr);
 
 // ---- Wire format of one dispatched row: header, then H values (x dtype, or int8 when quantised).
 // Header: int32 token, float row scale (quant), int32 ids[K] (-1: slot not for this rank), float w[K].
@@ -132,9 +133,12 @@ struct DispatchState {
   PooledBuffer sendbuf, recvbuf;
   std::vector<int> scount, sdispl, rcount, rdispl;
   MPI_Request req = MPI_REQUEST_NULL;
-  bool posted = false;
+  bool planned = false;   // receive layout known (split form: at start; blocking: from the headers)
   bool received = false;  // finish_receive ran: combine may use this state
   int64_t bytes_sent = 0;
+  TensorView x_view, ids_view;  // the caller's inputs, until the own rows are placed
+  void plan(const std::vector<int64_t>& cnt, DispatchResult& res);
+  void place_local(DispatchResult& res);
   void finish_receive(DispatchResult& res);  // fan out the received rows (after the transfer)
 };
 
@@ -147,8 +151,9 @@ struct PendingAccess {
 };
 
 // Internal dispatch entry (tag: a value every rank must agree on, e.g. ep_moe_ffn's chunk count).
+// split: the non-blocking form (layout exchanged up front, own rows placed at once).
 PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w,
-                                      const DispatchOptions& opt, int64_t tag);
+                                      const DispatchOptions& opt, int64_t tag, bool split);
 
 // Combine start; experts_failed makes every rank throw (a rank's local expert compute failed).
 PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const DispatchResult& dr, const TensorView& shared, bool experts_failed);

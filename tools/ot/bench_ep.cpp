@@ -2,6 +2,7 @@
 // in the same run that sends one copy per (token, expert) with a blocking all-to-all and separate
 // permutation passes (Megatron's alltoall dispatcher: permute, all-to-all, regroup; and back).
 // Expert compute is the identity, so only communication and data movement are timed.
+#include <malloc.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -174,6 +175,11 @@ struct EpArgs {
 };
 
 int run_bench(const BenchOptions& opt, const EpArgs& a) {
+  // Keep freed large blocks in the heap: the operators return fresh tensors each call, and on a VM
+  // first-touch page faults of an unmapped 50 MB block cost more than the exchange itself. (A
+  // serving process sets the same through MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_.)
+  mallopt(M_MMAP_MAX, 0);  // (M_MMAP_THRESHOLD is capped at 32 MB; expand_x is larger)
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) MPI_Init(nullptr, nullptr);
