@@ -20,6 +20,10 @@
 #include "ot/gemm.h"
 #include "ot/tensor.h"
 
+namespace ot::moe {
+class MoeExperts;
+}
+
 namespace ot::ep {
 
 // Which rank(s) hold each expert. Default: contiguous shards (expert e on rank e / (E/W)). A hot
@@ -185,6 +189,11 @@ using ExpertFn = std::function<void(const ExpertBatch&)>;
 // SwiGLU experts on prepacked weights: y = (silu(x Wg) * (x Wu)) Wd, gate_up[l] packed [H, 2I]
 // ([gate | up] columns), down[l] packed [I, H], for local expert l. Runs on ot::gemm::grouped_gemm.
 ExpertFn swiglu_experts(std::vector<const gemm::PackedB*> gate_up, std::vector<const gemm::PackedB*> down);
+
+// The MoE layer's expert FFN (ot::moe::moe_expert_ffn) on a prepacked store holding this rank's
+// local experts in placement order (store expert l = local expert l). The store must outlive the
+// returned function. int8 rows are dequantised to the store's dtype first.
+ExpertFn moe_experts(const moe::MoeExperts& local);
 
 // Groups of a DispatchResult as an ExpertBatch (all rows, one group per local expert).
 ExpertBatch batch_of(const DispatchResult& d, const TensorView& y);

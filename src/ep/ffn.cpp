@@ -3,12 +3,33 @@
 // chunk's own-rank rows are computed before its remote rows have arrived.
 #include <algorithm>
 
+#include "ot/moe/ffn.h"
 #include "ot/numeric.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "src/ep/internal.h"
 
 namespace ot::ep {
+
+// Rows of x as the expert dtype: int8 rows dequantised with their scales, other dtypes converted.
+static Tensor as_dtype(const ExpertBatch& b, DType dt) {
+  const int64_t A = b.x.size(0), H = b.x.size(1);
+  Tensor out = Tensor::empty(dt, {A, H});
+  parallel_for(A, [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(static_cast<size_t>(H));
+    for (int64_t r = r0; r < r1; ++r) {
+      const char* src = static_cast<const char*>(b.x.data) + r * b.x.stride(0) * int64_t(dtype_size(b.x.dtype));
+      if (b.x.dtype == DType::u8) {
+        const float s = b.dynamic_scales.ptr<float>()[r];
+        for (int64_t h = 0; h < H; ++h) row[size_t(h)] = float(reinterpret_cast<const int8_t*>(src)[h]) * s;
+      } else {
+        load_row_f32(src, b.x.dtype, H, row.data());
+      }
+      convert_from_f32(row.data(), static_cast<char*>(out.view().data) + r * H * int64_t(dtype_size(dt)), dt, H);
+    }
+  });
+  return out;
+}
 
 ExpertFn swiglu_experts(std::vector<const gemm::PackedB*> gate_up, std::vector<const gemm::PackedB*> down) {
   OT_CHECK(gate_up.size() == down.size(), "swiglu_experts", "down", "one weight per local expert, as gate_up", down.size());
@@ -30,14 +51,7 @@ ExpertFn swiglu_experts(std::vector<const gemm::PackedB*> gate_up, std::vector<c
     TensorView xin = b.x;
     Tensor xf;
     if (b.x.dtype == DType::u8) {
-      xf = Tensor::empty(DType::f32, {A, H});
-      parallel_for(A, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const int8_t* q = reinterpret_cast<const int8_t*>(b.x.ptr<uint8_t>() + r * b.x.stride(0));
-          float s = b.dynamic_scales.ptr<float>()[r];
-          for (int64_t h = 0; h < H; ++h) xf.ptr<float>()[r * H + h] = float(q[h]) * s;
-        }
-      });
+      xf = as_dtype(b, DType::f32);
       xin = xf.view();
     }
     Tensor hbuf = Tensor::empty(DType::f32, {std::max<int64_t>(A, 1), std::max<int64_t>(I, 1)});
@@ -67,6 +81,36 @@ ExpertFn swiglu_experts(std::vector<const gemm::PackedB*> gate_up, std::vector<c
         gemm::grouped_gemm(gs->data() + i, std::min(piece, n - i));
         if (b.progress) b.progress();
       }
+  };
+}
+
+ExpertFn moe_experts(const moe::MoeExperts& local) {
+  return [&local](const ExpertBatch& b) {
+    const int64_t L = local.num_experts();
+    OT_CHECK(b.x.ndim == 2 && b.x.size(1) == local.hidden(), "ep::moe_experts", "x", "[A, H] with the store's H", b.x.shape_str());
+    // Rows per local expert in batch order: gather = scatter = the expand_x row (y keeps its layout).
+    std::vector<std::vector<int32_t>> by(static_cast<size_t>(L));
+    for (size_t g = 0; g < b.expert.size(); ++g) {
+      OT_CHECK(b.expert[g] >= 0 && b.expert[g] < L, "ep::moe_experts", "expert", "a local expert of the store", b.expert[g]);
+      for (int64_t i = 0; i < b.rows[g]; ++i) by[size_t(b.expert[g])].push_back(int32_t(b.row_begin[g] + i));
+    }
+    std::vector<int32_t> idx;
+    moe::ExpertRows rows;
+    rows.offsets.push_back(0);
+    for (const auto& v : by) {
+      idx.insert(idx.end(), v.begin(), v.end());
+      rows.offsets.push_back(int64_t(idx.size()));
+    }
+    if (idx.empty()) return;
+    rows.gather = rows.scatter = idx.data();
+    Tensor conv;
+    TensorView xin = b.x;
+    if (b.x.dtype != local.dtype()) {
+      conv = as_dtype(b, local.dtype());
+      xin = conv.view();
+    }
+    moe::moe_expert_ffn(xin, local, rows, b.y, false);
+    if (b.progress) b.progress();
   };
 }
 

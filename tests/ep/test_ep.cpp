@@ -13,6 +13,7 @@
 
 #include "ot/ep.h"
 #include "ot/error.h"
+#include "ot/moe.h"
 #include "ot/numeric.h"
 
 using namespace ot;
@@ -433,6 +434,46 @@ TEST(EpEdge, AllTokensToOneRankAndEmptyRanks) {
     if (me() != 0) {
       EXPECT_EQ(d.expand_x.size(0), 0);
     }
+  }
+}
+
+// The seam to the MoE layer: ep_moe_ffn on moe::moe_expert_ffn over this rank's slice of the
+// expert store equals the MoE layer's own single-process path on the concatenated tokens.
+TEST(EpMoeSeam, MoeExpertFfnMatchesSingleProcessMoe) {
+  Case c;
+  c.E = two_per_rank();
+  c.bs = [](int r) { return int64_t(r == 2 ? 0 : 5 + 2 * r); };
+  const int64_t I = 8, L = c.E / W();
+  Tensor gu = Tensor::empty(DType::f32, {c.E, c.H, 2 * I}), dn = Tensor::empty(DType::f32, {c.E, I, c.H});
+  Rng g(4242);
+  for (int64_t i = 0; i < gu.numel(); ++i) gu.ptr<float>()[i] = (2 * g.uni() - 1) / std::sqrt(float(c.H));
+  for (int64_t i = 0; i < dn.numel(); ++i) dn.ptr<float>()[i] = (2 * g.uni() - 1) / std::sqrt(float(I));
+  moe::MoeExperts all = moe::MoeExperts::from_fused(gu, dn, moe::WeightLayout::EHI);
+  moe::MoeExperts local = moe::MoeExperts::from_fused(gu.view().narrow(0, me() * L, L), dn.view().narrow(0, me() * L, L), moe::WeightLayout::EHI);
+  auto in = make_inputs(c, W(), 12);
+  // Single process: all tokens, the MoE layer's routing plan and expert FFN.
+  int64_t N = 0, mine0 = 0;
+  for (int r = 0; r < W(); ++r) {
+    if (r == me()) mine0 = N;
+    N += c.bs(r);
+  }
+  Tensor x = Tensor::empty(DType::f32, {N, c.H}), ids = Tensor::empty(DType::i32, {N, c.K}), w = Tensor::empty(DType::f32, {N, c.K});
+  for (int r = 0, o = 0; r < W(); o += int(c.bs(r)), ++r) {
+    std::memcpy(x.ptr<float>() + o * c.H, in[size_t(r)][0].ptr<float>(), size_t(c.bs(r) * c.H) * 4);
+    std::memcpy(ids.ptr<int32_t>() + o * c.K, in[size_t(r)][1].ptr<int32_t>(), size_t(c.bs(r) * c.K) * 4);
+    std::memcpy(w.ptr<float>() + o * c.K, in[size_t(r)][2].ptr<float>(), size_t(c.bs(r) * c.K) * 4);
+  }
+  Comm comm(c.E);
+  moe::RoutingPlan plan = moe::moe_routing_plan(ids, w, c.E);
+  Tensor want = Tensor::zeros(DType::f32, {N, c.H});
+  moe::moe_expert_ffn(x, all, plan.rows(), want, true);
+  for (bool dedup : {false, true}) {
+    FfnOptions f;
+    f.dispatch.moe_expert_num = c.E;
+    f.dispatch.dedup_combine = dedup;
+    const auto& mine = in[size_t(me())];
+    Tensor got = ep_moe_ffn(comm, mine[0], mine[1], mine[2], moe_experts(local), f);
+    EXPECT_LE(norm_err(got, want.view().narrow(0, mine0, c.bs(me()))), 1e-5) << "dedup=" << dedup;
   }
 }
 
