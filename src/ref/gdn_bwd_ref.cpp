@@ -14,6 +14,9 @@
 #include <cmath>
 #include <vector>
 
+#include "ot/trace.h"
+#include "src/gdn/gdn_bwd_common.h"
+
 namespace ot::gdn::bwdref {
 
 using std::vector;
@@ -26,7 +29,7 @@ constexpr double kEps = 1e-6;  // inside the square root, as the forward's l2nor
 // Normalised rows (or a copy) and their 1/norm.
 void prep_rows(const double* x, int64_t L, int64_t D, bool l2, vector<double>& y, vector<double>& r) {
   y.assign(x, x + L * D);
-  r.assign(size_t(L), 1.0);
+  r.assign(static_cast<size_t>(L), 1.0);
   if (!l2) return;
   for (int64_t t = 0; t < L; ++t) {
     double ss = 0;
@@ -157,3 +160,63 @@ void head_bwd(const Head& x, const double* dO, const double* dST, double* dq_out
 }
 
 }  // namespace ot::gdn::bwdref
+
+// ---- tensor-level reference: every (sequence, value head) through head_bwd --------------------
+
+
+namespace ot::gdn::ref {
+
+using std::vector;
+
+ChunkBwd recurrence_bwd(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
+                        const TensorView& dO, const ChunkBwdOptions& opt) {
+  const char* op = "gdn_recurrence_bwd_ref";
+  trace::OpScope scope(op);
+  detail::BwdArgs a;
+  detail::check_bwd(a, q, k, v, g, beta, dO, opt, false, op);
+  ChunkBwd r = detail::alloc_bwd(a, q, v, beta, opt);
+  const Layout l = opt.layout;
+  detail::Tok dq = detail::tok_vec(r.dq, l, op, "dq"), dk = detail::tok_vec(r.dk, l, op, "dk"), dv = detail::tok_vec(r.dv, l, op, "dv");
+  detail::Tok dg = detail::tok_scal(r.dg, l, op, "dg"), db = detail::tok_scal(r.dbeta, l, op, "dbeta");
+  detail::StateRef dh0 = detail::state_ref(r.dh0);
+  const SeqInfo& s = *a.seq;
+  const int64_t K = a.DK, V = a.DV, G = a.group();
+  scope.args(detail::shape_args(q, v, l)).kernel("ref");
+  for (int64_t n = 0; n < s.num_seqs(); ++n) {
+    const int64_t b = s.row[size_t(n)], bos = s.bos[size_t(n)], L = s.len[size_t(n)];
+    for (int64_t hk = 0; hk < a.HK; ++hk) {
+      vector<double> qv(size_t(L * K)), kv(size_t(L * K)), dqv(size_t(L * K), 0.0), dkv(size_t(L * K), 0.0);
+      for (int64_t t = 0; t < L; ++t)
+        for (int64_t d = 0; d < K; ++d) qv[size_t(t * K + d)] = a.q.get(b, bos + t, hk, d), kv[size_t(t * K + d)] = a.k.get(b, bos + t, hk, d);
+      for (int64_t hv = hk * G; hv < (hk + 1) * G; ++hv) {
+        vector<double> vv(size_t(L * V)), dov(size_t(L * V)), bv(static_cast<size_t>(L), 1.0), gv(static_cast<size_t>(L), 0.0), S0(size_t(K * V)), dST(size_t(K * V));
+        vector<double> dvv(size_t(L * V)), dbv(static_cast<size_t>(L)), dgv(static_cast<size_t>(L)), dS0(size_t(K * V));
+        for (int64_t t = 0; t < L; ++t) {
+          for (int64_t e = 0; e < V; ++e) vv[size_t(t * V + e)] = a.v.get(b, bos + t, hv, e), dov[size_t(t * V + e)] = a.dO.get(b, bos + t, hv, e);
+          if (a.beta.defined()) bv[size_t(t)] = a.beta.get(b, bos + t, hv, 0);
+          if (a.g.defined()) gv[size_t(t)] = a.g.get(b, bos + t, hv, 0);
+        }
+        if (a.S0.defined()) std::copy(a.S0.f32(n, hv), a.S0.f32(n, hv) + K * V, S0.begin());
+        if (a.dht.defined()) std::copy(a.dht.f32(n, hv), a.dht.f32(n, hv) + K * V, dST.begin());
+        bwdref::Head h;
+        h.L = L, h.K = K, h.V = V, h.q = qv.data(), h.k = kv.data(), h.v = vv.data(), h.beta = bv.data(), h.g = gv.data();
+        h.S0 = a.S0.defined() ? S0.data() : nullptr;
+        h.scale = a.scale, h.l2norm = opt.use_qk_l2norm_in_kernel;
+        bwdref::head_bwd(h, dov.data(), a.dht.defined() ? dST.data() : nullptr, dqv.data(), dkv.data(), dvv.data(), dbv.data(), dgv.data(),
+                         dS0.data());
+        for (int64_t t = 0; t < L; ++t) {
+          for (int64_t e = 0; e < V; ++e) dv.set(b, bos + t, hv, e, dvv[size_t(t * V + e)]);
+          db.set(b, bos + t, hv, 0, dbv[size_t(t)]);
+          dg.set(b, bos + t, hv, 0, dgv[size_t(t)]);
+        }
+        if (dh0.defined())
+          for (int64_t i = 0; i < K * V; ++i) dh0.f32(n, hv)[i] = float(dS0[size_t(i)]);
+      }
+      for (int64_t t = 0; t < L; ++t)
+        for (int64_t d = 0; d < K; ++d) dq.set(b, bos + t, hk, d, dqv[size_t(t * K + d)]), dk.set(b, bos + t, hk, d, dkv[size_t(t * K + d)]);
+    }
+  }
+  return r;
+}
+
+}  // namespace ot::gdn::ref

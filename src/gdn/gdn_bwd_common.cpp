@@ -1,0 +1,79 @@
+#include "src/gdn/gdn_bwd_common.h"
+
+#include <cmath>
+
+namespace ot::gdn::detail {
+
+void check_bwd(BwdArgs& a, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
+               const TensorView& dO, const ChunkBwdOptions& opt, bool gate_required, const char* op) {
+  const Layout l = opt.layout;
+  a.q = tok_vec(q, l, op, "q");
+  a.k = tok_vec(k, l, op, "k");
+  a.v = tok_vec(v, l, op, "v");
+  a.dO = tok_vec(dO, l, op, "dO");
+  a.B = a.q.B, a.T = a.q.T, a.HK = a.q.H, a.DK = a.q.D, a.HV = a.v.H, a.DV = a.v.D;
+  OT_CHECK(k.shape() == q.shape(), op, "k", ::ot::detail::cat("the shape of q ", q.shape_str()), k.shape_str());
+  OT_CHECK(v.ndim == q.ndim, op, "v", "the rank of q", v.ndim);
+  expect_bt(a.v, a.B, a.T, op, "v");
+  expect_groups(a.HV, a.HK, op);
+  OT_CHECK(a.DK >= 1 && a.DK <= 256, op, "q", "a key head dim in [1, 256]", a.DK);
+  OT_CHECK(a.DV >= 1 && a.DV <= 256, op, "v", "a value head dim in [1, 256]", a.DV);
+  OT_CHECK(dO.shape() == v.shape(), op, "dO", ::ot::detail::cat("the shape of o (= v) ", v.shape_str()), dO.shape_str());
+  OT_CHECK(!gate_required || g.defined(), op, "g_cumsum", "the forward's chunk-local cumulative gate", "undefined");
+  if (g.defined()) {
+    a.g = tok_scal(g, l, op, gate_required ? "g_cumsum" : "g");
+    expect_bt(a.g, a.B, a.T, op, gate_required ? "g_cumsum" : "g");
+    expect_heads(a.g, a.HV, op, gate_required ? "g_cumsum" : "g");
+  }
+  OT_CHECK(beta.defined() || !gate_required, op, "beta", "a beta tensor", "undefined");
+  if (beta.defined()) {
+    a.beta = tok_scal(beta, l, op, "beta");
+    expect_bt(a.beta, a.B, a.T, op, "beta");
+    expect_heads(a.beta, a.HV, op, "beta");
+  }
+  a.seq = &resolve_seq(opt, a.B, a.T, a.storage, op);
+  const int64_t N = a.seq->num_seqs();
+  if (opt.initial_state.defined()) expect_state(opt.initial_state, N, a.HV, a.DK, a.DV, false, op, "initial_state");
+  if (opt.dht.defined()) expect_state(opt.dht, N, a.HV, a.DK, a.DV, false, op, "dht");
+  if (opt.A.defined()) {
+    a.A = tok_vec(opt.A, l, op, "A");
+    expect_bt(a.A, a.B, a.T, op, "A");
+    expect_heads(a.A, a.HV, op, "A");
+    expect_dim(a.A, kChunk, op, "A");
+  }
+  a.scale = opt.scale ? *opt.scale : 1.f / std::sqrt(float(a.DK));
+  a.S0 = state_ref(opt.initial_state);
+  a.dht = state_ref(opt.dht);
+  expect_finite(a.q, op, "q");
+  expect_finite(a.k, op, "k");
+  expect_finite(a.v, op, "v");
+  expect_finite(a.dO, op, "dO");
+  if (a.g.defined()) expect_finite(a.g, op, gate_required ? "g_cumsum" : "g");
+  if (a.beta.defined()) expect_finite(a.beta, op, "beta");
+  if (opt.dht.defined()) expect_finite(opt.dht, op, "dht");
+  if (opt.initial_state.defined()) expect_finite(opt.initial_state, op, "initial_state");
+}
+
+ChunkBwd alloc_bwd(const BwdArgs& a, const TensorView& q, const TensorView& v, const TensorView& beta, const ChunkBwdOptions& opt) {
+  const Layout l = opt.layout;
+  const bool packed = a.q.packed;
+  ChunkBwd r;
+  r.dq = new_vec(l, packed, q.dtype, a.B, a.T, a.HK, a.DK);
+  r.dk = new_vec(l, packed, q.dtype, a.B, a.T, a.HK, a.DK);
+  r.dv = new_vec(l, packed, v.dtype, a.B, a.T, a.HV, a.DV);
+  r.dg = new_scal(l, packed, DType::f32, a.B, a.T, a.HV);
+  r.dbeta = new_scal(l, packed, beta.defined() ? beta.dtype : DType::f32, a.B, a.T, a.HV);
+  if (opt.initial_state.defined()) r.dh0 = Tensor::empty(DType::f32, {a.seq->num_seqs(), a.HV, a.DK, a.DV});
+  return r;
+}
+
+double bwd_flops(const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV) {
+  double f = 0;
+  for (int64_t id = 0; id < s.num_chunks(); ++id) {
+    double C = double(chunk_span_global(s, id).L);
+    f += 18 * C * C * DK + 10 * C * C * DV + 16 * C * DK * DV + 4 * C * C * C;
+  }
+  return f * double(HV);
+}
+
+}  // namespace ot::gdn::detail

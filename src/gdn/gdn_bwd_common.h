@@ -1,0 +1,30 @@
+// Argument checks and output allocation shared by the GDN backward composition and its reference.
+#pragma once
+#include "ot/gdn_bwd.h"
+#include "src/gdn/gdn_internal.h"
+
+namespace ot::gdn::detail {
+
+struct BwdArgs {
+  Tok q, k, v, g, beta, dO, A;  // g: the cumulative gate (composition) or the raw gate (reference)
+  int64_t B = 0, T = 0, HK = 0, HV = 0, DK = 0, DV = 0;
+  float scale = 1.f;
+  StateRef S0, dht;
+  SeqInfo storage;
+  const SeqInfo* seq = nullptr;
+  int64_t group() const { return HV / HK; }
+};
+
+// Validates every argument (shapes, dtypes, heads, states, cu_seqlens, finite values) before
+// anything is written. `gate_required`: g must be given (the composition needs g_cumsum).
+void check_bwd(BwdArgs& a, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
+               const TensorView& dO, const ChunkBwdOptions& opt, bool gate_required, const char* op);
+
+// Outputs in the documented dtypes and layouts (dq, dk like q; dv like v; dbeta like beta; dg fp32
+// like g or like beta when g is absent; dh0 when an initial state is given).
+ChunkBwd alloc_bwd(const BwdArgs& a, const TensorView& q, const TensorView& v, const TensorView& beta, const ChunkBwdOptions& opt);
+
+// FLOPs of the backward by the spec's formula (section 11), over the actual chunk lengths.
+double bwd_flops(const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV);
+
+}  // namespace ot::gdn::detail
