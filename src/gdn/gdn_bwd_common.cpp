@@ -1,5 +1,6 @@
 #include "src/gdn/gdn_bwd_common.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace ot::gdn::detail {
@@ -74,6 +75,31 @@ double bwd_flops(const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV) {
     f += 18 * C * C * DK + 10 * C * C * DV + 16 * C * DK * DV + 4 * C * C * C;
   }
   return f * double(HV);
+}
+
+}  // namespace ot::gdn::detail
+
+namespace ot::gdn::detail {
+
+StageScratch::StageScratch(int rows, int mats, int vecs, int64_t D, int64_t state) : D_(D) {
+  rows_ = plan_.add<float>(size_t(rows) * size_t(kChunk * D), true);
+  mats_ = plan_.add<float>(size_t(mats) * size_t(kChunk * kChunk), true);
+  vecs_ = plan_.add<float>(size_t(vecs) * size_t(kChunk), true);
+  state_ = plan_.add<float>(size_t(std::max<int64_t>(state, 1)), true);
+  ws_ = std::make_unique<Workspace>(plan_);
+}
+
+float* chunk_states(const TensorView& x, const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV, const char* op, const char* arg) {
+  OT_CHECK(x.defined() && x.data, op, arg, "a per-chunk state tensor", "undefined");
+  OT_CHECK(x.dtype == DType::f32, op, arg, "fp32", dtype_name(x.dtype));
+  OT_CHECK(x.ndim == 5 && x.sizes[0] * x.sizes[1] == s.num_chunks() && x.sizes[2] == HV && x.sizes[3] == DK && x.sizes[4] == DV &&
+               x.is_contiguous(),
+           op, arg, ::ot::detail::cat("contiguous [B, NT, ", HV, ", ", DK, ", ", DV, "] with B * NT = ", s.num_chunks(), " chunks"), x.shape_str());
+  return x.ptr<float>();
+}
+
+Tensor new_chunk_states(const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV) {
+  return Tensor::empty(DType::f32, {s.varlen ? 1 : s.batch, s.varlen ? s.num_chunks() : s.max_chunks_per_row(), HV, DK, DV});
 }
 
 }  // namespace ot::gdn::detail

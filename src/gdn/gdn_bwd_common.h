@@ -28,3 +28,30 @@ ChunkBwd alloc_bwd(const BwdArgs& a, const TensorView& q, const TensorView& v, c
 double bwd_flops(const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV);
 
 }  // namespace ot::gdn::detail
+
+namespace ot::gdn::detail {
+
+// Per-thread fp32 scratch of the stage operators: `rows` buffers of kChunk x D, `mats` of
+// kChunk x kChunk, `vecs` of kChunk, and one DK x DV state.
+class StageScratch {
+ public:
+  StageScratch(int rows, int mats, int vecs, int64_t D, int64_t state);
+  float* row(int tid, int i) const { return ws_->get(rows_, tid) + size_t(i) * size_t(kChunk * D_); }
+  float* mat(int tid, int i) const { return ws_->get(mats_, tid) + size_t(i) * size_t(kChunk * kChunk); }
+  float* vec(int tid, int i) const { return ws_->get(vecs_, tid) + size_t(i) * size_t(kChunk); }
+  float* state(int tid) const { return ws_->get(state_, tid); }
+
+ private:
+  int64_t D_;
+  WorkspacePlan plan_;
+  Slot<float> rows_, mats_, vecs_, state_;
+  std::unique_ptr<Workspace> ws_;
+};
+
+// A per-chunk state tensor (the forward's h, the backward's dh): 5-D [B', NT', HV, DK, DV] fp32,
+// contiguous, with B' * NT' == the number of chunks. Returns its data.
+float* chunk_states(const TensorView& x, const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV, const char* op, const char* arg);
+// A new one shaped like the forward's h.
+Tensor new_chunk_states(const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV);
+
+}  // namespace ot::gdn::detail

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "src/gdn/gdn_internal.h"
+
 namespace ot::gdn::bwdref {
 
 // One (sequence, value head). Row-major: q, k [L][K] (raw: normalised here when l2norm),
@@ -23,5 +25,18 @@ void head_fwd(const Head& x, double* o, double* ST);
 // dv, dbeta, dg [L], dS0 [K][V] are written (any may be null).
 void head_bwd(const Head& x, const double* dO, const double* dST, double* dq, double* dk, double* dv, double* dbeta, double* dg,
               double* dS0);
+
+// ---- fp64 references of the backward stages (spec 6.1-6.4), plain loops over chunk rows --------
+// Same canonical views as the fast stages; h, dh: [num_chunks, HV, DK, DV] fp32.
+using detail::StateRef;
+using detail::Tok;
+void dv_local(const Tok& q, const Tok& k, const Tok& G, const Tok& dO, double s, const Tok& out, const SeqInfo& seq);
+void dhu(const Tok& q, const Tok& k, const Tok& w, const Tok& G, const StateRef& dht, const Tok& dO, const Tok& dvl, double s, float* dh,
+         const StateRef& dh0, const Tok& dv2, const SeqInfo& seq);
+void dqkwg(const Tok& q, const Tok& k, const Tok& vnew, const float* h, const Tok& G, const Tok& dv2, const Tok& dO, const float* dh, double s,
+           const Tok& dq, const Tok& dk, const Tok& dw, const Tok& dg, const SeqInfo& seq);
+void wy_da(const Tok& k, const Tok& v, const Tok& beta, const Tok& A, const Tok& dw, const Tok& du, const Tok& G, const Tok& dP, const SeqInfo& seq);
+void wy_full(const Tok& k, const Tok& v, const Tok& beta, const Tok& A, const Tok& dP, const Tok& dw, const Tok& du, const Tok& G, const Tok& dk,
+             const Tok& dv, const Tok& dbeta, const Tok& dg, const SeqInfo& seq);
 
 }  // namespace ot::gdn::bwdref

@@ -220,3 +220,194 @@ ChunkBwd recurrence_bwd(const TensorView& q, const TensorView& k, const TensorVi
 }
 
 }  // namespace ot::gdn::ref
+
+// ---- fp64 references of the backward stages: the spec 6.1-6.4 formulas as plain loops ----------
+
+namespace ot::gdn::bwdref {
+
+namespace {
+using Mat = vector<double>;  // row-major, explicit widths at the call sites
+
+// Rows [L][D] of head h of chunk sp, in fp64.
+Mat rows(const Tok& x, const detail::ChunkSpan& sp, int64_t h) {
+  Mat m(size_t(sp.L * x.D));
+  for (int64_t i = 0; i < sp.L; ++i)
+    for (int64_t d = 0; d < x.D; ++d) m[size_t(i * x.D + d)] = x.get(sp.b, sp.t0 + i, h, d);
+  return m;
+}
+double dotr(const Mat& a, int64_t i, const Mat& b, int64_t j, int64_t D) {
+  double s = 0;
+  for (int64_t d = 0; d < D; ++d) s += a[size_t(i * D + d)] * b[size_t(j * D + d)];
+  return s;
+}
+// Calls fn(sp, hv, hk) for every chunk and value head.
+template <class F> void each_chunk(const SeqInfo& seq, int64_t HV, int64_t group, F fn) {
+  for (int64_t id = 0; id < seq.num_chunks(); ++id)
+    for (int64_t hv = 0; hv < HV; ++hv) fn(detail::chunk_span_global(seq, id), id, hv, hv / group);
+}
+}  // namespace
+
+void dv_local(const Tok& q, const Tok& k, const Tok& G, const Tok& dO, double s, const Tok& out, const SeqInfo& seq) {
+  const int64_t K = q.D, V = dO.D;
+  each_chunk(seq, dO.H, dO.H / q.H, [&](const detail::ChunkSpan& sp, int64_t, int64_t hv, int64_t hk) {
+    Mat Q = rows(q, sp, hk), Kc = rows(k, sp, hk), D = rows(dO, sp, hv), g = rows(G, sp, hv);
+    for (int64_t i = 0; i < sp.L; ++i)
+      for (int64_t e = 0; e < V; ++e) {
+        double acc = 0;
+        for (int64_t j = i; j < sp.L; ++j) acc += s * std::exp(g[size_t(j)] - g[size_t(i)]) * dotr(Kc, i, Q, j, K) * D[size_t(j * V + e)];
+        out.set(sp.b, sp.t0 + i, hv, e, acc);
+      }
+  });
+}
+
+void dhu(const Tok& q, const Tok& k, const Tok& w, const Tok& G, const StateRef& dht, const Tok& dO, const Tok& dvl, double s, float* dh,
+         const StateRef& dh0, const Tok& dv2, const SeqInfo& seq) {
+  const int64_t K = q.D, V = dO.D, HV = dO.H, group = HV / q.H;
+  for (int64_t n = 0; n < seq.num_seqs(); ++n)
+    for (int64_t hv = 0; hv < HV; ++hv) {
+      Mat dH(size_t(K * V), 0.0);
+      if (dht.defined())
+        for (int64_t i = 0; i < K * V; ++i) dH[size_t(i)] = dht.f32(n, hv)[i];
+      int64_t nc = seq.chunk_offsets[size_t(n + 1)] - seq.chunk_offsets[size_t(n)];
+      for (int64_t c = nc - 1; c >= 0; --c) {
+        detail::ChunkSpan sp = detail::chunk_span(seq, n, c);
+        const int64_t L = sp.L;
+        for (int64_t i = 0; i < K * V; ++i) dh[(seq.chunk_id(n, c) * HV + hv) * K * V + i] = float(dH[size_t(i)]);
+        Mat Q = rows(q, sp, hv / group), Kc = rows(k, sp, hv / group), W = rows(w, sp, hv), D = rows(dO, sp, hv), g = rows(G, sp, hv);
+        Mat dl = rows(dvl, sp, hv), d2(size_t(L * V));
+        double gl = g[size_t(L - 1)];
+        for (int64_t i = 0; i < L; ++i)
+          for (int64_t e = 0; e < V; ++e) {
+            double acc = 0;
+            for (int64_t d = 0; d < K; ++d) acc += Kc[size_t(i * K + d)] * dH[size_t(d * V + e)];
+            d2[size_t(i * V + e)] = std::exp(gl - g[size_t(i)]) * acc + dl[size_t(i * V + e)];
+            dv2.set(sp.b, sp.t0 + i, hv, e, d2[size_t(i * V + e)]);
+          }
+        for (int64_t d = 0; d < K; ++d)
+          for (int64_t e = 0; e < V; ++e) {
+            double acc = std::exp(gl) * dH[size_t(d * V + e)];
+            for (int64_t i = 0; i < L; ++i)
+              acc += s * std::exp(g[size_t(i)]) * Q[size_t(i * K + d)] * D[size_t(i * V + e)] - W[size_t(i * K + d)] * d2[size_t(i * V + e)];
+            dH[size_t(d * V + e)] = acc;
+          }
+      }
+      if (dh0.defined())
+        for (int64_t i = 0; i < K * V; ++i) dh0.f32(n, hv)[i] = float(dH[size_t(i)]);
+    }
+}
+
+void dqkwg(const Tok& q, const Tok& k, const Tok& vnew, const float* h, const Tok& G, const Tok& dv2, const Tok& dO, const float* dh, double s,
+           const Tok& dq, const Tok& dk, const Tok& dw, const Tok& dg, const SeqInfo& seq) {
+  const int64_t K = q.D, V = dO.D, HV = dO.H;
+  each_chunk(seq, HV, HV / q.H, [&](const detail::ChunkSpan& sp, int64_t id, int64_t hv, int64_t hk) {
+    const int64_t L = sp.L;
+    Mat Q = rows(q, sp, hk), Kc = rows(k, sp, hk), Dn = rows(vnew, sp, hv), g = rows(G, sp, hv), d2 = rows(dv2, sp, hv), D = rows(dO, sp, hv);
+    const float *S = h + (id * HV + hv) * K * V, *dH = dh + (id * HV + hv) * K * V;
+    double gl = g[size_t(L - 1)], last = 0;
+    Mat dS(size_t(L * L), 0.0), dQ(size_t(L * K)), dK(size_t(L * K));
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t j = 0; j <= i; ++j) dS[size_t(i * L + j)] = s * std::exp(g[size_t(i)] - g[size_t(j)]) * dotr(D, i, Dn, j, V);
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t d = 0; d < K; ++d) {
+        double qi = 0, ki = 0, wi = 0;
+        for (int64_t e = 0; e < V; ++e) {
+          qi += S[d * V + e] * D[size_t(i * V + e)];
+          ki += dH[d * V + e] * Dn[size_t(i * V + e)];
+          wi -= S[d * V + e] * d2[size_t(i * V + e)];
+        }
+        ki *= std::exp(gl - g[size_t(i)]);
+        last += Kc[size_t(i * K + d)] * ki;
+        dQ[size_t(i * K + d)] = s * std::exp(g[size_t(i)]) * qi;
+        dK[size_t(i * K + d)] = ki;
+        dw.set(sp.b, sp.t0 + i, hv, d, wi);
+      }
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t j = 0; j < L; ++j)
+        for (int64_t d = 0; d < K; ++d) {
+          dQ[size_t(i * K + d)] += dS[size_t(i * L + j)] * Kc[size_t(j * K + d)];
+          dK[size_t(j * K + d)] += dS[size_t(i * L + j)] * Q[size_t(i * K + d)];
+        }
+    double sh = 0;
+    for (int64_t i = 0; i < K * V; ++i) sh += double(S[i]) * dH[i];
+    for (int64_t i = 0; i < L; ++i) {
+      double gi = dotr(Q, i, dQ, i, K) - dotr(Kc, i, dK, i, K) + (i == L - 1 ? std::exp(gl) * sh + last : 0.0);
+      dg.set(sp.b, sp.t0 + i, hv, 0, gi);
+      for (int64_t d = 0; d < K; ++d) dq.set(sp.b, sp.t0 + i, hv, d, dQ[size_t(i * K + d)]), dk.set(sp.b, sp.t0 + i, hv, d, dK[size_t(i * K + d)]);
+    }
+  });
+}
+
+namespace {
+// dM = strict(-A^T dA A^T) with dA = strict(dW kbg^T + dU vb^T); also returns the chunk's operands.
+struct Wy {
+  Mat Kc, Vc, b, g, A, dW, dU, dM, E;
+};
+Wy wy_common(const Tok& k, const Tok& v, const Tok& beta, const Tok& A, const Tok& dw, const Tok& du, const Tok& G, const detail::ChunkSpan& sp,
+             int64_t hv, int64_t hk) {
+  const int64_t L = sp.L, K = k.D, V = v.D;
+  Wy w{rows(k, sp, hk), rows(v, sp, hv), rows(beta, sp, hv), rows(G, sp, hv), rows(A, sp, hv), rows(dw, sp, hv), rows(du, sp, hv), {}, {}};
+  const int64_t C = A.D;
+  Mat dA(size_t(L * L), 0.0), T(size_t(L * L), 0.0);
+  w.dM.assign(size_t(L * L), 0.0);
+  w.E.assign(size_t(L * L), 0.0);
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t j = 0; j < i; ++j) {
+      double kb = w.b[size_t(j)] * std::exp(w.g[size_t(j)]), acc = 0;
+      for (int64_t d = 0; d < K; ++d) acc += w.dW[size_t(i * K + d)] * kb * w.Kc[size_t(j * K + d)];
+      for (int64_t e = 0; e < V; ++e) acc += w.dU[size_t(i * V + e)] * w.b[size_t(j)] * w.Vc[size_t(j * V + e)];
+      dA[size_t(i * L + j)] = acc;
+      w.E[size_t(i * L + j)] = std::exp(w.g[size_t(i)] - w.g[size_t(j)]);
+    }
+  auto a = [&](int64_t i, int64_t j) { return w.A[size_t(i * C + j)]; };
+  for (int64_t i = 0; i < L; ++i)  // T = A^T dA
+    for (int64_t j = 0; j < L; ++j)
+      for (int64_t m = 0; m < L; ++m) T[size_t(i * L + j)] += a(m, i) * dA[size_t(m * L + j)];
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t j = 0; j < i; ++j)
+      for (int64_t m = 0; m < L; ++m) w.dM[size_t(i * L + j)] -= T[size_t(i * L + m)] * a(j, m);
+  return w;
+}
+}  // namespace
+
+void wy_da(const Tok& k, const Tok& v, const Tok& beta, const Tok& A, const Tok& dw, const Tok& du, const Tok& G, const Tok& dP, const SeqInfo& seq) {
+  each_chunk(seq, v.H, v.H / k.H, [&](const detail::ChunkSpan& sp, int64_t, int64_t hv, int64_t hk) {
+    Wy w = wy_common(k, v, beta, A, dw, du, G, sp, hv, hk);
+    for (int64_t i = 0; i < sp.L; ++i)
+      for (int64_t j = 0; j < dP.D; ++j) dP.set(sp.b, sp.t0 + i, hv, j, j < i ? w.dM[size_t(i * sp.L + j)] * w.E[size_t(i * sp.L + j)] : 0.0);
+  });
+}
+
+void wy_full(const Tok& k, const Tok& v, const Tok& beta, const Tok& A, const Tok& dP, const Tok& dw, const Tok& du, const Tok& G, const Tok& dk,
+             const Tok& dv, const Tok& dbeta, const Tok& dg, const SeqInfo& seq) {
+  const int64_t K = k.D, V = v.D;
+  each_chunk(seq, v.H, v.H / k.H, [&](const detail::ChunkSpan& sp, int64_t, int64_t hv, int64_t hk) {
+    const int64_t L = sp.L, C = A.D;
+    Mat Kc = rows(k, sp, hk), Vc = rows(v, sp, hv), b = rows(beta, sp, hv), g = rows(G, sp, hv), Am = rows(A, sp, hv);
+    Mat dW = rows(dw, sp, hv), dU = rows(du, sp, hv), P = rows(dP, sp, hv), X(size_t(L * K), 0.0), Y(size_t(L * V), 0.0);
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t m = 0; m < L; ++m) {
+        double am = Am[size_t(m * C + i)];
+        for (int64_t d = 0; d < K; ++d) X[size_t(i * K + d)] += am * dW[size_t(m * K + d)];
+        for (int64_t e = 0; e < V; ++e) Y[size_t(i * V + e)] += am * dU[size_t(m * V + e)];
+      }
+    auto p = [&](int64_t i, int64_t j) { return j < i ? P[size_t(i * C + j)] : 0.0; };
+    for (int64_t j = 0; j < L; ++j) {
+      double bj = b[size_t(j)], gj = std::exp(g[size_t(j)]), db = gj * dotr(X, j, Kc, j, K) + dotr(Y, j, Vc, j, V);
+      double dG = bj * gj * dotr(X, j, Kc, j, K);
+      for (int64_t d = 0; d < K; ++d) {
+        double acc = bj * gj * X[size_t(j * K + d)];
+        for (int64_t i = 0; i < L; ++i) acc += bj * p(j, i) * Kc[size_t(i * K + d)] + p(i, j) * b[size_t(i)] * Kc[size_t(i * K + d)];
+        dk.set(sp.b, sp.t0 + j, hv, d, acc);
+      }
+      for (int64_t i = 0; i < L; ++i) {
+        db += p(j, i) * dotr(Kc, j, Kc, i, K);
+        dG += p(j, i) * bj * dotr(Kc, j, Kc, i, K) - p(i, j) * b[size_t(i)] * dotr(Kc, i, Kc, j, K);  // dM o M = dP o (beta_i k_i.k_j)
+      }
+      for (int64_t e = 0; e < V; ++e) dv.set(sp.b, sp.t0 + j, hv, e, bj * Y[size_t(j * V + e)]);
+      dbeta.set(sp.b, sp.t0 + j, hv, 0, db);
+      dg.set(sp.b, sp.t0 + j, hv, 0, dG);
+    }
+  });
+}
+
+}  // namespace ot::gdn::bwdref

@@ -1,0 +1,139 @@
+#!/usr/bin/python3
+"""Baseline for `ot bench gdn_chunk_bwd`: the chunked gated delta rule (spec section 4) written in
+plain PyTorch (fp32, chunk 64, in-kernel l2norm, grouped value heads by repeat_interleave, the
+triangular inverse by solve_triangular), forward and forward+backward through autograd with
+loss = sum(o * dO) + sum(S_T * dht). Same Qwen3.5 shapes and case names as the C++ benchmark.
+
+With --ot PATH the script also runs `PATH bench gdn_chunk_bwd --json --no-ref` on the same cases
+and prints the speed-up of our fwd+bwd over this baseline (target >= 10x).
+
+    /usr/bin/python3 bench/gdn_torch_baseline.py --ot build/dev/ot [--case B1-T1024] [--threads 2]
+"""
+import argparse
+import json
+import subprocess
+import time
+
+import torch
+
+HK, HV, DK, DV, BT = 16, 32, 128, 128, 64
+CASES = {
+    "qwen35-B1-T1024": (1, 1024, None),
+    "qwen35-B1-T4096": (1, 4096, None),
+    "qwen35-B4-T1024": (4, 1024, None),
+    "qwen35-varlen": (1, 4096, [0, 1500, 1800, 2823, 2824, 3900, 4096]),
+}
+
+
+def chunk_gdn(q, k, v, g, beta, h0, scale):
+    """One sequence batch. q, k [B,T,HK,K]; v [B,T,HV,V]; g, beta [B,T,HV]; h0 [B,HV,K,V]."""
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    grp = v.shape[2] // q.shape[2]
+    q, k = q.repeat_interleave(grp, dim=2), k.repeat_interleave(grp, dim=2)
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # [B,H,T,D]
+    g, beta = g.transpose(1, 2), beta.transpose(1, 2)  # [B,H,T]
+    B, H, T, K = k.shape
+    V = v.shape[-1]
+    pad = (BT - T % BT) % BT
+    if pad:
+        q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        g, beta = (torch.nn.functional.pad(x, (0, pad)) for x in (g, beta))
+    N = (T + pad) // BT
+    q = (q * scale).reshape(B, H, N, BT, K)
+    k = k.reshape(B, H, N, BT, K)
+    v = v.reshape(B, H, N, BT, V)
+    beta = beta.reshape(B, H, N, BT)
+    G = g.reshape(B, H, N, BT).cumsum(-1)
+    E = (G[..., :, None] - G[..., None, :]).tril().exp().tril()  # exp(G_i - G_j), j <= i
+    eye = torch.eye(BT)
+    strict = torch.ones(BT, BT).tril(-1)
+    M = beta[..., None] * (k @ k.transpose(-1, -2)) * E * strict
+    # W = (I+M)^-1 diag(beta e^G) K, U = (I+M)^-1 diag(beta) V
+    W = torch.linalg.solve_triangular(eye + M, k * (beta * G.exp())[..., None], upper=False, unitriangular=True)
+    U = torch.linalg.solve_triangular(eye + M, v * beta[..., None], upper=False, unitriangular=True)
+    causal = torch.ones(BT, BT).tril()
+    S = h0
+    outs = []
+    for c in range(N):
+        qc, kc, Gc = q[:, :, c], k[:, :, c], G[:, :, c]
+        Dn = U[:, :, c] - W[:, :, c] @ S
+        P = (qc @ kc.transpose(-1, -2)) * E[:, :, c] * causal
+        outs.append((qc * Gc.exp()[..., None]) @ S + P @ Dn)
+        gl = Gc[..., -1]
+        S = S * gl.exp()[..., None, None] + (kc * (gl[..., None] - Gc).exp()[..., None]).transpose(-1, -2) @ Dn
+    o = torch.stack(outs, 2).reshape(B, H, N * BT, V)[:, :, :T]
+    return o.transpose(1, 2), S
+
+
+def run_case(name, reps):
+    B, T, cu = CASES[name]
+    torch.manual_seed(0)
+    seqs = [(b, 0, T) for b in range(B)] if cu is None else [(0, cu[i], cu[i + 1]) for i in range(len(cu) - 1)]
+    nseq = len(seqs)
+    q = torch.randn(B, T, HK, DK)
+    k = torch.randn(B, T, HK, DK)
+    v = torch.randn(B, T, HV, DV)
+    g = torch.log(torch.rand(B, T, HV) * 0.5 + 0.5) * 0.2
+    beta = torch.rand(B, T, HV)
+    h0 = 0.1 * torch.randn(nseq, HV, DK, DV)
+    dO = torch.randn(B, T, HV, DV)
+    dht = 0.1 * torch.randn(nseq, HV, DK, DV)
+    scale = DK ** -0.5
+
+    def forward(params):
+        q, k, v, g, beta, h0 = params
+        loss = 0
+        for n, (b, s, e) in enumerate(seqs):
+            sl = slice(s, e)
+            o, ST = chunk_gdn(q[b:b + 1, sl], k[b:b + 1, sl], v[b:b + 1, sl], g[b:b + 1, sl], beta[b:b + 1, sl], h0[n:n + 1], scale)
+            loss = loss + (o * dO[b:b + 1, sl]).sum() + (ST * dht[n:n + 1]).sum()
+        return loss
+
+    def fwd():
+        with torch.no_grad():
+            forward((q, k, v, g, beta, h0))
+
+    def fwd_bwd():
+        params = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
+        forward(params).backward()
+
+    def median_ms(fn):
+        fn()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+        return sorted(ts)[len(ts) // 2]
+
+    return median_ms(fwd), median_ms(fwd_bwd)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", default="")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ot", default="", help="path of the ot binary to compare against")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    ours = {}
+    if args.ot:
+        out = subprocess.run([args.ot, "bench", "gdn_chunk_bwd", "--json", "--no-ref", "--dtype", "fp32", "--threads", str(args.threads),
+                              "--case", args.case], check=True, capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("{"):
+                j = json.loads(line)
+                ours[j["name"]] = j["fwd_plus_bwd_ms"]
+    print(f"{'case':<18} {'torch fwd ms':>13} {'torch fwd+bwd ms':>17} {'ot fwd+bwd ms':>14} {'speed-up':>9}")
+    for name in CASES:
+        if args.case and args.case not in name:
+            continue
+        f, fb = run_case(name, args.repeats)
+        o = ours.get(name, 0)
+        print(f"{name:<18} {f:13.1f} {fb:17.1f} {o:14.1f} {fb / o if o else 0:8.1f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

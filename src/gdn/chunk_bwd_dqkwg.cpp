@@ -1,0 +1,75 @@
+// chunk_bwd_dqkwg (spec 6.3): dq, dk (output and state paths), dw and the cumulative-gate gradient,
+// per value head, one task per (chunk, value head).
+#include <cmath>
+
+#include "ot/cpu.h"
+#include "ot/parallel.h"
+#include "ot/trace.h"
+#include "src/gdn/chunk_bwd_kernels.h"
+#include "src/gdn/chunk_kernels.h"
+#include "src/gdn/gdn_bwd_common.h"
+#include "src/gdn/gdn_bwd_ref.h"
+
+namespace ot::gdn {
+using namespace detail;
+
+BwdDqkwg chunk_bwd_dqkwg(const TensorView& q, const TensorView& k, const TensorView& v_new, const TensorView& h, const TensorView& g_cumsum,
+                         const TensorView& dv2, const TensorView& dO, const TensorView& dh, std::optional<float> scale, const Common& c) {
+  const char* op = "chunk_bwd_dqkwg";
+  trace::OpScope scope(op);
+  Tok qt = tok_vec(q, c.layout, op, "q"), kt = tok_vec(k, c.layout, op, "k"), vt = tok_vec(v_new, c.layout, op, "v_new");
+  Tok Gt = tok_scal(g_cumsum, c.layout, op, "g_cumsum"), d2 = tok_vec(dv2, c.layout, op, "dv2"), dOt = tok_vec(dO, c.layout, op, "dO");
+  OT_CHECK(k.shape() == q.shape(), op, "k", ::ot::detail::cat("the shape of q ", q.shape_str()), k.shape_str());
+  const int64_t HV = vt.H, DK = qt.D, DV = vt.D;
+  expect_groups(HV, qt.H, op);
+  for (auto [t, name] : {std::pair{&vt, "v_new"}, {&Gt, "g_cumsum"}, {&d2, "dv2"}, {&dOt, "dO"}}) {
+    expect_bt(*t, qt.B, qt.T, op, name);
+    expect_heads(*t, HV, op, name);
+  }
+  expect_dim(d2, DV, op, "dv2");
+  expect_dim(dOt, DV, op, "dO");
+  SeqInfo st;
+  const SeqInfo& s = resolve_seq(c, qt.B, qt.T, st, op);
+  const float* hp = chunk_states(h, s, HV, DK, DV, op, "h");
+  const float* dhp = chunk_states(dh, s, HV, DK, DV, op, "dh");
+  const float sc = scale ? *scale : 1.f / std::sqrt(float(DK));
+  BwdDqkwg r;
+  for (Tensor* x : {&r.dq, &r.dk, &r.dw}) *x = new_vec(c.layout, qt.packed, DType::f32, qt.B, qt.T, HV, DK);
+  r.dg = new_scal(c.layout, qt.packed, DType::f32, qt.B, qt.T, HV);
+  Tok dq = tok_vec(r.dq, c.layout, op, "dq"), dk = tok_vec(r.dk, c.layout, op, "dk"), dw = tok_vec(r.dw, c.layout, op, "dw");
+  Tok dg = tok_scal(r.dg, c.layout, op, "dg");
+  scope.args(v_new.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast")
+      .flops(double(qt.B * qt.T * HV) * (6.0 * DK * DV + 4.0 * kChunk * DK + 2.0 * kChunk * DV));
+  if (cpu::force_ref()) {
+    bwdref::dqkwg(qt, kt, vt, hp, Gt, d2, dOt, dhp, sc, dq, dk, dw, dg, s);
+    return r;
+  }
+  const int64_t group = HV / qt.H;
+  StageScratch scr(9, 2, 2, std::max(DK, DV), 0);
+  parallel_for_dynamic(s.num_chunks() * HV, 0, [&](int64_t i0, int64_t i1) {
+    const int tid = thread_id();
+    float *bq = scr.row(tid, 0), *bk = scr.row(tid, 1), *bv = scr.row(tid, 2), *b2 = scr.row(tid, 3), *bo = scr.row(tid, 4);
+    float *rq = scr.row(tid, 5), *rk = scr.row(tid, 6), *rw = scr.row(tid, 7), *t = scr.row(tid, 8);
+    float *E = scr.mat(tid, 0), *P = scr.mat(tid, 1), *G = scr.vec(tid, 0), *rg = scr.vec(tid, 1);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t id = i / HV, hv = i % HV;
+      ChunkSpan sp = chunk_span_global(s, id);
+      load_rows(qt, sp.b, sp.t0, sp.L, hv / group, bq, DK);
+      load_rows(kt, sp.b, sp.t0, sp.L, hv / group, bk, DK);
+      load_rows(vt, sp.b, sp.t0, sp.L, hv, bv, DV);
+      load_rows(d2, sp.b, sp.t0, sp.L, hv, b2, DV);
+      load_rows(dOt, sp.b, sp.t0, sp.L, hv, bo, DV);
+      load_scal(Gt, sp.b, sp.t0, sp.L, hv, G);
+      decay_matrix(G, sp.L, E);
+      const size_t off = size_t((id * HV + hv) * DK * DV);
+      dqkwg_chunk(BwdChunk{sp.L, DK, DV, sc, bq, bk, nullptr, bo, G, nullptr, E}, bv, hp + off, dhp + off, b2, rq, rk, rw, rg, P, t);
+      store_rows(rq, DK, dq, sp.b, sp.t0, sp.L, hv);
+      store_rows(rk, DK, dk, sp.b, sp.t0, sp.L, hv);
+      store_rows(rw, DK, dw, sp.b, sp.t0, sp.L, hv);
+      store_scal(rg, dg, sp.b, sp.t0, sp.L, hv);
+    }
+  });
+  return r;
+}
+
+}  // namespace ot::gdn
