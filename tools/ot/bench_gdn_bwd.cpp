@@ -4,6 +4,8 @@
 // over the fp64 reference (the token recurrence differentiated exactly). The reference is slow:
 // it is timed on a slice (the first key head and its value heads, the first tokens of each
 // sequence) and scaled linearly in heads and tokens, which is exact for a token recurrence.
+#include <ctime>
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -31,6 +33,22 @@ std::vector<GdnCase> cases() {
           {"qwen35-B4-T1024", 4, 1024, {}},
           // Mixed lengths (sum 4096): long, short, a partial chunk, a 1-token sequence.
           {"qwen35-varlen", 1, 4096, {0, 1500, 1800, 2823, 2824, 3900, 4096}}};
+}
+
+// Process CPU time (all threads) of one call, ms. On a shared, overloaded machine the CPU time of a
+// 1-thread run is the contention-free estimate of its wall time.
+double cpu_ms_of(const std::function<void()>& fn) {
+  timespec a, b;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+  fn();
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+  return (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
+}
+double median_cpu_ms(const std::function<void()>& fn, int repeats) {
+  std::vector<double> t;
+  for (int i = 0; i < repeats; ++i) t.push_back(cpu_ms_of(fn));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
 }
 
 constexpr int64_t HK = 16, HV = 32, DK = 128, DV = 128;
@@ -149,8 +167,10 @@ int run(const BenchOptions& opt, const std::string& dtype, int ref_tokens) {
     gdn::SeqInfo s = gdn::make_seq_info(d.cu.defined() ? 1 : c.B, c.T, d.cu.defined() ? d.cu.view() : TensorView{});
     double flops = gdn::detail::bwd_flops(s, HV, DK, DV);
     // bwd and fwd interleaved so both see the same machine state.
-    Timing t = time_interleaved([&] { gdn::chunk_gated_delta_rule_bwd(d.q, d.k, d.v, fwd.g_cumsum, d.beta, d.dO, bo); },
-                                [&] { gdn::chunk_gated_delta_rule_fwd(d.q, d.k, d.v, d.g, d.beta, fo); }, repeats, repeats);
+    auto bwd = [&] { gdn::chunk_gated_delta_rule_bwd(d.q, d.k, d.v, fwd.g_cumsum, d.beta, d.dO, bo); };
+    auto fwd_call = [&] { gdn::chunk_gated_delta_rule_fwd(d.q, d.k, d.v, d.g, d.beta, fo); };
+    Timing t = time_interleaved(bwd, fwd_call, repeats, repeats);
+    double bwd_cpu = median_cpu_ms(bwd, repeats), fwd_cpu = median_cpu_ms(fwd_call, repeats);
     BenchResult r;
     r.name = c.name;
     r.shape = ot::detail::cat("B", c.B, " T", c.T, " HK", HK, " HV", HV, " D", DK);
@@ -158,11 +178,14 @@ int run(const BenchOptions& opt, const std::string& dtype, int ref_tokens) {
     r.threads = num_threads();
     r.ms = t.fast_ms;
     r.gflops = flops / (t.fast_ms * 1e6);
-    r.peak_fraction = r.gflops / matrix_peak_gflops("fp32", r.threads);
+    double peak = matrix_peak_gflops("fp32", r.threads);
+    r.peak_fraction = peak > 0 ? r.gflops / peak : 0;
     r.kernel = gemm::kernel_name(DType::f32, DType::f32, gdn::kChunk);
     r.extra["fwd_ms"] = t.ref_ms;
     r.extra["bwd_over_fwd"] = t.ref_ms > 0 ? t.fast_ms / t.ref_ms : 0;
     r.extra["fwd_plus_bwd_ms"] = t.fast_ms + t.ref_ms;
+    r.extra["bwd_cpu_ms"] = bwd_cpu;
+    r.extra["fwd_cpu_ms"] = fwd_cpu;
     if (!opt.no_ref) {
       int64_t slice_tokens = 0;
       double slice_ms = time_ref_slice(c, d, ref_tokens, &slice_tokens);
@@ -172,7 +195,8 @@ int run(const BenchOptions& opt, const std::string& dtype, int ref_tokens) {
     }
     report(opt, r);
     if (!opt.json)
-      std::printf("    fwd %.3f ms, bwd/fwd %.2fx, fwd+bwd %.3f ms%s\n", t.ref_ms, t.fast_ms / t.ref_ms, t.fast_ms + t.ref_ms,
+      std::printf("    fwd %.3f ms, bwd/fwd %.2fx, fwd+bwd %.3f ms; process CPU time bwd %.3f ms, fwd %.3f ms%s\n", t.ref_ms,
+                  t.fast_ms / t.ref_ms, t.fast_ms + t.ref_ms, bwd_cpu, fwd_cpu,
                   opt.no_ref ? "" : "; ref_ms extrapolated from a 1-key-head, first-tokens slice");
   }
   return 0;
