@@ -1,5 +1,10 @@
-// MoE backward (training): gradients of the grouped matmul and its activation epilogue.
-// Shape letters: M rows (tokens x k, sorted by expert), K in features, N out features, G groups.
+// MoE backward (training): gradients of the MoE forward operators (ot/moe.h) whose outputs carry
+// gradients: the grouped matmul and its activation epilogue, routing (permute / unpermute, init
+// routing, finalize), routers and the load-balancing losses.
+// Shape letters: T tokens, H hidden, E experts, K top-k; for the grouped matmul M rows (tokens x k,
+// sorted by expert), K in features, N out features, G groups.
+// Index conventions are the forward's (spec moe_ops.md section 2): token-major j = t*K + k,
+// k-major c = k*T + t, gather (src->dst) or scatter (dst->src) maps, -1 = dropped.
 // Conventions: activations' gradients come back in the activation dtype; weight and bias gradients
 // are fp32 (master-weight precision); compute accumulates in fp32 (reference: fp64). Every entry
 // point validates all arguments (ot::Error naming the argument) before writing anything, and
@@ -50,7 +55,96 @@ struct GroupedMatmulGrads {
 GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
                                            const TensorView& group_list, const GroupedMatmulBackwardOptions& opt = {});
 
+// ---- routing: permute / unpermute, init routing, finalize ---------------------------------------
+// moe_token_permute: permuted[sorted_indices[t*K+k]] = tokens[t] for destinations < P.
+// d_tokens[t] = sum_k d_permuted[sorted_indices[t*K+k]] (destinations >= P, i.e. rows cut by
+// num_out_tokens, contribute nothing). d_permuted [P, H]; sorted_indices [T*K] int32 -> [T, H].
+Tensor moe_token_permute_backward(const TensorView& d_permuted, const TensorView& sorted_indices, int64_t topk);
+
+// moe_token_unpermute: out[t] = sum_k probs[t,k] * permuted[d], d = sorted_indices[t*K+k] valid
+// when 0 <= d < P.  d_permuted[d] = probs[t,k] * d_out[t] (rows nobody reads get 0);
+// d_probs[t,k] = d_out[t] . permuted[d] (0 for invalid d). Without probs, K = 1 and no d_probs.
+struct TokenUnpermuteGrads {
+  Tensor d_permuted;  // [P, H] permuted's dtype
+  Tensor d_probs;     // [T, K] fp32
+};
+TokenUnpermuteGrads moe_token_unpermute_backward(const TensorView& d_out, const TensorView& permuted_tokens,
+                                                 const TensorView& sorted_indices, const TensorView& probs = {});
+
+// moe_init_routing_v2 (expanded_x[dst] = x[src / K]): d_x[n] = sum over kept (n, k) of
+// d_expanded_x[dst]. Dropped pairs (-1, capacity or active range) and rows cut by active_num
+// (dst >= rows) get nothing. d_expanded_x: dropless [rows, H], drop/pad [E, C, H].
+// expanded_row_idx [N*K]: row_idx_type 0 gather (token-major src -> dst, -1 dropped), 1 scatter
+// (dst -> src for dst < rows; dropless only). Quantised (int8) outputs carry no gradient.
+Tensor moe_init_routing_v2_backward(const TensorView& d_expanded_x, const TensorView& expanded_row_idx, int64_t num_tokens,
+                                    int64_t topk, int row_idx_type = 0);
+// moe_init_routing (v1): expanded_row_idx is k-major (c = k*N + n -> dst), rows >= min(N, active_num)*K cut.
+Tensor moe_init_routing_backward(const TensorView& d_expanded_x, const TensorView& expanded_row_idx, int64_t num_tokens, int64_t topk);
+
+// moe_finalize_routing (v1 = v2 mode 0) / v2: out[n] = x1[n] + x2[n] + sum_k s[n,k] (R[d] + bias[e]).
+//   d_expanded_x[d] = s[n,k] d_out[n]   (d = -1 in drop/pad modes: nothing; unused rows/slots 0)
+//   d_scales[n,k]  = d_out[n] . (R[d] + bias[e])   (R[-1] = 0, the bias still counts, as forward)
+//   d_bias[e]     += s[n,k] d_out[n]
+//   d_x1 = d_x2 = d_out (returned by the caller's own d_out: not copied here)
+struct FinalizeRoutingGrads {
+  Tensor d_expanded_x;  // expanded_x's shape and dtype
+  Tensor d_scales;      // [N, K] fp32 (when scales given)
+  Tensor d_bias;        // [E, H] fp32 (when bias given)
+};
+FinalizeRoutingGrads moe_finalize_routing_v2_backward(const TensorView& d_out, const TensorView& expanded_x,
+                                                      const TensorView& expanded_row_idx, const TensorView& scales = {},
+                                                      const TensorView& bias = {}, const TensorView& expert_idx = {},
+                                                      int drop_pad_mode = 0);
+
+// ---- routers: gradient to the selected scores only -------------------------------------------
+// Selection (top-k, groups, the selection bias, masks) is piecewise constant: no gradient.
+// Rows whose ids are E (finished) get zero gradient. allowed [T, E] u8 as in the forward
+// (softmax over the allowed experts only). dy [T, K] gradient of y; result d_x [T, E] fp32.
+// v1 and v2 renorm 0: y = softmax(x)[ids]  ->  d_x = p * (g - sum(g * p)), g = dy scattered to ids.
+Tensor moe_gating_top_k_softmax_backward(const TensorView& dy, const TensorView& x, const TensorView& expert_idx,
+                                         const TensorView& allowed = {});
+// v2: renorm 0 as v1; renorm 1: y = softmax over the k selected logits.
+Tensor moe_gating_top_k_softmax_v2_backward(const TensorView& dy, const TensorView& x, const TensorView& expert_idx, int renorm = 0,
+                                            const TensorView& allowed = {});
+// moe_gating_top_k (torch_npu npu_moe_gating_top_k_backward): scores [T, E] fp32 = the forward's
+// `out` (softmax or sigmoid of x, before the bias). y = scale * v, v = s[ids] (norm_type 0) or
+// s[ids] / (sum + eps) (norm_type 1); renorm 1 (softmax path) divides by the sum as well, the
+// way vllm-ascend renormalises outside the kernel.
+Tensor moe_gating_top_k_backward(const TensorView& dy, const TensorView& scores, const TensorView& expert_idx, int renorm = 0,
+                                 int norm_type = 0, float routed_scaling_factor = 1.f, float eps = 1e-20f);
+// Renormalised weights w = y / sum_k y (Qwen3 norm_topk_prob): dy = (dw - sum(dw * w)) / sum_k y.
+// y, dw [T, K] -> dy [T, K] fp32.
+Tensor topk_renorm_backward(const TensorView& dw, const TensorView& y);
+
+// ---- losses ------------------------------------------------------------------------------------
+// moe_aux_loss = coeff * E / (K T^2) * sum_i (sum_t probs[t,i]) * counts[i]: the counts are
+// constants, so d probs[t,i] = d_loss * coeff * E * counts[i] / (K T^2). -> [T, E] fp32.
+Tensor moe_aux_loss_backward(const TensorView& probs, const TensorView& tokens_per_expert, int64_t k, float coeff = 1.f,
+                             float d_loss = 1.f);
+// moe_z_loss = coeff * mean over valid t of lse_t^2: d logits[t] = d_loss * coeff * 2 lse_t softmax(logits[t]) / n_valid.
+Tensor moe_z_loss_backward(const TensorView& logits, float coeff = 1.f, const TensorView& mask = {}, float d_loss = 1.f);
+
 namespace ref {
+Tensor moe_token_permute_backward(const TensorView& d_permuted, const TensorView& sorted_indices, int64_t topk);
+TokenUnpermuteGrads moe_token_unpermute_backward(const TensorView& d_out, const TensorView& permuted_tokens,
+                                                 const TensorView& sorted_indices, const TensorView& probs = {});
+Tensor moe_init_routing_v2_backward(const TensorView& d_expanded_x, const TensorView& expanded_row_idx, int64_t num_tokens,
+                                    int64_t topk, int row_idx_type = 0);
+Tensor moe_init_routing_backward(const TensorView& d_expanded_x, const TensorView& expanded_row_idx, int64_t num_tokens, int64_t topk);
+FinalizeRoutingGrads moe_finalize_routing_v2_backward(const TensorView& d_out, const TensorView& expanded_x,
+                                                      const TensorView& expanded_row_idx, const TensorView& scales = {},
+                                                      const TensorView& bias = {}, const TensorView& expert_idx = {},
+                                                      int drop_pad_mode = 0);
+Tensor moe_gating_top_k_softmax_backward(const TensorView& dy, const TensorView& x, const TensorView& expert_idx,
+                                         const TensorView& allowed = {});
+Tensor moe_gating_top_k_softmax_v2_backward(const TensorView& dy, const TensorView& x, const TensorView& expert_idx, int renorm = 0,
+                                            const TensorView& allowed = {});
+Tensor moe_gating_top_k_backward(const TensorView& dy, const TensorView& scores, const TensorView& expert_idx, int renorm = 0,
+                                 int norm_type = 0, float routed_scaling_factor = 1.f, float eps = 1e-20f);
+Tensor topk_renorm_backward(const TensorView& dw, const TensorView& y);
+Tensor moe_aux_loss_backward(const TensorView& probs, const TensorView& tokens_per_expert, int64_t k, float coeff = 1.f,
+                             float d_loss = 1.f);
+Tensor moe_z_loss_backward(const TensorView& logits, float coeff = 1.f, const TensorView& mask = {}, float d_loss = 1.f);
 void act_backward(gemm::Act act, const TensorView& z, const TensorView& dy, const TensorView& dz);
 GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
                                            const TensorView& group_list, const GroupedMatmulBackwardOptions& opt = {});

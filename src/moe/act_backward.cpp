@@ -37,7 +37,7 @@ void act_backward(gemm::Act act, const TensorView& z, const TensorView& dy, cons
   trace::OpScope scope("act_backward");
   scope.kernel("fp32").args(z.shape_str() + " " + gemm::act_name(act));
   int64_t M = z.sizes[0], N = z.sizes[1];
-  parallel_for(M, [&](int64_t m0, int64_t m1) {
+  bwd::parallel_rows(M, N * 8, [&](int64_t m0, int64_t m1) {
     bwd::act_backward_rows(act, m0, m1, N, z.data, z.dtype, z.strides[0], dy.data, dy.dtype, dy.strides[0], dz.data, dz.dtype,
                            dz.strides[0]);
   });

@@ -49,3 +49,41 @@ namespace ot::moe::bwd {
 void for_each_span(const std::vector<Span>& spans, bool distinct_groups, FnRef<void(const Span&)> fn);
 bool groups_distinct(const std::vector<Span>& spans, int64_t groups);
 }  // namespace ot::moe::bwd
+
+namespace ot::moe::bwd {
+// Validated shapes of the routing backwards (shared by the fast paths and the references).
+struct RoutingBwdPlan {
+  int64_t T = 0, K = 1, H = 0, P = 0;  // tokens, top-k, hidden, rows of the permuted/expanded side
+  int64_t E = 0;                       // finalize: experts of the bias
+  int mode = 0;                        // finalize drop_pad_mode / init routing row_idx_type
+};
+RoutingBwdPlan plan_permute_backward(const char* op, const TensorView& d_permuted, const TensorView& sorted_indices, int64_t topk);
+RoutingBwdPlan plan_unpermute_backward(const char* op, const TensorView& d_out, const TensorView& permuted, const TensorView& sorted_indices,
+                                       const TensorView& probs);
+RoutingBwdPlan plan_init_routing_backward(const char* op, const TensorView& d_expanded_x, const TensorView& expanded_row_idx,
+                                          int64_t num_tokens, int64_t topk, int row_idx_type);
+RoutingBwdPlan plan_finalize_backward(const char* op, const TensorView& d_out, const TensorView& expanded_x, const TensorView& expanded_row_idx,
+                                      const TensorView& scales, const TensorView& bias, const TensorView& expert_idx, int drop_pad_mode);
+// Valid destinations (0 <= d < limit) must be distinct, so scattering by them never races.
+void check_distinct(const char* op, const char* arg, const int32_t* idx, int64_t n, int64_t limit);
+
+struct RouterBwdPlan { int64_t T = 0, E = 0, K = 0; };
+RouterBwdPlan plan_router_backward(const char* op, const TensorView& dy, const TensorView& x, const char* x_name, const TensorView& expert_idx,
+                                   const TensorView& allowed);
+}  // namespace ot::moe::bwd
+
+namespace ot::moe::bwd {
+std::vector<double> read_counts(const char* op, const TensorView& tokens_per_expert, int64_t E);
+void check_loss_input(const char* op, const char* arg, const TensorView& v);
+void check_mask(const char* op, const TensorView& mask, int64_t T);
+}  // namespace ot::moe::bwd
+
+namespace ot::moe::bwd {
+// parallel_for that stays on the calling thread when the work (rows x cost per row, in elements)
+// is too small to pay for waking the other threads.
+inline void parallel_rows(int64_t n, int64_t cost_per_row, FnRef<void(int64_t, int64_t)> fn) {
+  if (n <= 0) return;
+  if (n * cost_per_row < (int64_t(1) << 15)) { fn(0, n); return; }
+  parallel_for(n, fn);
+}
+}  // namespace ot::moe::bwd

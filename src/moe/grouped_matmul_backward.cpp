@@ -27,7 +27,7 @@ void for_each_span(const std::vector<Span>& spans, bool distinct_groups, FnRef<v
 }
 
 bool groups_distinct(const std::vector<Span>& spans, int64_t G) {
-  std::vector<char> seen(size_t(G), 0);
+  std::vector<char> seen(static_cast<size_t>(G), 0);
   for (const auto& s : spans) {
     if (seen[size_t(s.group)]) return false;
     seen[size_t(s.group)] = 1;
@@ -61,7 +61,8 @@ GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorVie
   trace::OpScope scope("grouped_matmul_backward");
   scope.kernel(gemm::kernel_name(x.dtype, w.dtype, M)).args(x.shape_str() + " x " + w.shape_str() + " " + gemm::act_name(opt.act));
   scope.flops(2.0 * M * K * N * ((opt.need_dx ? 1 : 0) + (opt.need_dweight ? 1 : 0) + (opt.act != gemm::Act::none && !opt.pre_act.defined() ? 1 : 0)));
-  const bool distinct = bwd::groups_distinct(p.spans, G);
+  // Parallel over groups only when they are distinct and the work pays for the threads.
+  const bool distinct = bwd::groups_distinct(p.spans, G) && M * K * N >= (int64_t(1) << 18);
 
   // dz: dy itself without activation; otherwise act'(z) * dy in dy's dtype (keeps bf16 GEMMs bf16).
   TensorView dz = dy;
@@ -83,7 +84,7 @@ GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorVie
     }
     dz_hold = Tensor::empty(dy.dtype, {M, N});
     dz = dz_hold;
-    parallel_for(M, [&](int64_t m0, int64_t m1) {
+    bwd::parallel_rows(M, N * 8, [&](int64_t m0, int64_t m1) {
       bwd::act_backward_rows(opt.act, m0, m1, N, z.data, z.dtype, z.strides[0], dy.data, dy.dtype, dy.strides[0], dz.data, dz.dtype, N);
     });
   }
@@ -96,14 +97,14 @@ GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorVie
                    bwd::mut_rows_of(r.dx, s.offset, s.count));
     });
   }
-  std::vector<char> seen(size_t(G), 0);
+  std::vector<char> seen(static_cast<size_t>(G), 0);
   for (const auto& s : p.spans) seen[size_t(s.group)] = 1;
   if (opt.need_dweight) {
     TensorView dw = opt.dweight_out;
     if (!dw.defined()) { r.dweight = Tensor::empty(DType::f32, {G, K, N}); dw = r.dweight; }
     const bool acc = opt.accumulate && opt.dweight_out.defined();
     // With repeated ids the spans run one after another, so the second one can add (beta = 1).
-    std::vector<char> written(size_t(G), 0);
+    std::vector<char> written(static_cast<size_t>(G), 0);
     bwd::for_each_span(p.spans, distinct, [&](const bwd::Span& s) {
       float beta = acc || written[size_t(s.group)] ? 1.f : 0.f;
       written[size_t(s.group)] = 1;
@@ -118,7 +119,7 @@ GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorVie
     TensorView db = opt.dbias_out;
     if (!db.defined()) { r.dbias = Tensor::empty(DType::f32, {G, N}); db = r.dbias; }
     const bool acc = opt.accumulate && opt.dbias_out.defined();
-    parallel_for(G, [&](int64_t g0, int64_t g1) {
+    bwd::parallel_rows(G, M * N / std::max<int64_t>(G, 1) + N, [&](int64_t g0, int64_t g1) {
       std::vector<float> sum(static_cast<size_t>(N)), row(static_cast<size_t>(N));
       for (int64_t g = g0; g < g1; ++g) {
         if (!seen[size_t(g)] && acc) continue;

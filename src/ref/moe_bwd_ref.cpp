@@ -1,5 +1,7 @@
 // Plain references of the MoE backward operators: loops a reader can check by eye, fp64
 // accumulation, element access through the views' strides.
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "ot/moe_bwd.h"
@@ -84,6 +86,207 @@ GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorVie
       for (int64_t n = 0; n < N; ++n) set_from_double(db, g * N + n, gb[size_t(n)] + (acc_b ? get_as_double(db, g * N + n) : 0.0));
   }
   return r;
+}
+
+// ---- routing: each backward is the forward's loop with the assignment turned around ----------
+static void add_row(const TensorView& dst, int64_t drow, const TensorView& src, int64_t srow, int64_t H, double scale) {
+  for (int64_t h = 0; h < H; ++h)
+    set_from_double(dst, drow * H + h, get_as_double(dst, drow * H + h) + scale * get_as_double(src, srow * H + h));
+}
+static double dot_rows(const TensorView& a, int64_t ra, const TensorView& b, int64_t rb, int64_t H) {
+  double s = 0;
+  for (int64_t h = 0; h < H; ++h) s += get_as_double(a, ra * H + h) * get_as_double(b, rb * H + h);
+  return s;
+}
+
+Tensor moe_token_permute_backward(const TensorView& dp, const TensorView& si, int64_t topk) {
+  auto p = bwd::plan_permute_backward("moe_token_permute_backward", dp, si, topk);
+  std::vector<double> acc(static_cast<size_t>(p.T * p.H), 0.0);
+  for (int64_t j = 0; j < p.T * p.K; ++j) {  // forward: permuted[si[j]] = tokens[j / K]
+    int64_t d = si.ptr<int32_t>()[j];
+    if (d < 0 || d >= p.P) continue;
+    for (int64_t h = 0; h < p.H; ++h) acc[size_t(j / p.K * p.H + h)] += get_as_double(dp, d * p.H + h);
+  }
+  Tensor out = Tensor::empty(dp.dtype, {p.T, p.H});
+  for (size_t i = 0; i < acc.size(); ++i) set_from_double(out, int64_t(i), acc[i]);
+  return out;
+}
+
+TokenUnpermuteGrads moe_token_unpermute_backward(const TensorView& dout, const TensorView& permuted, const TensorView& si,
+                                                 const TensorView& probs) {
+  auto p = bwd::plan_unpermute_backward("moe_token_unpermute_backward", dout, permuted, si, probs);
+  TokenUnpermuteGrads g;
+  g.d_permuted = Tensor::zeros(permuted.dtype, {p.P, p.H});
+  if (probs.defined()) g.d_probs = Tensor::zeros(DType::f32, {p.T, p.K});
+  for (int64_t t = 0; t < p.T; ++t)
+    for (int64_t k = 0; k < p.K; ++k) {  // forward: out[t] += probs[t,k] * permuted[d]
+      int64_t d = si.ptr<int32_t>()[t * p.K + k];
+      if (d < 0 || d >= p.P) continue;
+      double pr = probs.defined() ? get_as_double(probs, t * p.K + k) : 1.0;
+      add_row(g.d_permuted, d, dout, t, p.H, pr);
+      if (probs.defined()) g.d_probs.ptr<float>()[t * p.K + k] = float(dot_rows(dout, t, permuted, d, p.H));
+    }
+  return g;
+}
+
+static Tensor expanded_to_tokens(const TensorView& dex, int64_t N, int64_t K, int64_t H, int64_t P, const std::vector<int64_t>& dst_of_j) {
+  std::vector<double> acc(static_cast<size_t>(N * H), 0.0);
+  for (int64_t j = 0; j < N * K; ++j) {  // forward: expanded[dst_of_j[j]] = x[j / K]
+    int64_t d = dst_of_j[size_t(j)];
+    if (d < 0 || d >= P) continue;
+    for (int64_t h = 0; h < H; ++h) acc[size_t(j / K * H + h)] += get_as_double(dex, d * H + h);
+  }
+  Tensor out = Tensor::empty(dex.dtype, {N, H});
+  for (size_t i = 0; i < acc.size(); ++i) set_from_double(out, int64_t(i), acc[i]);
+  return out;
+}
+
+Tensor moe_init_routing_v2_backward(const TensorView& dex, const TensorView& idx, int64_t N, int64_t K, int type) {
+  auto p = bwd::plan_init_routing_backward("moe_init_routing_v2_backward", dex, idx, N, K, type);
+  std::vector<int64_t> dst(static_cast<size_t>(N * K), -1);
+  const int32_t* s = idx.ptr<int32_t>();
+  if (type == 0) for (int64_t j = 0; j < N * K; ++j) dst[size_t(j)] = s[j];
+  else for (int64_t i = 0; i < p.P; ++i) dst[size_t(s[i])] = i;
+  return expanded_to_tokens(dex, N, K, p.H, p.P, dst);
+}
+
+Tensor moe_init_routing_backward(const TensorView& dex, const TensorView& idx, int64_t N, int64_t K) {
+  auto p = bwd::plan_init_routing_backward("moe_init_routing_backward", dex, idx, N, K, 0);
+  std::vector<int64_t> dst(static_cast<size_t>(N * K));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) dst[size_t(n * K + k)] = idx.ptr<int32_t>()[k * N + n];  // k-major
+  return expanded_to_tokens(dex, N, K, p.H, p.P, dst);
+}
+
+FinalizeRoutingGrads moe_finalize_routing_v2_backward(const TensorView& dout, const TensorView& ex, const TensorView& idx, const TensorView& scales,
+                                                      const TensorView& bias, const TensorView& expert_idx, int mode) {
+  auto p = bwd::plan_finalize_backward("moe_finalize_routing_v2_backward", dout, ex, idx, scales, bias, expert_idx, mode);
+  const int64_t N = p.T, K = p.K, H = p.H;
+  FinalizeRoutingGrads g;
+  g.d_expanded_x = Tensor::zeros(ex.dtype, ex.shape());
+  TensorView R = ex.reshape({p.P, H}), dR = g.d_expanded_x.view().reshape({p.P, H});
+  if (scales.defined()) g.d_scales = Tensor::zeros(DType::f32, {N, K});
+  if (bias.defined()) g.d_bias = Tensor::zeros(DType::f32, {p.E, H});
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {  // forward: out[n] += s * (R[d] + bias[e])
+      int64_t d = idx.ptr<int32_t>()[mode <= 1 ? k * N + n : n * K + k];
+      double s = scales.defined() ? get_as_double(scales, n * K + k) : 1.0;
+      int64_t e = bias.defined() ? expert_idx.ptr<int32_t>()[n * K + k] : -1;
+      if (d >= 0) add_row(dR, d, dout, n, H, s);
+      if (e >= 0) add_row(g.d_bias, e, dout, n, H, s);
+      if (scales.defined())
+        g.d_scales.ptr<float>()[n * K + k] = float((d >= 0 ? dot_rows(dout, n, R, d, H) : 0.0) + (e >= 0 ? dot_rows(dout, n, bias, e, H) : 0.0));
+    }
+  return g;
+}
+
+// ---- routers: explicit Jacobians, d_x[j] = sum_k dy[k] * d y[k] / d x[j] ----------------------
+static std::vector<double> softmax_ref(const TensorView& x, int64_t t, int64_t E, const TensorView& allowed) {
+  std::vector<double> p(static_cast<size_t>(E), 0.0);
+  double m = -std::numeric_limits<double>::infinity(), s = 0;
+  auto ok = [&](int64_t e) { return !allowed.defined() || allowed.ptr<uint8_t>()[t * E + e]; };
+  for (int64_t e = 0; e < E; ++e) if (ok(e)) m = std::max(m, get_as_double(x, t * E + e));
+  for (int64_t e = 0; e < E; ++e) if (ok(e)) s += std::exp(get_as_double(x, t * E + e) - m);
+  for (int64_t e = 0; e < E; ++e) p[size_t(e)] = ok(e) ? std::exp(get_as_double(x, t * E + e) - m) / s : 0.0;
+  return p;
+}
+
+Tensor moe_gating_top_k_softmax_backward(const TensorView& dy, const TensorView& x, const TensorView& ids, const TensorView& allowed) {
+  return moe_gating_top_k_softmax_v2_backward(dy, x, ids, 0, allowed);
+}
+
+Tensor moe_gating_top_k_softmax_v2_backward(const TensorView& dy, const TensorView& x, const TensorView& ids, int renorm, const TensorView& allowed) {
+  auto p = bwd::plan_router_backward("moe_gating_top_k_softmax_backward", dy, x, "x", ids, allowed);
+  const int64_t E = p.E, K = p.K;
+  Tensor dx = Tensor::zeros(DType::f32, {p.T, E});
+  for (int64_t t = 0; t < p.T; ++t) {
+    const int32_t* id = ids.ptr<int32_t>() + t * K;
+    if (id[0] == E) continue;  // finished
+    if (renorm == 0) {
+      auto pr = softmax_ref(x, t, E, allowed);
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < E; ++j)  // d p_i / d x_j = p_i (delta_ij - p_j)
+          dx.ptr<float>()[t * E + j] += float(get_as_double(dy, t * K + k) * pr[size_t(id[k])] * ((id[k] == j) - pr[size_t(j)]));
+    } else {
+      std::vector<double> y(static_cast<size_t>(K));
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += (y[size_t(k)] = std::exp(get_as_double(x, t * E + id[k])));
+      for (auto& v : y) v /= s;
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < K; ++j)
+          dx.ptr<float>()[t * E + id[j]] += float(get_as_double(dy, t * K + k) * y[size_t(k)] * ((k == j) - y[size_t(j)]));
+    }
+  }
+  return dx;
+}
+
+Tensor moe_gating_top_k_backward(const TensorView& dy, const TensorView& sc, const TensorView& ids, int renorm, int norm_type, float rsf,
+                                 float eps) {
+  auto p = bwd::plan_router_backward("moe_gating_top_k_backward", dy, sc, "scores", ids, {});
+  const int64_t E = p.E, K = p.K;
+  Tensor dx = Tensor::zeros(DType::f32, {p.T, E});
+  for (int64_t t = 0; t < p.T; ++t) {
+    const int32_t* id = ids.ptr<int32_t>() + t * K;
+    if (id[0] == E) continue;
+    double S = 0;
+    for (int64_t k = 0; k < K; ++k) S += get_as_double(sc, t * E + id[k]);
+    std::vector<double> ds(static_cast<size_t>(E), 0.0);  // gradient of the scores s
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t j = 0; j < K; ++j) {  // y_k = rsf * s_k / (S + eps)  or  rsf * s_k
+        double sk = get_as_double(sc, t * E + id[k]);
+        double dyk_dsj = (norm_type == 1 || renorm == 1) ? rsf * ((k == j) / (S + eps) - sk / ((S + eps) * (S + eps))) : rsf * (k == j);
+        ds[size_t(id[j])] += get_as_double(dy, t * K + k) * dyk_dsj;
+      }
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t j = 0; j < E; ++j) {  // s = softmax(x): ds_e/dx_j = s_e (delta - s_j); sigmoid: delta s (1 - s)
+        double se = get_as_double(sc, t * E + e), sj = get_as_double(sc, t * E + j);
+        double jac = norm_type == 0 ? se * ((e == j) - sj) : (e == j) * se * (1 - se);
+        dx.ptr<float>()[t * E + j] += float(ds[size_t(e)] * jac);
+      }
+  }
+  return dx;
+}
+
+Tensor topk_renorm_backward(const TensorView& dw, const TensorView& y) {
+  const int64_t T = y.size(0), K = y.size(1);
+  Tensor d = Tensor::zeros(DType::f32, {T, K});
+  for (int64_t t = 0; t < T; ++t) {
+    double S = 0;
+    for (int64_t k = 0; k < K; ++k) S += get_as_double(y, t * K + k);
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t j = 0; j < K; ++j)  // w_k = y_k / S: dw_k/dy_j = delta/S - y_k/S^2
+        d.ptr<float>()[t * K + j] += float(get_as_double(dw, t * K + k) * ((k == j) / S - get_as_double(y, t * K + k) / (S * S)));
+  }
+  return d;
+}
+
+// ---- losses ----
+Tensor moe_aux_loss_backward(const TensorView& probs, const TensorView& tpe, int64_t k, float coeff, float d_loss) {
+  bwd::check_loss_input("moe_aux_loss_backward", "probs", probs);
+  const int64_t T = probs.size(0), E = probs.size(1);
+  auto counts = bwd::read_counts("moe_aux_loss_backward", tpe, E);
+  Tensor d = Tensor::zeros(DType::f32, {T, E});
+  for (int64_t t = 0; t < T; ++t)  // loss = coeff * E * sum_i (counts_i / (T K)) * (sum_t probs[t,i] / T)
+    for (int64_t i = 0; i < E; ++i) d.ptr<float>()[t * E + i] = float(double(d_loss) * coeff * double(E) * counts[size_t(i)] / (double(T) * double(k)) / double(T));
+  return d;
+}
+
+Tensor moe_z_loss_backward(const TensorView& logits, float coeff, const TensorView& mask, float d_loss) {
+  bwd::check_loss_input("moe_z_loss_backward", "logits", logits);
+  const int64_t T = logits.size(0), E = logits.size(1);
+  bwd::check_mask("moe_z_loss_backward", mask, T);
+  int64_t n = 0;
+  for (int64_t t = 0; t < T; ++t) n += !mask.defined() || mask.ptr<uint8_t>()[t];
+  Tensor d = Tensor::zeros(DType::f32, {T, E});
+  for (int64_t t = 0; t < T; ++t) {
+    if (mask.defined() && !mask.ptr<uint8_t>()[t]) continue;
+    auto p = softmax_ref(logits, t, E, {});
+    double s = 0;  // lse = log sum exp; d lse^2 / dx_e = 2 lse softmax_e
+    for (int64_t e = 0; e < E; ++e) s += std::exp(get_as_double(logits, t * E + e));
+    double lse = std::log(s);
+    for (int64_t e = 0; e < E; ++e) d.ptr<float>()[t * E + e] = float(double(d_loss) * coeff * 2 * lse * p[size_t(e)] / double(std::max<int64_t>(n, 1)));
+  }
+  return d;
 }
 
 }  // namespace ot::moe::ref

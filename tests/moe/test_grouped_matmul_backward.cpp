@@ -37,7 +37,7 @@ struct GmmCase {
 std::vector<double> gmm_fwd64(const GmmCase& c, const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& b) {
   int64_t K = c.K, N = c.N, no = c.act == Act::swiglu ? N / 2 : N, off = 0, M = 0;
   for (auto n : c.counts) M += n;
-  std::vector<double> y(size_t(M * no)), z(static_cast<size_t>(N));
+  std::vector<double> y(static_cast<size_t>(M * no)), z(static_cast<size_t>(N));
   for (size_t g = 0; g < c.counts.size(); ++g) {
     for (int64_t m = off; m < off + c.counts[g]; ++m) {
       for (int64_t n = 0; n < N; ++n) {
