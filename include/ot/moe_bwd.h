@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "ot/gemm.h"
+#include "ot/moe.h"
 #include "ot/tensor.h"
 
 namespace ot::moe {
@@ -124,7 +125,69 @@ Tensor moe_aux_loss_backward(const TensorView& probs, const TensorView& tokens_p
 // moe_z_loss = coeff * mean over valid t of lse_t^2: d logits[t] = d_loss * coeff * 2 lse_t softmax(logits[t]) / n_valid.
 Tensor moe_z_loss_backward(const TensorView& logits, float coeff = 1.f, const TensorView& mask = {}, float d_loss = 1.f);
 
+// ---- moe_ffn_backward: the whole layer --------------------------------------------------------
+// Layer (as ot::moe::moe_ffn, EHI weights): logits = x R^T; (ids, w) = router(logits);
+//   y[t] = residual[t] + shared(x[t]) + sum over kept (t, k) of w[t,k] * FFN_e(x[t]),
+//   FFN_e(v) = (silu(v Wg_e) * (v Wu_e)) Wd_e.
+// Training runs moe_ffn_forward_train (same result as moe_ffn, on unpacked weights) which keeps
+// what the backward needs, then moe_ffn_backward. What is kept and what is recomputed:
+//   kept:        router logits, ids, weights (before and after norm_topk_prob), gating scores
+//                (all [T, E] or [T, K]: small); the routing plan; the gate/up pre-activation
+//                z [A, 2I] (A = kept pairs) in x's dtype, since recomputing it costs a third of
+//                the layer's forward FLOPs; the shared expert's z [T, 2Is].
+//   recomputed:  the gathered x rows (a copy), a = silu(g) * u and its derivative (element-wise
+//                from z).
+//   never built: the down projection output o: d w[t,k] = dy[t] . o = (dy[t] Wd^T) . a, and
+//                dy[t] Wd^T is needed for d a anyway.
+// Backward FLOPs: 2x the expert forward (dx, dW for each of the three projections).
+struct MoeFfnWeights {
+  TensorView router;                    // [E, H]
+  TensorView gate, up;                  // [E, H, I]
+  TensorView down;                      // [E, I, H]
+  TensorView shared_gate, shared_up;    // [H, Is] (optional shared expert, weight 1)
+  TensorView shared_down;               // [Is, H]
+};
+struct MoeFfnSaved {
+  int64_t T = 0, H = 0, E = 0, K = 0, I = 0, Is = 0;
+  DType dtype = DType::f32;
+  Tensor router_logits;  // [T, E] fp32
+  Tensor topk_ids;       // [T, K] int32
+  Tensor router_y;       // [T, K] fp32 router output (before norm_topk_prob)
+  Tensor topk_weights;   // [T, K] fp32 combine weights
+  Tensor scores;         // [T, E] fp32 gating_top_k scores (that router only)
+  RoutingPlan plan;      // kept pairs sorted by expert
+  Tensor z;              // [A, 2I] x's dtype: [gate | up] pre-activation
+  Tensor shared_z;       // [T, 2Is]
+  Tensor expert_counts;  // [E] int64
+  int64_t dropped = 0;
+};
+struct MoeFfnTrainResult {
+  Tensor y;          // [T, H] x's dtype
+  MoeFfnSaved saved;
+};
+// opt as for moe_ffn; opt.shared is ignored (the shared expert comes from w.shared_*).
+MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights& w, const MoeFfnOptions& opt = {});
+
+struct MoeFfnBackwardOptions {
+  float aux_loss_coeff = 0;  // > 0: add moe_aux_loss (on the softmax / normalised sigmoid probs) to the loss
+  float z_loss_coeff = 0;    // > 0: add moe_z_loss of the router logits
+};
+struct MoeFfnGrads {
+  Tensor dx;                                          // [T, H] x's dtype (d residual = dy: the caller's)
+  Tensor d_router;                                    // [E, H] fp32
+  Tensor d_gate, d_up, d_down;                        // [E, H, I], [E, H, I], [E, I, H] fp32
+  Tensor d_shared_gate, d_shared_up, d_shared_down;   // [H, Is], [H, Is], [Is, H] fp32
+  float aux_loss = 0, z_loss = 0;                     // values of the added losses
+};
+// dy [T, H] in x's dtype; x, w, opt: those of the forward; saved: its result.
+MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const MoeFfnWeights& w, const MoeFfnSaved& saved,
+                             const MoeFfnOptions& opt = {}, const MoeFfnBackwardOptions& bopt = {});
+
 namespace ref {
+// fp64 per-token reference of the layer's gradients (router selection from the forward's reference
+// router, then every projection differentiated row by row).
+MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const MoeFfnWeights& w, const MoeFfnOptions& opt = {},
+                             const MoeFfnBackwardOptions& bopt = {});
 Tensor moe_token_permute_backward(const TensorView& d_permuted, const TensorView& sorted_indices, int64_t topk);
 TokenUnpermuteGrads moe_token_unpermute_backward(const TensorView& d_out, const TensorView& permuted_tokens,
                                                  const TensorView& sorted_indices, const TensorView& probs = {});

@@ -7,6 +7,7 @@
 #include "ot/moe_bwd.h"
 #include "src/moe/act_grad_math.h"
 #include "src/moe/bwd_common.h"
+#include "src/moe/ffn_bwd_common.h"
 
 namespace ot::moe::ref {
 
@@ -287,6 +288,156 @@ Tensor moe_z_loss_backward(const TensorView& logits, float coeff, const TensorVi
     for (int64_t e = 0; e < E; ++e) d.ptr<float>()[t * E + e] = float(double(d_loss) * coeff * 2 * lse * p[size_t(e)] / double(std::max<int64_t>(n, 1)));
   }
   return d;
+}
+
+
+static Tensor from_doubles(const std::vector<int64_t>& shape, const std::vector<double>& v) {
+  Tensor t = Tensor::empty(DType::f32, shape);
+  for (size_t i = 0; i < v.size(); ++i) t.ptr<float>()[i] = float(v[i]);
+  return t;
+}
+
+// ---- moe_ffn_backward: per token, every projection differentiated in fp64 ----------------------
+MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const MoeFfnWeights& w, const MoeFfnOptions& o,
+                             const MoeFfnBackwardOptions& bo) {
+  const char* op = "moe_ffn_backward";
+  bwd::FfnDims d;
+  bwd::check_ffn(op, x, w, o, d);
+  bwd::check_shape(op, "dy", dy, {d.T, d.H});
+  const int64_t T = d.T, H = d.H, E = d.E, K = d.K, I = d.I, Is = d.Is;
+  auto X = [&](int64_t t, int64_t h) { return get_as_double(x, t * H + h); };
+  // Router logits and selection (the forward's reference router).
+  Tensor logits = Tensor::empty(DType::f32, {T, E});
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < E; ++e) {
+      double s = 0;
+      for (int64_t h = 0; h < H; ++h) s += X(t, h) * at2(w.router, e, h);
+      logits.ptr<float>()[t * E + e] = float(s);
+    }
+  GatingResult gr;
+  switch (o.router) {
+    case RouterKind::softmax_topk: gr = ref::moe_gating_top_k_softmax(logits, K, {}, o.allowed); break;
+    case RouterKind::softmax_topk_v2: gr = ref::moe_gating_top_k_softmax_v2(logits, K, {}, o.renorm, false, o.allowed); break;
+    case RouterKind::gating_top_k: {
+      GatingTopKOptions go = o.gating;
+      go.k = K;
+      go.allowed = o.allowed;
+      go.out_flag = true;
+      gr = ref::moe_gating_top_k(logits, go);
+      break;
+    }
+  }
+  const bool renorm = o.norm_topk_prob && o.router != RouterKind::gating_top_k;
+  std::vector<double> wts(static_cast<size_t>(T * K));
+  for (int64_t t = 0; t < T; ++t) {
+    double S = 0;
+    for (int64_t k = 0; k < K; ++k) S += get_as_double(gr.y, t * K + k);
+    for (int64_t k = 0; k < K; ++k) wts[size_t(t * K + k)] = get_as_double(gr.y, t * K + k) / (renorm ? S : 1.0);
+  }
+  // Capacity: within an expert, earlier tokens keep their place.
+  int64_t cap = o.capacity_factor > 0 ? moe_capacity(T, K, E, o.capacity_factor) : o.expert_capacity;
+  std::vector<int64_t> seen(static_cast<size_t>(E), 0), counts(static_cast<size_t>(E), 0);
+  std::vector<char> kept(static_cast<size_t>(T * K));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      int32_t e = gr.expert_idx.ptr<int32_t>()[t * K + k];
+      counts[size_t(e)]++;
+      kept[size_t(t * K + k)] = cap < 0 || seen[size_t(e)]++ < cap;
+    }
+
+  MoeFfnGrads g;
+  g.d_gate = Tensor::zeros(DType::f32, {E, H, I});
+  g.d_up = Tensor::zeros(DType::f32, {E, H, I});
+  g.d_down = Tensor::zeros(DType::f32, {E, I, H});
+  std::vector<double> dx(static_cast<size_t>(T * H), 0.0), dwts(static_cast<size_t>(T * K), 0.0);
+  std::vector<double> zg(size_t(std::max(I, Is))), zu(zg.size()), a(zg.size()), gv(zg.size()), dzg(zg.size()), dzu(zg.size());
+  // One SwiGLU expert on token t: adds its weight, input gradients; returns dy . output.
+  auto expert = [&](int64_t t, const TensorView& Wg, const TensorView& Wu, const TensorView& Wd, int64_t n, double wt, float* dWg, float* dWu,
+                    float* dWd) {
+    for (int64_t i = 0; i < n; ++i) {
+      zg[size_t(i)] = zu[size_t(i)] = 0;
+      for (int64_t h = 0; h < H; ++h) { zg[size_t(i)] += X(t, h) * at2(Wg, h, i); zu[size_t(i)] += X(t, h) * at2(Wu, h, i); }
+      a[size_t(i)] = zg[size_t(i)] * detail::sigmoid(zg[size_t(i)]) * zu[size_t(i)];
+      gv[size_t(i)] = 0;
+      for (int64_t h = 0; h < H; ++h) gv[size_t(i)] += at2(Wd, i, h) * get_as_double(dy, t * H + h);
+    }
+    double dot = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      dot += gv[size_t(i)] * a[size_t(i)];
+      detail::swiglu_grad(zg[size_t(i)], zu[size_t(i)], wt * gv[size_t(i)], &dzg[size_t(i)], &dzu[size_t(i)]);
+      for (int64_t h = 0; h < H; ++h) {
+        dWd[i * H + h] += float(wt * a[size_t(i)] * get_as_double(dy, t * H + h));
+        dWg[h * n + i] += float(X(t, h) * dzg[size_t(i)]);
+        dWu[h * n + i] += float(X(t, h) * dzu[size_t(i)]);
+        dx[size_t(t * H + h)] += at2(Wg, h, i) * dzg[size_t(i)] + at2(Wu, h, i) * dzu[size_t(i)];
+      }
+    }
+    return dot;
+  };
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      if (!kept[size_t(t * K + k)]) continue;
+      int64_t e = gr.expert_idx.ptr<int32_t>()[t * K + k];
+      dwts[size_t(t * K + k)] = expert(t, w.gate.select(0, e), w.up.select(0, e), w.down.select(0, e), I, wts[size_t(t * K + k)],
+                                       g.d_gate.ptr<float>() + e * H * I, g.d_up.ptr<float>() + e * H * I, g.d_down.ptr<float>() + e * I * H);
+    }
+  if (Is > 0) {
+    g.d_shared_gate = Tensor::zeros(DType::f32, {H, Is});
+    g.d_shared_up = Tensor::zeros(DType::f32, {H, Is});
+    g.d_shared_down = Tensor::zeros(DType::f32, {Is, H});
+    for (int64_t t = 0; t < T; ++t)
+      expert(t, w.shared_gate, w.shared_up, w.shared_down, Is, 1.0, g.d_shared_gate.ptr<float>(), g.d_shared_up.ptr<float>(), g.d_shared_down.ptr<float>());
+  }
+  // Router: weights -> (renorm) -> router backward; losses on the logits.
+  Tensor dw = from_doubles({T, K}, dwts);
+  Tensor dyr = renorm ? topk_renorm_backward(dw, gr.y) : dw;
+  Tensor dl;
+  switch (o.router) {
+    case RouterKind::softmax_topk: dl = moe_gating_top_k_softmax_backward(dyr, logits, gr.expert_idx, o.allowed); break;
+    case RouterKind::softmax_topk_v2: dl = moe_gating_top_k_softmax_v2_backward(dyr, logits, gr.expert_idx, o.renorm, o.allowed); break;
+    case RouterKind::gating_top_k:
+      dl = moe_gating_top_k_backward(dyr, gr.scores, gr.expert_idx, o.gating.renorm, o.gating.norm_type, o.gating.routed_scaling_factor, o.gating.eps);
+      break;
+  }
+  std::vector<double> dlog(static_cast<size_t>(T * E));
+  for (int64_t i = 0; i < T * E; ++i) dlog[size_t(i)] = dl.ptr<float>()[i];
+  Tensor cnt = Tensor::empty(DType::i64, {E});
+  for (int64_t e = 0; e < E; ++e) cnt.ptr<int64_t>()[e] = counts[size_t(e)];
+  if (bo.aux_loss_coeff > 0) {  // probs = softmax (or s / sum s for sigmoid): chain through the full Jacobian
+    const bool sig = o.router == RouterKind::gating_top_k && o.gating.norm_type == 1;
+    std::vector<double> P(static_cast<size_t>(T * E)), base(static_cast<size_t>(T * E));
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> p = sig ? std::vector<double>(size_t(E)) : softmax_ref(logits, t, E, o.allowed);
+      double S = 0;
+      for (int64_t e = 0; e < E; ++e) S += base[size_t(t * E + e)] = sig ? 1 / (1 + std::exp(-double(logits.ptr<float>()[t * E + e]))) : p[size_t(e)];
+      for (int64_t e = 0; e < E; ++e) P[size_t(t * E + e)] = base[size_t(t * E + e)] / S;
+    }
+    Tensor probs = from_doubles({T, E}, P);
+    g.aux_loss = ref::moe_aux_loss(probs, cnt, K, bo.aux_loss_coeff);
+    Tensor dp = moe_aux_loss_backward(probs, cnt, K, bo.aux_loss_coeff);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t j = 0; j < E; ++j) {  // d P_e / d x_j
+          double Pe = P[size_t(t * E + e)], Pj = P[size_t(t * E + j)], sj = base[size_t(t * E + j)];
+          double jac = sig ? ((e == j) - Pe) * Pj * (1 - sj) : Pe * ((e == j) - Pj);
+          dlog[size_t(t * E + j)] += dp.ptr<float>()[t * E + e] * jac;
+        }
+  }
+  if (bo.z_loss_coeff > 0) {
+    g.z_loss = ref::moe_z_loss(logits, bo.z_loss_coeff);
+    Tensor dz = moe_z_loss_backward(logits, bo.z_loss_coeff);
+    for (int64_t i = 0; i < T * E; ++i) dlog[size_t(i)] += dz.ptr<float>()[i];
+  }
+  g.d_router = Tensor::zeros(DType::f32, {E, H});
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t h = 0; h < H; ++h) {
+        g.d_router.ptr<float>()[e * H + h] += float(dlog[size_t(t * E + e)] * X(t, h));
+        dx[size_t(t * H + h)] += dlog[size_t(t * E + e)] * at2(w.router, e, h);
+      }
+  g.dx = Tensor::empty(x.dtype, {T, H});
+  for (int64_t i = 0; i < T * H; ++i) set_from_double(g.dx, i, dx[size_t(i)]);
+  return g;
 }
 
 }  // namespace ot::moe::ref
