@@ -10,6 +10,7 @@ PKGS=(
   python3-pytest pybind11-dev python3-dev
   libdnnl-dev                                   # oneDNN: benchmark-only comparison
   python3-matplotlib                            # charts of `ot report`
+  fortunes-min                                  # text corpus of `ot train-moe`
 )
 missing=()
 for p in "${PKGS[@]}"; do
