@@ -208,7 +208,11 @@ int run_bench(const BenchOptions& opt, const EpArgs& a) {
     int64_t bytes = 0;
     DispatchResult d;
     Tensor y;
-    auto dispatch = [&] { d = moe_distribute_dispatch(comm, r.x, r.ids, r.w, o); };
+    auto dispatch = [&] {
+      d = DispatchResult();  // a serving loop drops the previous step's tensors first: reuse, no new pages
+      y = Tensor();
+      d = moe_distribute_dispatch(comm, r.x, r.ids, r.w, o);
+    };
     // Identity experts (untimed): the expert output is the received row, dequantised when int8.
     auto experts = [&] {
       y = d.expand_x;
@@ -221,6 +225,7 @@ int run_bench(const BenchOptions& opt, const EpArgs& a) {
       }
     };
     auto combine = [&] {
+      out = Tensor();
       PendingCombine pc = moe_distribute_combine_start(comm, y, d);
       out = pc.wait();
       bytes = d.bytes_sent + pc.bytes_sent();
