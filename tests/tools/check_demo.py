@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""End-to-end test of `ot demo`: usage: check_demo.py OT_BINARY WORKDIR.
+
+1. The default run with --trace exits 0 (its verification passed) and the trace is Chrome trace
+   JSON holding exactly one complete event per operator call the model makes (counts derived here
+   from the printed config, independently of the demo's own tables), nested calls inside their parent.
+2. Config files with a bad value, a wrong type or an unknown key fail with an error naming the field.
+"""
+import json
+import os
+import subprocess
+import sys
+
+ot, work = sys.argv[1], sys.argv[2]
+os.makedirs(work, exist_ok=True)
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAIL:", msg)
+
+
+def run(args):
+    return subprocess.run([ot, "demo", *args], capture_output=True, text=True, timeout=900)
+
+
+# ---- the default run and its trace ------------------------------------------------------------
+cfg = json.loads(run(["--print-config"]).stdout)
+L = cfg["model"]["layers"]
+S = cfg["run"]["decode_steps"]
+trace_path = os.path.join(work, "trace.json")
+if os.path.exists(trace_path):
+    os.remove(trace_path)
+r = run(["--trace", trace_path])
+print(r.stdout)
+print(r.stderr, file=sys.stderr)
+check(r.returncode == 0, f"default run exited {r.returncode}")
+check("verification passed" in r.stdout, "default run did not report a passed verification")
+
+with open(trace_path) as f:
+    trace = json.load(f)  # raises (test fails) when the file is not JSON
+events = trace["traceEvents"]
+ops = [e for e in events if e.get("cat") == "op"]
+for e in events:
+    check(e.get("ph") == "X" and e["dur"] >= 0 and isinstance(e["ts"], (int, float)), f"malformed event {e}")
+
+# Calls per step of the model: per block 2 rms_norm, in_proj, the GDN core, gated_rms_norm,
+# out_proj, moe_ffn; per step one embedding, gather_rows, final rms_norm, lm_head, argmax.
+steps = 1 + S
+expected = {
+    "embedding": steps,
+    "rms_norm": steps * (2 * L + 1),
+    "in_proj": steps * L,
+    "gated_rms_norm": steps * L,
+    "out_proj": steps * L,
+    "gather_rows": steps,
+    "lm_head": steps,
+    "argmax": steps,
+}
+names = {e["name"] for e in ops}
+if "chunk_gated_delta_rule_fwd" in names or "recurrent_gated_delta_rule" in names:
+    expected.update({"chunk_gated_delta_rule_fwd": L, "gdn_gates": L, "gdn_cache_store": L, "recurrent_gated_delta_rule": S * L})
+if "moe_ffn" in names:
+    expected["moe_ffn"] = steps * L
+
+# Top-level calls only: an event inside another one (an operator calling a public operator) is
+# that operator's child and is not a call the model made.
+ops.sort(key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"]))
+top, stack = [], []
+for e in ops:
+    while stack and (stack[-1]["pid"], stack[-1]["tid"]) == (e["pid"], e["tid"]) and stack[-1]["ts"] + stack[-1]["dur"] < e["ts"] + e["dur"] - 1e-3:
+        stack.pop()
+    if stack and (stack[-1]["pid"], stack[-1]["tid"]) != (e["pid"], e["tid"]):
+        stack = []
+    if not stack:
+        top.append(e)
+    stack.append(e)
+counts = {}
+for e in top:
+    counts[e["name"]] = counts.get(e["name"], 0) + 1
+for name, n in expected.items():
+    check(counts.get(name, 0) == n, f"trace holds {counts.get(name, 0)} top-level '{name}' events, expected {n}")
+extra = set(counts) - set(expected)
+check(not extra, f"unexpected top-level operator events: {sorted(extra)}")
+phases = [e for e in events if e.get("cat") == "phase"]
+check(len(phases) == 1 + S, f"expected {1 + S} phase events (prefill + decode steps), got {len(phases)}")
+print(f"trace: {len(events)} events, top-level operator calls {counts}")
+
+# ---- bad configs -------------------------------------------------------------------------------
+bad = [
+    ({"model": {"gdn": {"value_heads": 6}}}, "model.gdn.value_heads"),  # not a multiple of key_heads (4)
+    ({"model": {"moe": {"top_k": 0}}}, "model.moe.top_k"),
+    ({"run": {"decode_steps": "many"}}, "run.decode_steps"),
+    ({"run": {"prefill_lengths": [5, 0]}}, "run.prefill_lengths[1]"),
+    ({"model": {"hiden": 1024}}, "model.hiden"),
+    ({"model": {"dtype": "int8"}}, "model.dtype"),
+]
+for i, (doc, field) in enumerate(bad):
+    path = os.path.join(work, f"bad{i}.json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    r = run(["--config", path])
+    check(r.returncode != 0, f"config {doc} was accepted")
+    check(field in r.stderr and "error" in r.stderr, f"config {doc}: error does not name '{field}': {r.stderr.strip()!r}")
+
+if failures:
+    print(f"{len(failures)} check(s) failed")
+    sys.exit(1)
+print("all demo checks passed")

@@ -1,0 +1,352 @@
+#include "demo_model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "ot/cpu.h"
+#include "ot/error.h"
+#include "ot/numeric.h"
+#include "ot/parallel.h"
+
+// The library's operators are plugged in as they land on main (1 = call them).
+#define OT_DEMO_GDN 0
+#define OT_DEMO_MOE 0
+#if OT_DEMO_GDN
+#include "ot/gdn.h"
+#endif
+#if OT_DEMO_MOE
+#include "ot/moe.h"
+#endif
+
+namespace ot::demo {
+
+// ---- random weights ---------------------------------------------------------------------------
+
+namespace {
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Counter-based generator: element i of tensor `id` is a function of (seed, id, i), so weights are
+// the same whatever the thread count (and on every MPI rank).
+class Init {
+ public:
+  explicit Init(uint64_t seed) : seed_(seed) {}
+  // Uniform with standard deviation `std` (and mean `mean`).
+  Tensor uniform(DType dt, const std::vector<int64_t>& shape, double std, double mean = 0) {
+    Tensor t = Tensor::empty(dt, shape);
+    const uint64_t key = splitmix(seed_ ^ splitmix(++count_));
+    const double half = std * std::sqrt(3.0);
+    parallel_for(t.numel(), [&](int64_t i0, int64_t i1) {
+      std::vector<float> buf(4096);
+      for (int64_t i = i0; i < i1; i += 4096) {
+        int64_t n = std::min<int64_t>(4096, i1 - i);
+        for (int64_t j = 0; j < n; ++j) {
+          double u = double(splitmix(key + uint64_t(i + j)) >> 11) * 0x1.0p-53;  // [0, 1)
+          buf[size_t(j)] = float(mean + (2 * u - 1) * half);
+        }
+        convert_from_f32(buf.data(), static_cast<char*>(t.view().data) + size_t(i) * dtype_size(dt), dt, n);
+      }
+    });
+    return t;
+  }
+  std::vector<float> vec(int64_t n, double lo, double hi) {
+    Tensor t = uniform(DType::f32, {n}, (hi - lo) / std::sqrt(12.0), (lo + hi) / 2);
+    return {t.ptr<float>(), t.ptr<float>() + n};
+  }
+
+ private:
+  uint64_t seed_, count_ = 0;
+};
+
+}  // namespace
+
+struct Layer {
+  // GDN mixer
+  std::vector<float> in_norm, o_norm, A_log, dt_bias;
+  Tensor A_log_t, dt_bias_t;  // [HV] fp32 views for the fused decode gates
+  Linear in_proj, out_proj;
+  // MoE FFN
+  std::vector<float> post_norm;
+  Tensor router_w;                // [E, H]
+  Tensor gate, up, down;          // [E, H, I], [E, H, I], [E, I, H] (kept for the reference)
+  Tensor sh_gate, sh_up, sh_down; // [1, H, Is] ... (kept for the reference)
+#if OT_DEMO_MOE
+  gemm::PackedB router;
+  moe::MoeExperts experts, shared;
+#endif
+};
+
+void Verifier::add(const std::string& op, double err) {
+  Entry& e = ops[op];
+  ++e.calls;
+  e.max_err = std::max(e.max_err, std::isnan(err) ? INFINITY : err);
+}
+
+int64_t Batch::tokens() const {
+  int64_t t = 0;
+  for (int64_t l : lengths) t += l;
+  return t;
+}
+
+Model::Model(const DemoConfig& cfg, int64_t keep_ref_layers) : cfg_(cfg) {
+  const ModelConfig& m = cfg.model;
+  const int64_t H = m.hidden, HK = m.gdn.key_heads, HV = m.gdn.value_heads, DK = m.gdn.key_head_dim, DV = m.gdn.value_head_dim;
+  const int64_t E = m.moe.experts, I = m.moe.intermediate, Is = m.moe.shared_intermediate;
+  const DType dt = m.dtype;
+  Init init(cfg.run.seed);
+  // Weights ~ 1/sqrt(fan_in); projections into the residual stream are scaled down by
+  // 1/sqrt(2 * layers) (GPT-2 style) so the stream stays O(1) through the stack.
+  const double res_scale = 1 / std::sqrt(2.0 * double(m.layers));
+  embed_ = init.uniform(dt, {m.vocab, H}, 1.0);
+  for (int64_t l = 0; l < m.layers; ++l) {
+    auto L = std::make_unique<Layer>();
+    const bool keep = l < keep_ref_layers;
+    L->in_norm = init.vec(H, 0.9, 1.1);
+    L->post_norm = init.vec(H, 0.9, 1.1);
+    L->o_norm = init.vec(DV, 0.9, 1.1);
+    // HF init: A ~ U(1, 16), dt ~ logU(1e-3, 0.1), dt_bias = softplus^-1(dt).
+    L->A_log = init.vec(HV, 0, 1);
+    L->dt_bias = init.vec(HV, 0, 1);
+    for (int64_t h = 0; h < HV; ++h) {
+      L->A_log[size_t(h)] = float(std::log(1 + 15 * L->A_log[size_t(h)]));
+      double d = std::exp(std::log(1e-3) + L->dt_bias[size_t(h)] * (std::log(0.1) - std::log(1e-3)));
+      L->dt_bias[size_t(h)] = float(d + std::log(-std::expm1(-d)));
+    }
+    L->A_log_t = Tensor::empty(DType::f32, {HV});
+    L->dt_bias_t = Tensor::empty(DType::f32, {HV});
+    std::memcpy(L->A_log_t.ptr<float>(), L->A_log.data(), size_t(HV) * 4);
+    std::memcpy(L->dt_bias_t.ptr<float>(), L->dt_bias.data(), size_t(HV) * 4);
+    const int64_t P = 2 * HK * DK + 2 * HV * DV + 2 * HV;  // [q | k | v | z | b | a]
+    L->in_proj = make_linear(init.uniform(dt, {P, H}, 1 / std::sqrt(double(H))), keep);
+    L->out_proj = make_linear(init.uniform(dt, {H, HV * DV}, res_scale / std::sqrt(double(HV * DV))), keep);
+    L->router_w = init.uniform(dt, {E, H}, 1 / std::sqrt(double(H)));
+    L->gate = init.uniform(dt, {E, H, I}, 1 / std::sqrt(double(H)));
+    L->up = init.uniform(dt, {E, H, I}, 1 / std::sqrt(double(H)));
+    L->down = init.uniform(dt, {E, I, H}, res_scale / std::sqrt(double(I)));
+    if (Is > 0) {
+      L->sh_gate = init.uniform(dt, {1, H, Is}, 1 / std::sqrt(double(H)));
+      L->sh_up = init.uniform(dt, {1, H, Is}, 1 / std::sqrt(double(H)));
+      L->sh_down = init.uniform(dt, {1, Is, H}, res_scale / std::sqrt(double(Is)));
+    }
+#if OT_DEMO_MOE
+    L->router = gemm::prepack(L->router_w.view(), gemm::BLayout::NK);
+    L->experts = moe::MoeExperts::from_stacked(L->gate, L->up, L->down, moe::WeightLayout::EHI);
+    if (Is > 0) L->shared = moe::MoeExperts::from_stacked(L->sh_gate, L->sh_up, L->sh_down, moe::WeightLayout::EHI);
+#endif
+    if (!keep) L->gate = L->up = L->down = L->sh_gate = L->sh_up = L->sh_down = Tensor();
+    layers_.push_back(std::move(L));
+  }
+  final_norm_ = init.uniform(DType::f32, {H}, 0.05, 1.0);
+  lm_head_ = make_linear(init.uniform(dt, {m.vocab, H}, 1 / std::sqrt(double(H))), keep_ref_layers > 0);
+}
+
+Model::~Model() = default;
+
+void Model::reset_cache(int64_t slots) {
+  const auto& g = cfg_.model.gdn;
+  cache_.clear();
+  for (size_t l = 0; l < layers_.size(); ++l)
+    cache_.push_back(Tensor::zeros(DType::f32, {slots, g.value_heads, g.key_head_dim, g.value_head_dim}));
+}
+
+std::vector<Work> Model::take_work() {
+  std::vector<Work> w;
+  w.swap(work_);
+  return w;
+}
+
+// ---- one step ----------------------------------------------------------------------------------
+
+namespace {
+
+// out = the linear through the fast engine, checked against the reference GEMM when verifying.
+void checked_linear(const char* name, const TensorView& x, const Linear& w, const TensorView& out, bool accumulate, Verifier* v) {
+  if (v) {
+    Tensor fast = Tensor::empty(out.dtype, {x.size(0), w.out}), ref = Tensor::empty(out.dtype, {x.size(0), w.out});
+    linear(name, x, w, fast);
+    linear_ref(x, w, ref);
+    v->add(std::string(name) + " (gemm)", normalised_error(fast, ref));
+  }
+  linear(name, x, w, out, accumulate);
+}
+
+// Columns [col, col + width) of a [T, P] tensor as a [T, width] view.
+TensorView columns(const Tensor& t, int64_t col, int64_t width) {
+  const int64_t P = t.size(1);
+  return TensorView(static_cast<char*>(t.view().data) + size_t(col) * dtype_size(t.dtype()), t.dtype(), {t.size(0), width}, {P, 1});
+}
+
+// 4-D [B, T, heads, dim] view of columns of a [rows, P] projection (rows = B * T).
+[[maybe_unused]] TensorView heads_view(const Tensor& t, int64_t col, int64_t B, int64_t T, int64_t heads, int64_t dim) {
+  const int64_t P = t.size(1);
+  return TensorView(static_cast<char*>(t.view().data) + size_t(col) * dtype_size(t.dtype()), t.dtype(), {B, T, heads, dim},
+                    {T * P, P, dim, 1});
+}
+
+}  // namespace
+
+void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefill, Verifier* v) {
+  const ModelConfig& m = cfg_.model;
+  const int64_t T = x.size(0), H = m.hidden, HK = m.gdn.key_heads, HV = m.gdn.value_heads, DK = m.gdn.key_head_dim,
+                DV = m.gdn.value_head_dim;
+  const DType dt = m.dtype;
+  Tensor xn = Tensor::empty(dt, {T, H});
+  rms_norm(x, L.in_norm.data(), m.rms_norm_eps, xn);
+  Tensor proj = Tensor::empty(dt, {T, L.in_proj.out});
+  checked_linear("in_proj", xn, L.in_proj, proj, false, v);
+  const int64_t cq = 0, ck = HK * DK, cv = 2 * HK * DK, cz = cv + HV * DV, cb = cz + HV * DV, ca = cb + HV;
+  Tensor o;  // [T, HV, DV]
+#if OT_DEMO_GDN
+  const int64_t N = int64_t(batch.lengths.size());
+  if (prefill) {
+    Tensor g = Tensor::empty(DType::f32, {1, T, HV}), beta = Tensor::empty(DType::f32, {1, T, HV});
+    gdn_gates(columns(proj, ca, HV), columns(proj, cb, HV), L.A_log.data(), L.dt_bias.data(), g.view().reshape({T, HV}),
+              beta.view().reshape({T, HV}));
+    Tensor cu = Tensor::empty(DType::i64, {N + 1});
+    cu.ptr<int64_t>()[0] = 0;
+    for (int64_t n = 0; n < N; ++n) cu.ptr<int64_t>()[n + 1] = cu.ptr<int64_t>()[n] + batch.lengths[size_t(n)];
+    gdn::ChunkOptions opt;
+    opt.cu_seqlens = cu;
+    opt.use_qk_l2norm_in_kernel = true;
+    opt.output_final_state = true;
+    opt.save_for_backward = false;
+    auto q = heads_view(proj, cq, 1, T, HK, DK), k = heads_view(proj, ck, 1, T, HK, DK), vv = heads_view(proj, cv, 1, T, HV, DV);
+    gdn::ChunkFwd r = gdn::chunk_gated_delta_rule_fwd(q, k, vv, g, beta, opt);
+    work_.push_back(gdn_prefill_work(batch));
+    if (v) {
+      cpu::ScopedForceRef force(true);
+      gdn::ChunkFwd rr = gdn::chunk_gated_delta_rule_fwd(q, k, vv, g, beta, opt);
+      v->add("chunk_gated_delta_rule_fwd (o)", normalised_error(r.o, rr.o));
+      v->add("chunk_gated_delta_rule_fwd (state)", normalised_error(r.final_state, rr.final_state));
+    }
+    store_states(r.final_state, batch.slots, cache_[size_t(l)]);
+    o = r.o;
+  } else {
+    Tensor idx = Tensor::empty(DType::i32, {N});
+    std::memcpy(idx.ptr<int32_t>(), batch.slots.data(), size_t(N) * 4);
+    gdn::RecurrentOptions opt;
+    opt.use_qk_l2norm_in_kernel = true;
+    opt.state_cache = cache_[size_t(l)];
+    opt.state_indices = idx;
+    opt.A_log = L.A_log_t;
+    opt.dt_bias = L.dt_bias_t;
+    opt.beta_sigmoid = true;
+    auto q = heads_view(proj, cq, N, 1, HK, DK), k = heads_view(proj, ck, N, 1, HK, DK), vv = heads_view(proj, cv, N, 1, HV, DV);
+    // Raw gate inputs a, b: the operator applies the fused gate and sigmoid.
+    const TensorView a2 = columns(proj, ca, HV), b2 = columns(proj, cb, HV);
+    const TensorView a3(a2.data, dt, {N, 1, HV}, {a2.stride(0), a2.stride(0), 1}), b3(b2.data, dt, {N, 1, HV}, {b2.stride(0), b2.stride(0), 1});
+    Tensor before;
+    if (v) before = Tensor::copy_of(cache_[size_t(l)]);
+    gdn::RecurrentOut r = gdn::recurrent_gated_delta_rule(q, k, vv, a3, b3, opt);
+    work_.push_back({"recurrent_gated_delta_rule", 7.0 * N * HV * DK * DV, 2.0 * N * HV * DK * DV * 4});
+    if (v) {
+      cpu::ScopedForceRef force(true);
+      opt.state_cache = before;
+      gdn::RecurrentOut rr = gdn::recurrent_gated_delta_rule(q, k, vv, a3, b3, opt);
+      v->add("recurrent_gated_delta_rule (o)", normalised_error(r.o, rr.o));
+      v->add("recurrent_gated_delta_rule (state)", normalised_error(cache_[size_t(l)], before));
+    }
+    o = r.o;
+  }
+  TensorView o3 = o.view().reshape({T, HV, DV});
+#else
+  // Stand-in until the GDN operators land: the values pass through unchanged.
+  (void)batch, (void)prefill, (void)l, (void)cq, (void)ck, (void)ca, (void)cb;
+  o = Tensor::copy_of(columns(proj, cv, HV * DV));
+  TensorView o3 = o.view().reshape({T, HV, DV});
+#endif
+  Tensor y = Tensor::empty(dt, {T, HV * DV});
+  gated_rms_norm(o3, columns(proj, cz, HV * DV), L.o_norm.data(), m.rms_norm_eps, y);
+  checked_linear("out_proj", y, L.out_proj, x, true, v);
+}
+
+#if OT_DEMO_MOE
+// FLOPs: router 2THE, routed experts 6 T K H I, shared expert 6 T H Is. Bytes: the router, the
+// experts that received tokens (decode reads only those), the shared expert, x in, residual, y out.
+static Work moe_work(const ModelConfig& m, const moe::MoeFfnResult& r, int64_t T) {
+  const double H = double(m.hidden), I = double(m.moe.intermediate), Is = double(m.moe.shared_intermediate),
+               E = double(m.moe.experts), es = double(dtype_size(m.dtype));
+  int64_t touched = 0;
+  for (int64_t e = 0; e < m.moe.experts; ++e) touched += r.expert_counts.ptr<int64_t>()[e] > 0;
+  const double flops = 2 * T * H * E + 6.0 * T * double(m.moe.top_k) * H * I + 6.0 * T * H * Is;
+  const double bytes = (E * H + double(touched) * 3 * H * I + 3 * H * Is + 3.0 * T * H) * es;
+  return {"moe_ffn", flops, bytes};
+}
+#endif
+
+void Model::ffn(Layer& L, Tensor& x, Verifier* v) {
+  const ModelConfig& m = cfg_.model;
+  const int64_t T = x.size(0), H = m.hidden;
+  Tensor xn = Tensor::empty(m.dtype, {T, H});
+  rms_norm(x, L.post_norm.data(), m.rms_norm_eps, xn);
+#if OT_DEMO_MOE
+  moe::MoeFfnOptions opt;
+  opt.k = m.moe.top_k;
+  opt.router = moe::RouterKind::softmax_topk;
+  opt.norm_topk_prob = m.moe.norm_topk_prob;
+  opt.shared = m.moe.shared_intermediate > 0 ? &L.shared : nullptr;
+  opt.residual = x;
+  moe::MoeFfnResult r = moe::moe_ffn(xn, L.router, L.experts, opt);
+  work_.push_back(moe_work(m, r, T));
+  if (v) {
+    moe::MoeFfnOptions ro = opt;
+    ro.shared = nullptr;
+    moe::MoeFfnResult rr = moe::ref::moe_ffn(xn, L.router_w, L.gate, L.up, L.down, ro, L.sh_gate, L.sh_up, L.sh_down);
+    v->add("moe_ffn", normalised_error(r.y, rr.y));
+  }
+  x = r.y;
+#else
+  (void)L, (void)v;  // stand-in until moe_ffn lands: the FFN is skipped
+#endif
+}
+
+std::vector<int32_t> Model::step(const std::vector<int32_t>& tokens, const Batch& batch, bool prefill, Verifier* v, int64_t layers) {
+  const ModelConfig& m = cfg_.model;
+  const int64_t T = int64_t(tokens.size()), N = int64_t(batch.lengths.size());
+  OT_CHECK(T == batch.tokens(), "ot demo", "tokens", detail::cat(batch.tokens(), " tokens"), T);
+  Tensor x = Tensor::empty(m.dtype, {T, m.hidden});
+  embedding(embed_, tokens, x);
+  const int64_t nl = layers < 0 ? num_layers() : std::min(layers, num_layers());
+  for (int64_t l = 0; l < nl; ++l) {
+    Layer& L = *layers_[size_t(l)];
+    mixer(L, l, x, batch, prefill, v);
+    ffn(L, x, v);
+  }
+  // Head on the last token of every sequence.
+  std::vector<int64_t> last;
+  int64_t end = 0;
+  for (int64_t n = 0; n < N; ++n) last.push_back((end += batch.lengths[size_t(n)]) - 1);
+  Tensor h = Tensor::empty(m.dtype, {N, m.hidden}), hn = Tensor::empty(m.dtype, {N, m.hidden});
+  gather_rows(x, last, h);
+  rms_norm(h, final_norm_.ptr<float>(), m.rms_norm_eps, hn);
+  Tensor logits = Tensor::empty(DType::f32, {N, m.vocab});
+  checked_linear("lm_head", hn, lm_head_, logits, false, v);
+  return argmax_rows(logits);
+}
+
+}  // namespace ot::demo
+
+namespace ot::demo {
+
+// The GDN spec's forward count (section 11), per (sequence, value head) and chunk of length C:
+// 6 C^2 K + 4 C^2 V + 6 C K V + C^3 / 3. Bytes: q, k, v, o once and the final states.
+Work Model::gdn_prefill_work(const Batch& batch) const {
+  const auto& g = cfg_.model.gdn;
+  const double K = double(g.key_head_dim), V = double(g.value_head_dim), es = double(dtype_size(cfg_.model.dtype));
+  double flops = 0;
+  for (int64_t len : batch.lengths)
+    for (int64_t c0 = 0; c0 < len; c0 += 64) {
+      double C = double(std::min<int64_t>(64, len - c0));
+      flops += double(g.value_heads) * (6 * C * C * K + 4 * C * C * V + 6 * C * K * V + C * C * C / 3);
+    }
+  const double T = double(batch.tokens()), N = double(batch.lengths.size());
+  double bytes = T * es * (2 * double(g.key_heads) * K + 2 * double(g.value_heads) * V) + N * double(g.value_heads) * K * V * 4;
+  return {"chunk_gated_delta_rule_fwd", flops, bytes};
+}
+
+}  // namespace ot::demo

@@ -1,0 +1,71 @@
+// The demo's model: embedding -> `layers` decoder blocks -> final RMSNorm -> LM head, each block
+//   x += out_proj(gated_rms_norm(GDN(in_proj(rms_norm(x))), z))      Gated DeltaNet mixer
+//   x  = moe_ffn(rms_norm(x), residual = x)                          MoE FFN (+ shared expert)
+// with random, well-scaled weights (fixed seed). Prefill runs a packed varlen batch (cu_seqlens) with
+// chunk_gated_delta_rule_fwd and stores each sequence's final state in a per-layer state cache;
+// decode runs one token per sequence with recurrent_gated_delta_rule on that cache.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "demo_config.h"
+#include "demo_ops.h"
+#include "ot/tensor.h"
+
+namespace ot::demo {
+
+struct Layer;  // weights of one block (demo_model.cpp)
+
+// Per-operator verification results: each checked call runs the fast path and the reference on
+// identical inputs; the fast output is what the model continues with.
+struct Verifier {
+  struct Entry { int64_t calls = 0; double max_err = 0; };
+  std::map<std::string, Entry> ops;
+  void add(const std::string& op, double err);
+};
+
+// Sequences in flight and their GDN state-cache slots.
+struct Batch {
+  std::vector<int64_t> lengths;  // tokens per sequence this step (prefill: prompt; decode: 1)
+  std::vector<int32_t> slots;    // state-cache slot of each sequence
+  int64_t tokens() const;
+};
+
+// Work of a library operator call computed from its shapes, for calls whose trace event carries no
+// FLOP or byte count (matched to events by name, in call order).
+struct Work { std::string op; double flops = 0, bytes = 0; };
+
+class Model {
+ public:
+  // Builds all weights from cfg.run.seed. keep_ref_layers: layers whose unpacked weights are kept
+  // for the reference path.
+  Model(const DemoConfig& cfg, int64_t keep_ref_layers);
+  ~Model();
+  const DemoConfig& config() const { return cfg_; }
+  int64_t num_layers() const { return int64_t(layers_.size()); }
+
+  // Zeroed GDN state caches with `slots` slots for every layer.
+  void reset_cache(int64_t slots);
+  // Runs tokens through the first `layers` blocks (all when < 0) and the head; returns the next
+  // token of every sequence (greedy). prefill: tokens holds the prompts back to back.
+  std::vector<int32_t> step(const std::vector<int32_t>& tokens, const Batch& batch, bool prefill, Verifier* verify = nullptr,
+                            int64_t layers = -1);
+  // Work records of the library calls since the last take (see Work).
+  std::vector<Work> take_work();
+
+ private:
+  void mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefill, Verifier* v);
+  void ffn(Layer& L, Tensor& x, Verifier* v);
+  Work gdn_prefill_work(const Batch& batch) const;
+  DemoConfig cfg_;
+  Tensor embed_, final_norm_;
+  Linear lm_head_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<Tensor> cache_;  // per layer [slots, HV, DK, DV] fp32
+  std::vector<Work> work_;
+};
+
+}  // namespace ot::demo

@@ -1,0 +1,193 @@
+#include "demo_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "ot/error.h"
+#include "ot/numeric.h"
+#include "ot/parallel.h"
+#include "ot/trace.h"
+
+namespace ot::demo {
+
+namespace {
+
+// Row t of a [T, W] view (last dim contiguous) as floats.
+void load_row(const TensorView& x, int64_t t, float* dst) {
+  const char* p = static_cast<const char*>(x.data) + size_t(t * x.stride(0)) * dtype_size(x.dtype);
+  convert_to_f32(p, x.dtype, dst, x.size(-1));
+}
+void store_row(const TensorView& x, int64_t t, const float* src) {
+  char* p = static_cast<char*>(x.data) + size_t(t * x.stride(0)) * dtype_size(x.dtype);
+  convert_from_f32(src, p, x.dtype, x.size(-1));
+}
+
+// Rows [0, T) in parallel with per-thread float scratch of `width` floats times `bufs`. Small
+// inputs (decode) run on the calling thread: waking the pool costs more than the work.
+template <class F> void for_rows(int64_t T, int64_t width, int bufs, F&& fn) {
+  auto body = [&](int64_t t0, int64_t t1) {
+    std::vector<float> scratch(size_t(width * bufs));
+    for (int64_t t = t0; t < t1; ++t) fn(t, scratch.data());
+  };
+  if (T * width < (int64_t(1) << 16)) body(0, T);
+  else parallel_for(T, body);
+}
+
+double silu(double x) { return x / (1 + std::exp(-x)); }
+
+}  // namespace
+
+Linear make_linear(const Tensor& weight, bool keep_unpacked) {
+  Linear l;
+  l.out = weight.size(0);
+  l.in = weight.size(1);
+  l.packed = gemm::prepack(weight.view(), gemm::BLayout::NK);
+  if (keep_unpacked) l.weight = weight;
+  return l;
+}
+
+static void linear_operands(const TensorView& x, const Linear& w, const TensorView& out, int64_t* M, gemm::AOperand* a,
+                            gemm::COperand* c) {
+  OT_CHECK(x.ndim == 2 && x.size(1) == w.in && x.last_dim_contiguous(), "linear", "x", detail::cat("[T, ", w.in, "]"), x.shape_str());
+  OT_CHECK(out.ndim == 2 && out.size(0) == x.size(0) && out.size(1) == w.out, "linear", "out", detail::cat("[T, ", w.out, "]"),
+           out.shape_str());
+  *M = x.size(0);
+  *a = {x.data, x.dtype, x.stride(0), nullptr};
+  *c = {out.data, out.dtype, out.stride(0)};
+}
+
+void linear(const char* name, const TensorView& x, const Linear& w, const TensorView& out, bool accumulate) {
+  int64_t M;
+  gemm::AOperand a;
+  gemm::COperand c;
+  linear_operands(x, w, out, &M, &a, &c);
+  trace::OpScope scope(name);
+  scope.kernel(gemm::kernel_name(x.dtype, w.packed.dtype(), M)).args(x.shape_str() + " x [" + std::to_string(w.out) + ", " + std::to_string(w.in) + "]");
+  scope.flops(2.0 * M * w.in * w.out).bytes(double(w.packed.bytes()) + double(x.nbytes()) + double(out.nbytes()) * (accumulate ? 2 : 1));
+  gemm::Epilogue ep;
+  ep.accumulate = accumulate;
+  gemm::gemm(M, a, w.packed, c, ep);
+}
+
+void linear_ref(const TensorView& x, const Linear& w, const TensorView& out, bool accumulate) {
+  OT_CHECK(w.weight.defined(), "linear", "weight", "the unpacked weight (kept for verification)", "none");
+  int64_t M;
+  gemm::AOperand a;
+  gemm::COperand c;
+  linear_operands(x, w, out, &M, &a, &c);
+  gemm::Epilogue ep;
+  ep.accumulate = accumulate;
+  gemm::ref::gemm(M, a, w.weight.view(), gemm::BLayout::NK, c, ep);
+}
+
+void embedding(const TensorView& table, const std::vector<int32_t>& ids, const TensorView& out) {
+  trace::OpScope scope("embedding");
+  const int64_t H = table.size(1);
+  scope.args(detail::cat(ids.size(), " tokens x ", H)).bytes(2.0 * double(ids.size()) * H * dtype_size(table.dtype));
+  const size_t row_bytes = size_t(H) * dtype_size(table.dtype);
+  OT_CHECK(out.dtype == table.dtype && out.size(1) == H, "embedding", "out", "rows like the table", out.shape_str());
+  for (size_t t = 0; t < ids.size(); ++t)
+    std::memcpy(static_cast<char*>(out.data) + t * size_t(out.stride(0)) * dtype_size(out.dtype),
+                static_cast<const char*>(table.data) + size_t(ids[t]) * row_bytes, row_bytes);
+}
+
+void rms_norm(const TensorView& x, const float* w, double eps, const TensorView& out) {
+  trace::OpScope scope("rms_norm");
+  const int64_t T = x.size(0), H = x.size(1);
+  scope.args(x.shape_str()).flops(4.0 * T * H).bytes(double(x.nbytes() + out.nbytes()));
+  for_rows(T, H, 1, [&](int64_t t, float* r) {
+    load_row(x, t, r);
+    double ss = 0;
+    for (int64_t i = 0; i < H; ++i) ss += double(r[i]) * r[i];
+    float s = float(1 / std::sqrt(ss / double(H) + eps));
+    for (int64_t i = 0; i < H; ++i) r[i] = r[i] * s * w[i];
+    store_row(out, t, r);
+  });
+}
+
+void gated_rms_norm(const TensorView& o, const TensorView& z, const float* w, double eps, const TensorView& out) {
+  trace::OpScope scope("gated_rms_norm");
+  const int64_t T = o.size(0), HV = o.size(1), DV = o.size(2);
+  scope.args(o.shape_str()).flops(10.0 * T * HV * DV).bytes(double(o.nbytes() + z.nbytes() + out.nbytes()));
+  const TensorView o2 = o.reshape({T, HV * DV});
+  for_rows(T, HV * DV, 2, [&](int64_t t, float* buf) {
+    float* r = buf;
+    float* zr = buf + HV * DV;
+    load_row(o2, t, r);
+    load_row(z, t, zr);
+    for (int64_t h = 0; h < HV; ++h) {
+      float* rh = r + h * DV;
+      double ss = 0;
+      for (int64_t i = 0; i < DV; ++i) ss += double(rh[i]) * rh[i];
+      float s = float(1 / std::sqrt(ss / double(DV) + eps));
+      for (int64_t i = 0; i < DV; ++i) rh[i] = rh[i] * s * w[i] * float(silu(zr[h * DV + i]));
+    }
+    store_row(out, t, r);
+  });
+}
+
+void gdn_gates(const TensorView& a, const TensorView& b, const float* A_log, const float* dt_bias, const TensorView& g,
+               const TensorView& beta) {
+  trace::OpScope scope("gdn_gates");
+  const int64_t T = a.size(0), HV = a.size(1);
+  scope.args(a.shape_str()).flops(8.0 * T * HV).bytes(double(a.nbytes() + b.nbytes() + g.nbytes() + beta.nbytes()));
+  for_rows(T, HV, 2, [&](int64_t t, float* buf) {
+    float* ar = buf;
+    float* br = buf + HV;
+    load_row(a, t, ar);
+    load_row(b, t, br);
+    for (int64_t h = 0; h < HV; ++h) {
+      double u = double(ar[h]) + dt_bias[h];
+      double softplus = u > 20 ? u : std::log1p(std::exp(u));
+      ar[h] = float(-std::exp(double(A_log[h])) * softplus);
+      br[h] = float(1 / (1 + std::exp(-double(br[h]))));
+    }
+    store_row(g, t, ar);
+    store_row(beta, t, br);
+  });
+}
+
+void gather_rows(const TensorView& x, const std::vector<int64_t>& rows, const TensorView& out) {
+  trace::OpScope scope("gather_rows");
+  const size_t row_bytes = size_t(x.size(1)) * dtype_size(x.dtype);
+  scope.args(detail::cat(rows.size(), " rows of ", x.shape_str())).bytes(2.0 * double(rows.size() * row_bytes));
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(static_cast<char*>(out.data) + i * size_t(out.stride(0)) * dtype_size(out.dtype),
+                static_cast<const char*>(x.data) + size_t(rows[i] * x.stride(0)) * dtype_size(x.dtype), row_bytes);
+}
+
+std::vector<int32_t> argmax_rows(const TensorView& logits) {
+  trace::OpScope scope("argmax");
+  const int64_t N = logits.size(0), V = logits.size(1);
+  scope.args(logits.shape_str()).flops(double(N * V)).bytes(double(logits.nbytes()));
+  std::vector<int32_t> r(static_cast<size_t>(N));
+  for_rows(N, V, 1, [&](int64_t n, float* row) {
+    load_row(logits, n, row);
+    r[size_t(n)] = int32_t(std::max_element(row, row + V) - row);
+  });
+  return r;
+}
+
+void store_states(const TensorView& state, const std::vector<int32_t>& slots, const TensorView& cache) {
+  trace::OpScope scope("gdn_cache_store");
+  const size_t per = size_t(state.numel() / state.size(0));
+  scope.args(state.shape_str()).bytes(2.0 * double(state.nbytes()));
+  for (size_t n = 0; n < slots.size(); ++n)
+    std::memcpy(cache.ptr<float>() + size_t(slots[n]) * per, state.ptr<float>() + n * per, per * sizeof(float));
+}
+
+double normalised_error(const TensorView& fast, const TensorView& ref) {
+  OT_CHECK(fast.numel() == ref.numel(), "verify", "output", detail::cat(ref.numel(), " elements"), fast.numel());
+  double max_diff = 0, max_ref = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    double f = get_as_double(fast, i), r = get_as_double(ref, i);
+    if (!std::isfinite(f)) return INFINITY;
+    max_diff = std::max(max_diff, std::fabs(f - r));
+    max_ref = std::max(max_ref, std::fabs(r));
+  }
+  return max_ref > 0 ? max_diff / max_ref : max_diff;
+}
+
+}  // namespace ot::demo
