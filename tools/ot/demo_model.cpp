@@ -9,7 +9,7 @@
 #include "ot/parallel.h"
 
 // The library's operators are plugged in as they land on main (1 = call them).
-#define OT_DEMO_GDN 0
+#define OT_DEMO_GDN 1
 #define OT_DEMO_MOE 0
 #if OT_DEMO_GDN
 #include "ot/gdn.h"
