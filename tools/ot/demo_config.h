@@ -25,7 +25,7 @@ struct MoeConfig {
   int64_t experts = 32;             // E
   int64_t top_k = 4;                // K
   int64_t intermediate = 256;       // I of each routed expert
-  int64_t shared_intermediate = 512;  // I of the shared expert (0: none)
+  int64_t shared_intermediate = 256;  // I of the shared expert (0: none; Qwen3-Next: equal to I)
   bool norm_topk_prob = true;       // Qwen3: renormalise the K routing weights
 };
 
