@@ -305,13 +305,20 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
   bwd::check_ffn(op, x, w, o, d);
   bwd::check_shape(op, "dy", dy, {d.T, d.H});
   const int64_t T = d.T, H = d.H, E = d.E, K = d.K, I = d.I, Is = d.Is;
-  auto X = [&](int64_t t, int64_t h) { return get_as_double(x, t * H + h); };
+  // fp64 copies (contiguous) so the loops below index plain arrays.
+  auto doubles = [](const TensorView& v) {
+    std::vector<double> r(static_cast<size_t>(v.numel()));
+    for (int64_t i = 0; i < v.numel(); ++i) r[size_t(i)] = get_as_double(v, i);
+    return r;
+  };
+  const std::vector<double> xd = doubles(x), dyd = doubles(dy), rd = doubles(w.router);
+  auto X = [&](int64_t t, int64_t h) { return xd[size_t(t * H + h)]; };
   // Router logits and selection (the forward's reference router).
   Tensor logits = Tensor::empty(DType::f32, {T, E});
   for (int64_t t = 0; t < T; ++t)
     for (int64_t e = 0; e < E; ++e) {
       double s = 0;
-      for (int64_t h = 0; h < H; ++h) s += X(t, h) * at2(w.router, e, h);
+      for (int64_t h = 0; h < H; ++h) s += X(t, h) * rd[size_t(e * H + h)];
       logits.ptr<float>()[t * E + e] = float(s);
     }
   GatingResult gr;
@@ -352,41 +359,45 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
   std::vector<double> dx(static_cast<size_t>(T * H), 0.0), dwts(static_cast<size_t>(T * K), 0.0);
   std::vector<double> zg(size_t(std::max(I, Is))), zu(zg.size()), a(zg.size()), gv(zg.size()), dzg(zg.size()), dzu(zg.size());
   // One SwiGLU expert on token t: adds its weight, input gradients; returns dy . output.
-  auto expert = [&](int64_t t, const TensorView& Wg, const TensorView& Wu, const TensorView& Wd, int64_t n, double wt, float* dWg, float* dWu,
-                    float* dWd) {
+  auto expert = [&](int64_t t, const std::vector<double>& Wg, const std::vector<double>& Wu, const std::vector<double>& Wd, int64_t n, double wt,
+                    float* dWg, float* dWu, float* dWd) {
     for (int64_t i = 0; i < n; ++i) {
       zg[size_t(i)] = zu[size_t(i)] = 0;
-      for (int64_t h = 0; h < H; ++h) { zg[size_t(i)] += X(t, h) * at2(Wg, h, i); zu[size_t(i)] += X(t, h) * at2(Wu, h, i); }
+      for (int64_t h = 0; h < H; ++h) { zg[size_t(i)] += X(t, h) * Wg[size_t(h * n + i)]; zu[size_t(i)] += X(t, h) * Wu[size_t(h * n + i)]; }
       a[size_t(i)] = zg[size_t(i)] * detail::sigmoid(zg[size_t(i)]) * zu[size_t(i)];
       gv[size_t(i)] = 0;
-      for (int64_t h = 0; h < H; ++h) gv[size_t(i)] += at2(Wd, i, h) * get_as_double(dy, t * H + h);
+      for (int64_t h = 0; h < H; ++h) gv[size_t(i)] += Wd[size_t(i * H + h)] * dyd[size_t(t * H + h)];
     }
     double dot = 0;
     for (int64_t i = 0; i < n; ++i) {
       dot += gv[size_t(i)] * a[size_t(i)];
       detail::swiglu_grad(zg[size_t(i)], zu[size_t(i)], wt * gv[size_t(i)], &dzg[size_t(i)], &dzu[size_t(i)]);
       for (int64_t h = 0; h < H; ++h) {
-        dWd[i * H + h] += float(wt * a[size_t(i)] * get_as_double(dy, t * H + h));
+        dWd[i * H + h] += float(wt * a[size_t(i)] * dyd[size_t(t * H + h)]);
         dWg[h * n + i] += float(X(t, h) * dzg[size_t(i)]);
         dWu[h * n + i] += float(X(t, h) * dzu[size_t(i)]);
-        dx[size_t(t * H + h)] += at2(Wg, h, i) * dzg[size_t(i)] + at2(Wu, h, i) * dzu[size_t(i)];
+        dx[size_t(t * H + h)] += Wg[size_t(h * n + i)] * dzg[size_t(i)] + Wu[size_t(h * n + i)] * dzu[size_t(i)];
       }
     }
     return dot;
   };
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t k = 0; k < K; ++k) {
-      if (!kept[size_t(t * K + k)]) continue;
-      int64_t e = gr.expert_idx.ptr<int32_t>()[t * K + k];
-      dwts[size_t(t * K + k)] = expert(t, w.gate.select(0, e), w.up.select(0, e), w.down.select(0, e), I, wts[size_t(t * K + k)],
-                                       g.d_gate.ptr<float>() + e * H * I, g.d_up.ptr<float>() + e * H * I, g.d_down.ptr<float>() + e * I * H);
-    }
+  for (int64_t e = 0; e < E; ++e) {  // expert by expert, its weights in fp64 once
+    std::vector<int64_t> pairs;
+    for (int64_t j = 0; j < T * K; ++j)
+      if (kept[size_t(j)] && gr.expert_idx.ptr<int32_t>()[j] == e) pairs.push_back(j);
+    if (pairs.empty()) continue;
+    const auto Wg = doubles(w.gate.select(0, e)), Wu = doubles(w.up.select(0, e)), Wd = doubles(w.down.select(0, e));
+    for (int64_t j : pairs)
+      dwts[size_t(j)] = expert(j / K, Wg, Wu, Wd, I, wts[size_t(j)], g.d_gate.ptr<float>() + e * H * I, g.d_up.ptr<float>() + e * H * I,
+                               g.d_down.ptr<float>() + e * I * H);
+  }
   if (Is > 0) {
     g.d_shared_gate = Tensor::zeros(DType::f32, {H, Is});
     g.d_shared_up = Tensor::zeros(DType::f32, {H, Is});
     g.d_shared_down = Tensor::zeros(DType::f32, {Is, H});
+    const auto sgd = doubles(w.shared_gate), sud = doubles(w.shared_up), sdd = doubles(w.shared_down);
     for (int64_t t = 0; t < T; ++t)
-      expert(t, w.shared_gate, w.shared_up, w.shared_down, Is, 1.0, g.d_shared_gate.ptr<float>(), g.d_shared_up.ptr<float>(), g.d_shared_down.ptr<float>());
+      expert(t, sgd, sud, sdd, Is, 1.0, g.d_shared_gate.ptr<float>(), g.d_shared_up.ptr<float>(), g.d_shared_down.ptr<float>());
   }
   // Router: weights -> (renorm) -> router backward; losses on the logits.
   Tensor dw = from_doubles({T, K}, dwts);
@@ -433,7 +444,7 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
     for (int64_t e = 0; e < E; ++e)
       for (int64_t h = 0; h < H; ++h) {
         g.d_router.ptr<float>()[e * H + h] += float(dlog[size_t(t * E + e)] * X(t, h));
-        dx[size_t(t * H + h)] += dlog[size_t(t * E + e)] * at2(w.router, e, h);
+        dx[size_t(t * H + h)] += dlog[size_t(t * E + e)] * rd[size_t(e * H + h)];
       }
   g.dx = Tensor::empty(x.dtype, {T, H});
   for (int64_t i = 0; i < T * H; ++i) set_from_double(g.dx, i, dx[size_t(i)]);

@@ -9,6 +9,7 @@
 #include "bench_harness.h"
 #include "ot/moe.h"
 #include "ot/moe_bwd.h"
+#include "ot/numeric.h"
 #include "ot/parallel.h"
 
 namespace ot::cli {
@@ -21,12 +22,16 @@ constexpr int64_t kTokens[] = {1, 16, 128, 512, 2048};
 // Default run (< 1 minute): a decode and a prefill shape of Qwen3-30B-A3B.
 bool default_case(const std::string& n) { return n == "qwen3-30b-a3b-T16" || n == "qwen3-30b-a3b-T512"; }
 
+// Uniform values of standard deviation `scale` (xorshift: the layer weights are gigabytes).
 Tensor random_bf16(const std::vector<int64_t>& shape, std::mt19937_64& rng, float scale) {
-  Tensor t = Tensor::empty(DType::f32, shape);
-  std::normal_distribution<float> d(0.f, scale);
-  for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = d(rng);
   Tensor b = Tensor::empty(DType::bf16, shape);
-  copy_into(t, b);
+  uint64_t st = rng() | 1;
+  const float a = scale * 1.7320508f / float(1u << 31);
+  uint16_t* p = b.ptr<uint16_t>();
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    st ^= st << 13; st ^= st >> 7; st ^= st << 17;
+    p[i] = f32_to_bf16(float(int32_t(uint32_t(st >> 32))) * a);
+  }
   return b;
 }
 
