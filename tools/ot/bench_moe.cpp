@@ -1,0 +1,124 @@
+// `ot bench moe_ffn`: the fused MoE layer at real shapes, bf16 weights, routing drawn at random per
+// call (each call takes the next of 8 random token batches, so the router picks new experts).
+//   prefill (T >= 128): GFLOP/s (router + 3 expert GEMMs per routed pair) against the matrix peak;
+//   decode (T <= 16): GB/s of the weight bytes the call touches (router + every expert chosen at
+//   least once) against the memory peak.
+// The reference (ref::moe_ffn: per token and expert loops on the unpacked weights) costs exactly
+// linear in tokens, so it is timed on a slice of at most 16 tokens and scaled to T (ref_ms).
+// Default run: qwen3-30b-a3b at T <= 512 (< 1 min); --case selects the others (e64-h2048-i1408,
+// mixtral, T2048), e.g. `ot bench moe_ffn --case mixtral-T512`.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "bench_harness.h"
+#include "ot/moe.h"
+#include "ot/numeric.h"
+#include "ot/parallel.h"
+
+namespace ot::cli {
+namespace {
+
+struct Model { std::string name; int64_t H, I, E, K; };
+const Model kModels[] = {{"qwen3-30b-a3b", 2048, 768, 128, 8}, {"e64-h2048-i1408", 2048, 1408, 64, 8}, {"mixtral", 4096, 14336, 8, 2}};
+const int64_t kTokens[] = {1, 16, 128, 512, 2048};
+
+// Uniform(-a, a) bf16 from a counter hash: gigabytes of weights in well under a second per GB.
+Tensor fill(const std::vector<int64_t>& shape, float a, uint64_t seed) {
+  Tensor t = Tensor::empty(DType::bf16, shape);
+  uint16_t* p = t.ptr<uint16_t>();
+  parallel_for(t.numel(), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      uint64_t z = (uint64_t(i) + seed * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
+      z ^= z >> 31;
+      float u = float(z >> 40) / float(1 << 24);
+      p[i] = f32_to_bf16((2 * u - 1) * a);
+    }
+  });
+  return t;
+}
+
+struct Weights {
+  Tensor router, gate, up, down;
+  gemm::PackedB router_packed;
+  moe::MoeExperts experts;
+};
+Weights make_weights(const Model& m) {
+  Weights w;
+  w.router = fill({m.E, m.H}, 0.05f, 1);
+  w.gate = fill({m.E, m.H, m.I}, 0.02f, 2);
+  w.up = fill({m.E, m.H, m.I}, 0.02f, 3);
+  w.down = fill({m.E, m.I, m.H}, 0.02f, 4);
+  w.router_packed = gemm::prepack(w.router, gemm::BLayout::NK);
+  w.experts = moe::MoeExperts::from_stacked(w.gate, w.up, w.down, moe::WeightLayout::EHI);
+  return w;
+}
+
+bool default_case(const Model& m, int64_t T) { return m.name == "qwen3-30b-a3b" && T <= 512; }
+
+int run(const BenchOptions& opt) {
+  for (const Model& m : kModels) {
+    std::vector<int64_t> Ts;
+    for (int64_t T : kTokens) {
+      std::string name = m.name + "-T" + std::to_string(T);
+      if (opt.case_filter.empty() ? default_case(m, T) : opt.selected(name)) Ts.push_back(T);
+    }
+    if (Ts.empty()) continue;
+    Weights w = make_weights(m);
+    for (int64_t T : Ts) {
+      std::string name = m.name + "-T" + std::to_string(T);
+      std::vector<Tensor> xs;
+      for (int i = 0; i < 8; ++i) xs.push_back(fill({T, m.H}, 1.f, 100 + uint64_t(i) * 7 + uint64_t(T)));
+      moe::MoeFfnOptions o;
+      o.k = m.K;
+      o.norm_topk_prob = true;
+      // Weight bytes touched: router + distinct experts over the 8 batches (averaged).
+      double touched = 0;
+      for (const Tensor& x : xs) {
+        moe::MoeFfnResult r = moe::moe_ffn(x, w.router_packed, w.experts, o);
+        int64_t used = 0;
+        for (int64_t e = 0; e < m.E; ++e) used += r.expert_counts.ptr<int64_t>()[e] > 0;
+        touched += double(used) * 3.0 * double(m.H * m.I) * 2.0 + double(m.E * m.H) * 2.0;
+      }
+      touched /= double(xs.size());
+      int64_t slice = std::min<int64_t>(T, 16);
+      std::vector<Tensor> xslice;
+      for (const Tensor& x : xs) xslice.push_back(Tensor::copy_of(x.view().narrow(0, 0, slice)));
+      size_t call = 0, rcall = 0;
+      auto fast = [&] { moe::moe_ffn(xs[call++ % xs.size()], w.router_packed, w.experts, o); };
+      auto ref = [&] { moe::ref::moe_ffn(xslice[rcall++ % xslice.size()], w.router, w.gate, w.up, w.down, o); };
+      int reps = opt.repeats > 0 ? opt.repeats : (T <= 16 ? 20 : (T <= 512 ? 5 : 3));
+      Timing tm = time_interleaved(fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref), reps, opt.no_ref ? 0 : 1);
+      BenchResult r;
+      r.name = name;
+      r.shape = "H" + std::to_string(m.H) + " I" + std::to_string(m.I) + " E" + std::to_string(m.E) + " K" + std::to_string(m.K);
+      r.dtype = "bf16";
+      r.threads = num_threads();
+      r.ms = tm.fast_ms;
+      r.ref_ms = tm.ref_ms * double(T) / double(slice);
+      double flops = 2.0 * double(T) * double(m.H) * (double(m.E) + 3.0 * double(m.K) * double(m.I));
+      r.kernel = gemm::kernel_name(DType::bf16, DType::bf16, T);
+      if (T <= 16) {
+        r.gbps = touched / (r.ms * 1e6);
+        double peak = memory_peak_gbps(r.threads);
+        r.peak_fraction = peak > 0 ? r.gbps / peak : 0;
+      } else {
+        r.gflops = flops / (r.ms * 1e6);
+        double peak = matrix_peak_gflops("bf16", r.threads);
+        r.peak_fraction = peak > 0 ? r.gflops / peak : 0;
+      }
+      r.extra["tokens"] = T;
+      r.extra["gflop"] = flops / 1e9;
+      r.extra["touched_weight_gb"] = touched / 1e9;
+      r.extra["ref_slice_tokens"] = slice;
+      report(opt, r);
+    }
+  }
+  return 0;
+}
+
+RegisterBench reg("moe_ffn", "Fused MoE layer (router, grouped SwiGLU FFN, weighted combine) at Qwen3-30B-A3B / E64 / Mixtral shapes",
+                  [](CLI::App*, const BenchOptions& common) { return [&common] { return run(common); }; });
+
+}  // namespace
+}  // namespace ot::cli
