@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "ot/workspace.h"
+
 namespace ot::moe::impl {
 
 void check_ids(const char* op, const char* arg, const TensorView& ids, int64_t lo, int64_t hi) {
@@ -38,6 +40,19 @@ std::vector<int64_t> read_ints(const char* op, const char* arg, const TensorView
   std::vector<int64_t> r(static_cast<size_t>(v.numel()));
   for (int64_t i = 0; i < v.numel(); ++i) r[size_t(i)] = int64_t(get_as_double(v, i));
   return r;
+}
+
+void* scratch(int slot, size_t bytes) {
+  struct Buf { void* p = nullptr; size_t n = 0; ~Buf() { aligned_free(p); } };
+  thread_local Buf bufs[4];
+  Buf& b = bufs[slot];
+  bytes = bytes < 64 ? 64 : bytes;
+  if (b.n < bytes) {
+    aligned_free(b.p);
+    b.p = aligned_alloc64(bytes);
+    b.n = bytes;
+  }
+  return b.p;
 }
 
 std::vector<int32_t> stable_argsort(const int32_t* keys, int64_t n) {

@@ -65,6 +65,11 @@ inline const char* row_ptr(const TensorView& v, int64_t row, int64_t row_elems) 
 // dense, std::stable_sort otherwise. Keys must be >= 0.
 std::vector<int32_t> stable_argsort(const int32_t* keys, int64_t n);
 
+// Grow-only per-thread scratch (slot 0..3) reused across calls, so hot paths (moe_ffn's h and
+// fp32 accumulator) do not pay fresh page faults on every call. Valid until the next call with
+// the same slot on the same thread.
+void* scratch(int slot, size_t bytes);
+
 // int8 quantisation with round-half-even and saturation, stored as two's complement in a u8.
 inline uint8_t quant_i8(float v) {
   float r = std::nearbyint(v);

@@ -87,7 +87,7 @@ void moe_expert_ffn(const TensorView& x, const MoeExperts& ex, const ExpertRows&
     OT_CHECK(!rows.scatter || (rows.scatter[i] >= 0 && rows.scatter[i] < out.size(0)), op, "rows.scatter", "row ids of out", rows.scatter[i]);
   }
   if (A == 0) return;
-  Tensor h = Tensor::empty(x.dtype, {A, I});
+  TensorView h(impl::scratch(0, size_t(A * I) * dtype_size(x.dtype)), x.dtype, {A, I});
   size_t xs = dtype_size(x.dtype), os = dtype_size(out.dtype);
   std::vector<gemm::Group> up, down;
   for (int64_t e = 0; e < EL; ++e) {
@@ -99,12 +99,12 @@ void moe_expert_ffn(const TensorView& x, const MoeExperts& ex, const ExpertRows&
     g.a = rows.gather ? gemm::AOperand{x.data, x.dtype, H, rows.gather + off}
                       : gemm::AOperand{static_cast<const char*>(x.data) + size_t(off * H) * xs, x.dtype, H, nullptr};
     g.b = &ex.gate_up(eid);
-    g.c = {static_cast<char*>(h.view().data) + size_t(off * I) * xs, x.dtype, I};
+    g.c = {static_cast<char*>(h.data) + size_t(off * I) * xs, x.dtype, I};
     g.ep.act = gemm::Act::swiglu;
     up.push_back(g);
     gemm::Group d;
     d.M = M;
-    d.a = {static_cast<const char*>(h.view().data) + size_t(off * I) * xs, x.dtype, I, nullptr};
+    d.a = {static_cast<const char*>(h.data) + size_t(off * I) * xs, x.dtype, I, nullptr};
     d.b = &ex.down(eid);
     d.c = rows.scatter ? gemm::COperand{out.data, out.dtype, H}
                        : gemm::COperand{static_cast<char*>(out.data) + size_t(off * H) * os, out.dtype, H};
@@ -195,9 +195,9 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const 
   std::copy(plan.counts.begin(), plan.counts.end(), r.expert_counts.ptr<int64_t>());
   // fp32 accumulator: the output itself when it is fp32, else one [T, H] buffer cast at the end.
   r.y = Tensor::empty(x.dtype, {p.T, p.H});
-  Tensor acc = x.dtype == DType::f32 ? r.y : Tensor::empty(DType::f32, {p.T, p.H});
-  if (o.residual.defined()) copy_into(o.residual, acc.view());
-  else std::memset(acc.view().data, 0, acc.view().nbytes());
+  TensorView acc = x.dtype == DType::f32 ? r.y.view() : TensorView(impl::scratch(1, size_t(p.T * p.H) * 4), DType::f32, {p.T, p.H});
+  if (o.residual.defined()) copy_into(o.residual, acc);
+  else std::memset(acc.data, 0, acc.nbytes());
   if (o.shared && p.T > 0) {
     ExpertRows all;
     all.offsets = {0, p.T};
