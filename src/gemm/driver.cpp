@@ -114,10 +114,10 @@ Layout layout_for(DType a, DType b) {
 Kernel select_kernel(Layout layout, int64_t M) {
   if (layout == Layout::bf16_vnni) {
     if (cpu::has(cpu::Isa::amx) && M >= 16) return {kernel_amx_bf16, 32, 512, true, "amx_bf16"};
-    if (cpu::has(cpu::Isa::avx512_bf16)) return {kernel_avx512_bf16, 8, 256, false, "avx512_bf16"};
+    if (cpu::has(cpu::Isa::avx512_bf16)) return {kernel_avx512_bf16, 8, 384, false, "avx512_bf16"};
     return {kernel_scalar_vnni, 8, 256, false, "scalar"};
   }
-  if (cpu::has(cpu::Isa::avx512)) return {kernel_avx512_f32, 8, 128, false, "avx512_f32"};
+  if (cpu::has(cpu::Isa::avx512)) return {kernel_avx512_f32, 8, 384, false, "avx512_f32"};
   return {kernel_scalar_f32, 8, 256, false, "scalar"};
 }
 

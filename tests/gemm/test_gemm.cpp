@@ -73,7 +73,7 @@ TEST(Gemm, ShapesDtypesLayoutsEveryIsa) {
 TEST(Gemm, SmallAndDegenerateShapes) {
   for (cpu::Isa isa : isa_paths()) {
     cpu::ScopedMaxIsa cap(isa);
-    for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 1}, {2, 3}, {48, 32}, {49, 33}, {96, 64}, {5, 0}, {200, 2}}) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 1}, {2, 3}, {48, 32}, {49, 33}, {96, 64}, {5, 0}, {200, 2}, {60, 1000}}) {  // K = 1000 spans several K blocks
       for (DType t : {DType::f32, DType::bf16}) {
         Case cs{9, N, K, t, t, DType::f32, BLayout::KN, {}};
         double tol, err = run_case(cs, uint32_t(N + K), &tol);

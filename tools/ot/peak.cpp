@@ -1,11 +1,252 @@
-// PROVISIONAL: the peak measurement lands with the matrix engine (`ot peak`).
+// `ot peak`: this machine's measured matrix and memory peaks (AMX bf16 tiles, AVX-512 BF16 dot
+// products, AVX-512 fp32 FMA, memory read bandwidth) on one thread and on all threads, cached as
+// JSON per CPU model so every benchmark can report the fraction of peak it reaches.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "bench_harness.h"
+#include "ot/cpu.h"
+#include "ot/parallel.h"
+#include "ot/workspace.h"
 
 namespace ot::cli {
-const MachinePeak& machine_peak() {
-  static MachinePeak p;
+
+namespace peak {
+float fma_loop(int64_t iters);
+float bf16_loop(int64_t iters);
+float read_sum(const float* p, int64_t n);
+float amx_loop(int64_t iters);
+}  // namespace peak
+
+namespace {
+
+volatile float g_sink;
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// This machine is shared: other processes take time slices. Every figure is therefore the best of
+// many short bursts (about 2 ms each, shorter than a scheduler slice) within `seconds`.
+template <class Burst> double best_rate(double seconds, Burst burst) {
+  double best = 0, t_end = now_s() + seconds;
+  int n = 0;
+  while (now_s() < t_end || n < 3) {
+    best = std::max(best, burst());
+    ++n;
+  }
+  return best;
+}
+
+// Runs body(tid) on every thread of a region; returns the time from the earliest start to the
+// latest end measured by the threads themselves (the region's fork/join cost is not counted).
+template <class Body> double span_s(Body body) {
+  std::vector<double> t0(64, 0), t1(64, 0);
+  int n = 1;
+  parallel_region([&](int t, int nt) {
+    n = nt;
+    t0[size_t(t)] = now_s();
+    body(t);
+    t1[size_t(t)] = now_s();
+  });
+  return *std::max_element(t1.begin(), t1.begin() + n) - *std::min_element(t0.begin(), t0.begin() + n);
+}
+
+// fn(iters) on `threads` threads at once; returns work units per second (iters * work_per_iter per call).
+double rate(int threads, double seconds, double work_per_iter, float (*fn)(int64_t)) {
+  ot::set_num_threads(threads);
+  int64_t iters = 1 << 10;
+  for (;;) {  // calibrate a burst of >= 2 ms
+    double t0 = now_s();
+    g_sink = fn(iters);
+    if (now_s() - t0 >= 2e-3) break;
+    iters *= 2;
+  }
+  double r = best_rate(seconds, [&] {
+    return double(threads) * double(iters) * work_per_iter / span_s([&](int) { g_sink = fn(iters); });
+  });
+  ot::set_num_threads(0);
+  return r;
+}
+
+// Sequential reads of 8 MiB windows per thread, cycling through 512 MiB so no window is cached.
+double mem_gbps(int threads, double seconds) {
+  const int64_t total = int64_t(128) << 20, window = int64_t(2) << 20;  // floats
+  auto buf = make_aligned<float>(size_t(total));
+  for (int64_t i = 0; i < total; ++i) buf[size_t(i)] = 1.f + float(i & 7);
+  ot::set_num_threads(threads);
+  int64_t next = 0;
+  double r = best_rate(seconds, [&] {
+    int64_t base = next;
+    next = (next + window * threads) % total;
+    double dt = span_s([&](int t) { g_sink = peak::read_sum(buf.get() + (base + window * t) % total, window); });
+    return double(window) * 4 * threads / dt / 1e9;
+  });
+  ot::set_num_threads(0);
+  return r;
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+std::string cache_path() {
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "/tmp") + "/.cache/ops_transformer/peak.json";
+}
+std::string cache_key() { return cpu_model() + " x" + std::to_string(std::thread::hardware_concurrency()) + " cpus"; }
+
+MachinePeak measure(double seconds) {
+  MachinePeak p;
+  const int all = ot::num_threads();
+  const bool avx512 = cpu::detected_isa() >= cpu::Isa::avx512, bf16 = cpu::detected_isa() >= cpu::Isa::avx512_bf16;
+  // flops per loop iteration: 12 zmm ops x 16 lanes x 2 (FMA) or x 32 pairs... see each loop.
+  if (avx512) {
+    p.fma_f32_gflops_1t = rate(1, seconds, 12 * 16 * 2, peak::fma_loop) / 1e9;
+    p.fma_f32_gflops_all = rate(all, seconds, 12 * 16 * 2, peak::fma_loop) / 1e9;
+  }
+  if (bf16) {
+    p.avx512_bf16_gflops_1t = rate(1, seconds, 12 * 16 * 4, peak::bf16_loop) / 1e9;
+    p.avx512_bf16_gflops_all = rate(all, seconds, 12 * 16 * 4, peak::bf16_loop) / 1e9;
+  }
+  if (cpu::detected_isa() >= cpu::Isa::amx) {
+    const double tile_flops = 4.0 * 16 * 16 * 32 * 2;  // 4 tile products of 16x16x32
+    p.amx_bf16_gflops_1t = rate(1, seconds, tile_flops, peak::amx_loop) / 1e9;
+    p.amx_bf16_gflops_all = rate(all, seconds, tile_flops, peak::amx_loop) / 1e9;
+  }
+  if (avx512) {
+    p.mem_gbps_1t = mem_gbps(1, 2 * seconds);
+    p.mem_gbps_all = mem_gbps(all, 2 * seconds);
+  }
   return p;
 }
-double matrix_peak_gflops(const std::string&, int) { return 0; }
-double memory_peak_gbps(int) { return 0; }
+
+nlohmann::json to_json(const MachinePeak& p) {
+  return {{"cpu", cache_key()},
+          {"amx_bf16_gflops_1t", p.amx_bf16_gflops_1t}, {"amx_bf16_gflops_all", p.amx_bf16_gflops_all},
+          {"avx512_bf16_gflops_1t", p.avx512_bf16_gflops_1t}, {"avx512_bf16_gflops_all", p.avx512_bf16_gflops_all},
+          {"fma_f32_gflops_1t", p.fma_f32_gflops_1t}, {"fma_f32_gflops_all", p.fma_f32_gflops_all},
+          {"mem_gbps_1t", p.mem_gbps_1t}, {"mem_gbps_all", p.mem_gbps_all}, {"threads_all", ot::num_threads()}};
+}
+
+bool load_cache(MachinePeak* p) {
+  std::ifstream f(cache_path());
+  if (!f) return false;
+  try {
+    nlohmann::json j = nlohmann::json::parse(f);
+    if (!j.contains(cache_key())) return false;
+    const auto& e = j[cache_key()];
+    p->amx_bf16_gflops_1t = e.value("amx_bf16_gflops_1t", 0.0);
+    p->amx_bf16_gflops_all = e.value("amx_bf16_gflops_all", 0.0);
+    p->avx512_bf16_gflops_1t = e.value("avx512_bf16_gflops_1t", 0.0);
+    p->avx512_bf16_gflops_all = e.value("avx512_bf16_gflops_all", 0.0);
+    p->fma_f32_gflops_1t = e.value("fma_f32_gflops_1t", 0.0);
+    p->fma_f32_gflops_all = e.value("fma_f32_gflops_all", 0.0);
+    p->mem_gbps_1t = e.value("mem_gbps_1t", 0.0);
+    p->mem_gbps_all = e.value("mem_gbps_all", 0.0);
+    return p->fma_f32_gflops_1t > 0 || cpu::detected_isa() < cpu::Isa::avx512;
+  } catch (...) {
+    return false;
+  }
+}
+
+void save_cache(const MachinePeak& p) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(cache_path()).parent_path(), ec);
+  nlohmann::json j = nlohmann::json::object();
+  {
+    std::ifstream f(cache_path());
+    if (f) try { j = nlohmann::json::parse(f); } catch (...) { j = nlohmann::json::object(); }
+  }
+  // Timings on this shared machine only err low: keep the best figure ever measured per field.
+  nlohmann::json e = to_json(p);
+  if (j.contains(cache_key()))
+    for (auto& [k, v] : e.items())
+      if (v.is_number_float() && j[cache_key()].contains(k)) v = std::max(v.get<double>(), j[cache_key()][k].get<double>());
+  j[cache_key()] = e;
+  std::ofstream(cache_path()) << j.dump(2) << "\n";
+}
+
+MachinePeak g_peak;
+bool g_have = false;
+
+}  // namespace
+
+const MachinePeak& machine_peak() {
+  if (!g_have) {
+    if (!load_cache(&g_peak)) {
+      std::fprintf(stderr, "ot: no cached peak for this CPU; measuring briefly (run `ot peak` for a full measurement)\n");
+      g_peak = measure(0.1);
+      save_cache(g_peak);
+    }
+    g_have = true;
+  }
+  return g_peak;
+}
+
+static double by_threads(double one, double all, int threads) {
+  int n = ot::num_threads();
+  if (threads <= 1 || n <= 1) return one;
+  if (threads >= n) return all;
+  return std::min(all, one * threads);
+}
+
+double matrix_peak_gflops(const std::string& dtype, int threads) {
+  const MachinePeak& p = machine_peak();
+  if (dtype == "bf16") {
+    if (p.amx_bf16_gflops_1t > 0) return by_threads(p.amx_bf16_gflops_1t, p.amx_bf16_gflops_all, threads);
+    if (p.avx512_bf16_gflops_1t > 0) return by_threads(p.avx512_bf16_gflops_1t, p.avx512_bf16_gflops_all, threads);
+  }
+  return by_threads(p.fma_f32_gflops_1t, p.fma_f32_gflops_all, threads);
+}
+
+double memory_peak_gbps(int threads) {
+  const MachinePeak& p = machine_peak();
+  return by_threads(p.mem_gbps_1t, p.mem_gbps_all, threads);
+}
+
+static RegisterCommand reg("peak", [](CLI::App& app) {
+  auto* sub = app.add_subcommand("peak", "Measure this machine's AMX bf16, AVX-512 BF16, fp32 FMA and memory read peaks (1 and all threads)");
+  static bool json = false;
+  static double seconds = 1.0;
+  sub->add_flag("--json", json, "Print one JSON object");
+  sub->add_option("--seconds", seconds, "Seconds per compute measurement (memory: 2x)");
+  sub->callback([] {
+    save_cache(measure(seconds));
+    g_have = false;
+    MachinePeak p = machine_peak();  // the cached best of every run
+    if (json) {
+      std::printf("%s\n", to_json(p).dump().c_str());
+      return;
+    }
+    auto na = [](double v, const char* unit) {
+      static char b[2][64];
+      static int i = 0;
+      i ^= 1;
+      if (v > 0) std::snprintf(b[i], sizeof b[i], "%9.1f %s", v, unit);
+      else std::snprintf(b[i], sizeof b[i], "%9s %s", "n/a", unit);
+      return b[i];
+    };
+    std::printf("cpu: %s (cache %s)\n", cache_key().c_str(), cache_path().c_str());
+    std::printf("%-24s %18s %18s\n", "", "1 thread", std::string("all (" + std::to_string(ot::num_threads()) + ")").c_str());
+    std::printf("%-24s %18s ", "AMX bf16 tiles", na(p.amx_bf16_gflops_1t, "GFLOP/s"));
+    std::printf("%18s\n", na(p.amx_bf16_gflops_all, "GFLOP/s"));
+    std::printf("%-24s %18s ", "AVX-512 BF16 (vdpbf16ps)", na(p.avx512_bf16_gflops_1t, "GFLOP/s"));
+    std::printf("%18s\n", na(p.avx512_bf16_gflops_all, "GFLOP/s"));
+    std::printf("%-24s %18s ", "AVX-512 fp32 FMA", na(p.fma_f32_gflops_1t, "GFLOP/s"));
+    std::printf("%18s\n", na(p.fma_f32_gflops_all, "GFLOP/s"));
+    std::printf("%-24s %18s ", "memory read", na(p.mem_gbps_1t, "GB/s   "));
+    std::printf("%18s\n", na(p.mem_gbps_all, "GB/s   "));
+  });
+});
+
 }  // namespace ot::cli

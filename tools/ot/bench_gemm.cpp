@@ -1,0 +1,91 @@
+// `ot bench gemm`: the matrix engine on square, expert and decode shapes (or one --m/--n/--k shape),
+// with GFLOP/s (weight GB/s for decode), fraction of this machine's measured peak, and speed-up over
+// the plain reference. The reference is timed on a few rows and scaled by M (its cost is exactly
+// linear in M); the JSON says how many rows (ref_rows).
+#include <algorithm>
+#include <cstdio>
+
+#include "bench_gemm_common.h"
+#include "bench_harness.h"
+#include "ot/gemm.h"
+#include "ot/parallel.h"
+
+namespace ot::cli {
+
+using namespace gemmbench;
+
+static void run_shape(const BenchOptions& opt, const Shape& s) {
+  if (s.threads > 0) ot::set_num_threads(s.threads);
+  else ot::set_num_threads(opt.threads);
+  const int threads = ot::num_threads();
+  const DType dt = parse_dtype(s.dtype);
+  const DType ct = dt;  // output in the input dtype
+  Tensor a = random(dt, {s.M, s.K}, 1);
+  // Decode streams weights: rotate through copies that together exceed the caches.
+  const double wbytes = double(s.N) * double(s.K) * double(dtype_size(dt));
+  const int copies = s.decode ? int(std::clamp(512e6 / wbytes, 1.0, 16.0)) : 1;
+  std::vector<Tensor> w;
+  std::vector<gemm::PackedB> pw;
+  for (int i = 0; i < copies; ++i) {
+    w.push_back(random(dt, {s.N, s.K}, uint32_t(2 + i)));
+    pw.push_back(gemm::prepack(w.back(), gemm::BLayout::NK));
+  }
+  Tensor c = Tensor::empty(ct, {s.M, s.N}), cr = Tensor::empty(ct, {s.M, s.N});
+  int next = 0;
+  auto fast = [&] {
+    gemm::gemm(s.M, {a.view().data, dt, s.K}, pw[size_t(next)], {c.view().data, ct, s.N});
+    next = (next + 1) % copies;
+  };
+  const int64_t ref_rows = std::min<int64_t>(s.M, 2);
+  auto ref = [&] { gemm::ref::gemm(ref_rows, {a.view().data, dt, s.K}, w[0], gemm::BLayout::NK, {cr.view().data, ct, s.N}); };
+  const double flops = 2.0 * double(s.M) * double(s.N) * double(s.K);
+  int reps = opt.repeats > 0 ? opt.repeats : int(std::clamp(2e10 / flops, 5.0, 200.0));
+  Timing t = time_interleaved(fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref), reps, opt.no_ref ? 0 : 1);
+  BenchResult r;
+  r.name = s.name;
+  r.shape = shape_str(s);
+  r.dtype = s.dtype;
+  r.threads = threads;
+  r.ms = t.fast_ms;
+  r.ref_ms = t.ref_ms * double(s.M) / double(std::max<int64_t>(ref_rows, 1));
+  r.kernel = gemm::kernel_name(dt, dt, s.M);
+  r.extra["ref_rows"] = ref_rows;
+  if (s.decode) {
+    r.gbps = wbytes / (t.fast_ms * 1e-3) / 1e9;
+    r.peak_fraction = r.gbps / memory_peak_gbps(threads);
+    r.extra["gflops"] = flops / (t.fast_ms * 1e-3) / 1e9;
+  } else {
+    r.gflops = flops / (t.fast_ms * 1e-3) / 1e9;
+    r.peak_fraction = r.gflops / matrix_peak_gflops(s.dtype, threads);
+  }
+  report(opt, r);
+}
+
+static RegisterBench reg("gemm", "Matrix engine: 2048^3, expert and decode shapes (or --m/--n/--k)", [](CLI::App* sub, const BenchOptions& o) {
+  struct Args { int64_t m = 0, n = 2048, k = 2048; std::string dtype = "bf16"; };
+  auto args = std::make_shared<Args>();
+  sub->add_option("--m", args->m, "Rows of A (omit for the named cases)");
+  sub->add_option("--n", args->n, "Columns of B");
+  sub->add_option("--k", args->k, "Inner dimension");
+  sub->add_option("--dtype", args->dtype, "bf16 | fp16 | fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  const BenchOptions* opt = &o;
+  return [args, opt]() -> int {
+    std::vector<Shape> shapes;
+    if (args->m > 0) {
+      shapes.push_back({"gemm_m" + std::to_string(args->m) + "_n" + std::to_string(args->n) + "_k" + std::to_string(args->k) + "_" + args->dtype,
+                        args->m, args->n, args->k, args->dtype, 0, args->m <= 4});
+    } else {
+      shapes.push_back({"square_2048_bf16_1t", 2048, 2048, 2048, "bf16", 1});
+      shapes.push_back({"square_2048_fp32_1t", 2048, 2048, 2048, "fp32", 1});
+      shapes.push_back({"square_2048_bf16", 2048, 2048, 2048, "bf16"});
+      for (auto& s : expert_shapes()) shapes.push_back(s);
+      for (int64_t m = 1; m <= 4; ++m) shapes.push_back({"decode_m" + std::to_string(m) + "_n4096_k4096_bf16", m, 4096, 4096, "bf16", 0, true});
+    }
+    for (auto& s : shapes)
+      if (opt->selected(s.name)) run_shape(*opt, s);
+    ot::set_num_threads(opt->threads);
+    return 0;
+  };
+});
+
+}  // namespace ot::cli

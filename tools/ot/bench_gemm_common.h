@@ -1,0 +1,46 @@
+// Operands and named cases shared by `ot bench gemm` and `ot bench gemm_onednn`.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ot/gemm.h"
+#include "ot/tensor.h"
+
+namespace ot::cli::gemmbench {
+
+struct Shape {
+  std::string name;
+  int64_t M, N, K;
+  std::string dtype;  // bf16 | fp16 | fp32
+  int threads = 0;    // 0: the --threads option
+  bool decode = false;  // report weight GB/s instead of GFLOP/s
+};
+
+inline DType parse_dtype(const std::string& s) { return s == "bf16" ? DType::bf16 : s == "fp16" ? DType::f16 : DType::f32; }
+
+// Uniform [-1, 1) in the dtype (non-zero data: zeros can run faster on some units).
+inline Tensor random(DType t, const std::vector<int64_t>& shape, uint32_t seed) {
+  Tensor x = Tensor::empty(t, shape);
+  Tensor f = Tensor::empty(DType::f32, shape);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  for (int64_t i = 0; i < f.numel(); ++i) f.ptr<float>()[i] = d(rng);
+  copy_into(f, x);
+  return x;
+}
+
+// The expert shapes of the issue: M in {16, 64, 128, 256}, N in {1536, 4096}, K in {2048, 4096}.
+inline std::vector<Shape> expert_shapes() {
+  std::vector<Shape> v;
+  for (int64_t M : {16, 64, 128, 256})
+    for (int64_t N : {1536, 4096})
+      for (int64_t K : {2048, 4096})
+        v.push_back({"expert_m" + std::to_string(M) + "_n" + std::to_string(N) + "_k" + std::to_string(K) + "_bf16", M, N, K, "bf16"});
+  return v;
+}
+
+inline std::string shape_str(const Shape& s) { return std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K); }
+
+}  // namespace ot::cli::gemmbench
