@@ -58,7 +58,21 @@ static void run_shape(const BenchOptions& opt, const Shape& s) {
     r.gflops = flops / (t.fast_ms * 1e-3) / 1e9;
     r.peak_fraction = r.gflops / matrix_peak_gflops(s.dtype, threads);
   }
+  // Idle-machine estimate from CPU time (see cpu_ms_median).
+  const double cpu_ms = cpu_ms_median(fast, std::max(3, reps / 2)), est_ms = cpu_ms / threads;
+  r.extra["cpu_ms"] = cpu_ms;
+  if (s.decode) {
+    r.extra["cpu_gbps"] = wbytes / (est_ms * 1e-3) / 1e9;
+    r.extra["cpu_peak_fraction"] = wbytes / (est_ms * 1e-3) / 1e9 / memory_peak_gbps(threads);
+  } else {
+    r.extra["cpu_gflops"] = flops / (est_ms * 1e-3) / 1e9;
+    r.extra["cpu_peak_fraction"] = flops / (est_ms * 1e-3) / 1e9 / matrix_peak_gflops(s.dtype, threads);
+  }
   report(opt, r);
+  if (!opt.json)
+    std::printf("  %-26s cpu %.3f ms/call -> idle estimate %.3f ms: %.1f %s (%.1f%% of peak)\n", "", cpu_ms, est_ms,
+                s.decode ? r.extra["cpu_gbps"].get<double>() : r.extra["cpu_gflops"].get<double>(), s.decode ? "GB/s" : "GFLOP/s",
+                100 * r.extra["cpu_peak_fraction"].get<double>());
 }
 
 static RegisterBench reg("gemm", "Matrix engine: 2048^3, expert and decode shapes (or --m/--n/--k)", [](CLI::App* sub, const BenchOptions& o) {

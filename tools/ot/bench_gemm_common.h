@@ -1,6 +1,10 @@
 // Operands and named cases shared by `ot bench gemm` and `ot bench gemm_onednn`.
 #pragma once
+#include <time.h>
+
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -39,6 +43,26 @@ inline std::vector<Shape> expert_shapes() {
       for (int64_t K : {2048, 4096})
         v.push_back({"expert_m" + std::to_string(M) + "_n" + std::to_string(N) + "_k" + std::to_string(K) + "_bf16", M, N, K, "bf16"});
   return v;
+}
+
+// Process CPU time per call (median). This machine is shared: wall time mostly measures the other
+// tenants, while CPU time / threads estimates the idle-machine time (spinning OpenMP workers
+// included, so it errs slow).
+inline double cpu_ms_median(const std::function<void()>& fn, int reps) {
+  auto cpu_now = [] {
+    timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return double(t.tv_sec) * 1e3 + double(t.tv_nsec) * 1e-6;
+  };
+  fn();
+  std::vector<double> v;
+  for (int i = 0; i < std::max(1, reps); ++i) {
+    double t0 = cpu_now();
+    fn();
+    v.push_back(cpu_now() - t0);
+  }
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 inline std::string shape_str(const Shape& s) { return std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K); }

@@ -57,7 +57,14 @@ static void run_vs_onednn(const BenchOptions& opt, const Shape& s) {
   r.extra["onednn_ms"] = t.ref_ms;
   r.extra["onednn_gflops"] = flops / (t.ref_ms * 1e-3) / 1e9;
   r.extra["speedup_vs_onednn"] = t.ref_ms / t.fast_ms;
+  // CPU time per call of both (the machine is shared; see cpu_ms_median).
+  const double ours_cpu = cpu_ms_median(ours, reps), theirs_cpu = cpu_ms_median(theirs, reps);
+  r.extra["cpu_ms"] = ours_cpu;
+  r.extra["onednn_cpu_ms"] = theirs_cpu;
+  r.extra["cpu_speedup_vs_onednn"] = theirs_cpu / ours_cpu;
   report(opt, r);
+  if (!opt.json)
+    std::printf("  %-26s cpu ms/call: ours %.3f, oneDNN %.3f -> %.2fx\n", "", ours_cpu, theirs_cpu, theirs_cpu / ours_cpu);
 }
 
 static RegisterBench reg("gemm_onednn", "Our bf16 GEMM vs oneDNN matmul on the expert shapes (speedup = ours over oneDNN)",
