@@ -58,8 +58,8 @@ static void run_shape(const BenchOptions& opt, const Shape& s) {
     r.gflops = flops / (t.fast_ms * 1e-3) / 1e9;
     r.peak_fraction = r.gflops / matrix_peak_gflops(s.dtype, threads);
   }
-  // Idle-machine estimate from CPU time (see cpu_ms_median).
-  const double cpu_ms = cpu_ms_median(fast, std::max(3, reps / 2)), est_ms = cpu_ms / threads;
+  // Idle-machine estimate from CPU time (see cpu_ms_per_call).
+  const double cpu_ms = cpu_ms_per_call(fast, 3), est_ms = cpu_ms / threads;
   r.extra["cpu_ms"] = cpu_ms;
   if (s.decode) {
     r.extra["cpu_gbps"] = wbytes / (est_ms * 1e-3) / 1e9;

@@ -45,24 +45,25 @@ inline std::vector<Shape> expert_shapes() {
   return v;
 }
 
-// Process CPU time per call (median). This machine is shared: wall time mostly measures the other
-// tenants, while CPU time / threads estimates the idle-machine time (spinning OpenMP workers
-// included, so it errs slow).
-inline double cpu_ms_median(const std::function<void()>& fn, int reps) {
+// Process CPU time per call, averaged over a batch of at least ~100 ms of CPU time (the kernel's
+// per-thread accounting is only exact at that scale). This machine is shared: wall time mostly
+// measures the other tenants, while CPU time / threads estimates the idle-machine time (spinning
+// OpenMP workers included, so it errs slow).
+inline double cpu_ms_per_call(const std::function<void()>& fn, int min_calls) {
   auto cpu_now = [] {
     timespec t;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return double(t.tv_sec) * 1e3 + double(t.tv_nsec) * 1e-6;
   };
   fn();
-  std::vector<double> v;
-  for (int i = 0; i < std::max(1, reps); ++i) {
-    double t0 = cpu_now();
+  double t0 = cpu_now(), t = t0;
+  int calls = 0;
+  while (calls < std::max(1, min_calls) || t - t0 < 100.0) {
     fn();
-    v.push_back(cpu_now() - t0);
+    ++calls;
+    t = cpu_now();
   }
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  return (t - t0) / calls;
 }
 
 inline std::string shape_str(const Shape& s) { return std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K); }

@@ -57,8 +57,8 @@ static void run_vs_onednn(const BenchOptions& opt, const Shape& s) {
   r.extra["onednn_ms"] = t.ref_ms;
   r.extra["onednn_gflops"] = flops / (t.ref_ms * 1e-3) / 1e9;
   r.extra["speedup_vs_onednn"] = t.ref_ms / t.fast_ms;
-  // CPU time per call of both (the machine is shared; see cpu_ms_median).
-  const double ours_cpu = cpu_ms_median(ours, reps), theirs_cpu = cpu_ms_median(theirs, reps);
+  // CPU time per call of both (the machine is shared; see cpu_ms_per_call).
+  const double ours_cpu = cpu_ms_per_call(ours, 3), theirs_cpu = cpu_ms_per_call(theirs, 3);
   r.extra["cpu_ms"] = ours_cpu;
   r.extra["onednn_cpu_ms"] = theirs_cpu;
   r.extra["cpu_speedup_vs_onednn"] = theirs_cpu / ours_cpu;
