@@ -87,16 +87,20 @@ void Tok::set(int64_t b, int64_t t, int64_t h, int64_t d, double x) const {
   else if (dt == DType::f16) *reinterpret_cast<uint16_t*>(q) = f32_to_f16(float(x));
 }
 
-Tok tok_vec(const TensorView& x, Layout l, const char* op, const char* arg) {
+// Token-indexed view: [B,T,H(,D)] / [B,H,T(,D)] or packed without B; `has_d` says whether the last
+// dim is a feature dim (q, k, v) or absent (g, beta: D = 1).
+static Tok tok_of(const TensorView& x, Layout l, const char* op, const char* arg, bool has_d) {
   OT_CHECK(x.defined() && x.data, op, arg, "a tensor", "undefined");
-  OT_CHECK(x.ndim == 4 || x.ndim == 3, op, arg, l == Layout::BTHD ? "[B,T,H,D] or packed [T,H,D]" : "[B,H,T,D] or packed [H,T,D]",
-           x.shape_str());
+  const char* form = has_d ? (l == Layout::BTHD ? "[B,T,H,D] or packed [T,H,D]" : "[B,H,T,D] or packed [H,T,D]")
+                           : (l == Layout::BTHD ? "[B,T,H] or packed [T,H]" : "[B,H,T] or packed [H,T]");
+  int full = has_d ? 4 : 3;
+  OT_CHECK(x.ndim == full || x.ndim == full - 1, op, arg, form, x.shape_str());
   expect_float(x.dtype, op, arg);
   Tok t;
   t.p = static_cast<char*>(x.data);
   t.dt = x.dtype;
-  int o = x.ndim == 4 ? 1 : 0;
-  t.packed = x.ndim == 3;
+  int o = x.ndim == full ? 1 : 0;
+  t.packed = x.ndim == full - 1;
   t.B = o ? x.sizes[0] : 1;
   t.sb = o ? x.strides[0] : 0;
   int ti = l == Layout::BTHD ? o : o + 1, hi = l == Layout::BTHD ? o + 1 : o;
@@ -104,31 +108,13 @@ Tok tok_vec(const TensorView& x, Layout l, const char* op, const char* arg) {
   t.st = x.strides[ti];
   t.H = x.sizes[hi];
   t.sh = x.strides[hi];
-  t.D = x.sizes[o + 2];
-  t.sd = x.strides[o + 2];
+  t.D = has_d ? x.sizes[o + 2] : 1;
+  t.sd = has_d ? x.strides[o + 2] : 0;
   return t;
 }
 
-Tok tok_scal(const TensorView& x, Layout l, const char* op, const char* arg) {
-  OT_CHECK(x.defined() && x.data, op, arg, "a tensor", "undefined");
-  OT_CHECK(x.ndim == 3 || x.ndim == 2, op, arg, l == Layout::BTHD ? "[B,T,H] or packed [T,H]" : "[B,H,T] or packed [H,T]", x.shape_str());
-  expect_float(x.dtype, op, arg);
-  Tok t;
-  t.p = static_cast<char*>(x.data);
-  t.dt = x.dtype;
-  int o = x.ndim == 3 ? 1 : 0;
-  t.packed = x.ndim == 2;
-  t.B = o ? x.sizes[0] : 1;
-  t.sb = o ? x.strides[0] : 0;
-  int ti = l == Layout::BTHD ? o : o + 1, hi = l == Layout::BTHD ? o + 1 : o;
-  t.T = x.sizes[ti];
-  t.st = x.strides[ti];
-  t.H = x.sizes[hi];
-  t.sh = x.strides[hi];
-  t.D = 1;
-  t.sd = 0;
-  return t;
-}
+Tok tok_vec(const TensorView& x, Layout l, const char* op, const char* arg) { return tok_of(x, l, op, arg, true); }
+Tok tok_scal(const TensorView& x, Layout l, const char* op, const char* arg) { return tok_of(x, l, op, arg, false); }
 
 Tensor new_vec(Layout l, bool packed, DType dt, int64_t B, int64_t T, int64_t H, int64_t D, bool zero) {
   std::vector<int64_t> s = l == Layout::BTHD ? std::vector<int64_t>{B, T, H, D} : std::vector<int64_t>{B, H, T, D};
