@@ -9,6 +9,15 @@
 #ifdef OT_HAVE_MOE
 #include "ot/moe.h"
 #endif
+#ifdef OT_HAVE_MOE_BWD
+#include "ot/moe_bwd.h"
+#endif
+#ifdef OT_HAVE_EP
+#include <map>
+#include <memory>
+
+#include "ot/ep.h"
+#endif
 
 namespace ot::py {
 
@@ -35,6 +44,36 @@ struct MoeExpertsHolder : torch::CustomClassHolder {
   int64_t intermediate() const { return experts.intermediate(); }
   int64_t packed_bytes() const;
   ot::moe::MoeExperts experts;
+};
+#endif
+
+#ifdef OT_HAVE_MOE_BWD
+// What moe_ffn_forward_train kept for moe_ffn_backward (torch.classes.ops_transformer.MoeFfnSaved),
+// with the forward's options and the tensors they point into (kept alive here).
+struct MoeFfnSavedHolder : torch::CustomClassHolder {
+  ot::moe::MoeFfnSaved saved;
+  ot::moe::MoeFfnOptions opt;
+  at::Tensor bias, allowed, residual;
+  int64_t rows() const { return saved.T; }
+};
+#endif
+
+#ifdef OT_HAVE_EP
+// An expert-parallel group (torch.classes.ops_transformer.EpComm): ot::ep::Comm over MPI_COMM_WORLD
+// or a caller's communicator (an mpi4py handle), plus the dispatches awaiting their combine, found
+// by their assist_info_for_combine tensor so combine keeps torch_npu's argument list.
+struct EpCommHolder : torch::CustomClassHolder {
+  EpCommHolder(int64_t num_experts, int64_t comm_handle);
+  int64_t ep_world_size() const { return comm->ep_world_size(); }
+  int64_t ep_rank_id() const { return comm->ep_rank_id(); }
+  int64_t num_local_experts() const { return comm->num_local_experts(); }
+  std::vector<int64_t> local_experts() const { return comm->placement().local_experts(comm->ep_rank_id()); }
+  // Contiguous shards plus extra copies of the hottest experts (ot::ep::Placement::rebalanced).
+  void rebalance(const std::vector<int64_t>& load, int64_t extra_per_rank);
+  int64_t last_bytes_sent() const { return bytes_sent; }
+  std::unique_ptr<ot::ep::Comm> comm;
+  std::map<const void*, ot::ep::DispatchResult> pending;
+  int64_t bytes_sent = 0;
 };
 #endif
 

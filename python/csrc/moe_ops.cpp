@@ -262,13 +262,10 @@ int64_t moe_capacity(int64_t tokens, int64_t k, int64_t experts, double capacity
 
 // ---- the fused layer -----------------------------------------------------------------------------
 
-MoeFfnOut moe_ffn(const Tensor& x, const c10::intrusive_ptr<PackedWeightHolder>& router,
-                  const c10::intrusive_ptr<MoeExpertsHolder>& experts, int64_t k, c10::string_view router_type, int64_t renorm,
-                  bool norm_topk_prob, const OptTensor& bias, int64_t k_group, int64_t group_count, int64_t group_select_mode,
-                  int64_t norm_type, double routed_scaling_factor, double eps, const OptTensor& allowed, int64_t expert_capacity,
-                  double capacity_factor, const c10::optional<c10::intrusive_ptr<MoeExpertsHolder>>& shared,
-                  const OptTensor& residual) {
-  const char* op = "moe_ffn";
+moe::MoeFfnOptions ffn_options(const char* op, int64_t k, c10::string_view router_type, int64_t renorm, bool norm_topk_prob,
+                               const OptTensor& bias, int64_t k_group, int64_t group_count, int64_t group_select_mode,
+                               int64_t norm_type, double routed_scaling_factor, double eps, const OptTensor& allowed,
+                               int64_t expert_capacity, double capacity_factor, const OptTensor& residual) {
   moe::MoeFfnOptions o;
   o.k = k;
   if (router_type == "softmax") o.router = moe::RouterKind::softmax_topk;
@@ -287,8 +284,20 @@ MoeFfnOut moe_ffn(const Tensor& x, const c10::intrusive_ptr<PackedWeightHolder>&
   o.allowed = view(allowed, op, "allowed");
   o.expert_capacity = expert_capacity;
   o.capacity_factor = capacity_factor;
-  o.shared = shared && *shared ? &(*shared)->experts : nullptr;
   o.residual = view(residual, op, "residual");
+  return o;
+}
+
+MoeFfnOut moe_ffn(const Tensor& x, const c10::intrusive_ptr<PackedWeightHolder>& router,
+                  const c10::intrusive_ptr<MoeExpertsHolder>& experts, int64_t k, c10::string_view router_type, int64_t renorm,
+                  bool norm_topk_prob, const OptTensor& bias, int64_t k_group, int64_t group_count, int64_t group_select_mode,
+                  int64_t norm_type, double routed_scaling_factor, double eps, const OptTensor& allowed, int64_t expert_capacity,
+                  double capacity_factor, const c10::optional<c10::intrusive_ptr<MoeExpertsHolder>>& shared,
+                  const OptTensor& residual) {
+  const char* op = "moe_ffn";
+  moe::MoeFfnOptions o = ffn_options(op, k, router_type, renorm, norm_topk_prob, bias, k_group, group_count, group_select_mode,
+                                     norm_type, routed_scaling_factor, eps, allowed, expert_capacity, capacity_factor, residual);
+  o.shared = shared && *shared ? &(*shared)->experts : nullptr;
   OT_CHECK(router.defined(), op, "router", "a PackedWeight", "None");
   OT_CHECK(experts.defined(), op, "experts", "a MoeExperts", "None");
   auto r = moe::moe_ffn(view(x, op, "x"), router->b, experts->experts, o);

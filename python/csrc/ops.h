@@ -12,6 +12,10 @@
 
 #include "ot/gemm.h"
 
+namespace ot::moe {
+struct MoeFfnOptions;
+}
+
 namespace ot::py {
 
 using Tensor = at::Tensor;
@@ -64,6 +68,11 @@ Tensor moe_final_optimizer_mm(const Tensor& x, const Tensor& expert_weight, cons
 double moe_aux_loss(const Tensor& probs, const Tensor& tokens_per_expert, int64_t k, double coeff);
 double moe_z_loss(const Tensor& logits, double coeff, const OptTensor& mask);
 int64_t moe_capacity(int64_t tokens, int64_t k, int64_t experts, double capacity_factor, int64_t min_capacity);
+// moe_ffn's options from the schema's arguments (shared by moe_ffn and moe_ffn_forward_train).
+moe::MoeFfnOptions ffn_options(const char* op, int64_t k, c10::string_view router_type, int64_t renorm, bool norm_topk_prob,
+                               const OptTensor& bias, int64_t k_group, int64_t group_count, int64_t group_select_mode,
+                               int64_t norm_type, double routed_scaling_factor, double eps, const OptTensor& allowed,
+                               int64_t expert_capacity, double capacity_factor, const OptTensor& residual);
 using MoeFfnOut = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, int64_t>;
 MoeFfnOut moe_ffn(const Tensor& x, const c10::intrusive_ptr<PackedWeightHolder>& router,
                   const c10::intrusive_ptr<MoeExpertsHolder>& experts, int64_t k, c10::string_view router_type, int64_t renorm,
@@ -75,10 +84,62 @@ MoeFfnOut moe_ffn(const Tensor& x, const c10::intrusive_ptr<PackedWeightHolder>&
 
 #ifdef OT_HAVE_MOE_BWD
 // moe_bwd_ops.cpp
+struct MoeFfnSavedHolder;
 std::tuple<OptTensor, OptTensor, OptTensor> grouped_matmul_backward(
     const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& group_list, int64_t group_list_type,
     int64_t act_type, const OptTensor& bias, const OptTensor& pre_act, bool need_dx, bool need_dweight, bool need_dbias);
 Tensor moe_act_backward(int64_t act_type, const Tensor& z, const Tensor& dy);
+Tensor moe_token_permute_backward(const Tensor& d_permuted, const Tensor& sorted_indices, int64_t topk);
+std::tuple<Tensor, OptTensor> moe_token_unpermute_backward(const Tensor& d_out, const Tensor& permuted_tokens,
+                                                           const Tensor& sorted_indices, const OptTensor& probs);
+Tensor moe_init_routing_v2_backward(const Tensor& d_expanded_x, const Tensor& expanded_row_idx, int64_t num_tokens, int64_t topk,
+                                    int64_t row_idx_type);
+Tensor moe_init_routing_backward(const Tensor& d_expanded_x, const Tensor& expanded_row_idx, int64_t num_tokens, int64_t topk);
+std::tuple<Tensor, OptTensor, OptTensor> moe_finalize_routing_v2_backward(const Tensor& d_out, const Tensor& expanded_x,
+                                                                          const Tensor& expanded_row_idx, const OptTensor& scales,
+                                                                          const OptTensor& bias, const OptTensor& expert_idx,
+                                                                          int64_t drop_pad_mode);
+Tensor moe_gating_top_k_softmax_backward(const Tensor& dy, const Tensor& x, const Tensor& expert_idx, const OptTensor& allowed);
+Tensor moe_gating_top_k_softmax_v2_backward(const Tensor& dy, const Tensor& x, const Tensor& expert_idx, int64_t renorm,
+                                            const OptTensor& allowed);
+Tensor moe_gating_top_k_backward(const Tensor& dy, const Tensor& scores, const Tensor& expert_idx, int64_t renorm, int64_t norm_type,
+                                 double routed_scaling_factor, double eps);
+Tensor topk_renorm_backward(const Tensor& dw, const Tensor& y);
+Tensor moe_aux_loss_backward(const Tensor& probs, const Tensor& tokens_per_expert, int64_t k, double coeff, double d_loss);
+Tensor moe_z_loss_backward(const Tensor& logits, double coeff, const OptTensor& mask, double d_loss);
+using MoeFfnTrainOut = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, int64_t, c10::intrusive_ptr<MoeFfnSavedHolder>>;
+MoeFfnTrainOut moe_ffn_forward_train(const Tensor& x, const Tensor& router, const Tensor& gate, const Tensor& up, const Tensor& down,
+                                     int64_t k, c10::string_view router_type, int64_t renorm, bool norm_topk_prob,
+                                     const OptTensor& bias, int64_t k_group, int64_t group_count, int64_t group_select_mode,
+                                     int64_t norm_type, double routed_scaling_factor, double eps, const OptTensor& allowed,
+                                     int64_t expert_capacity, double capacity_factor, const OptTensor& shared_gate,
+                                     const OptTensor& shared_up, const OptTensor& shared_down, const OptTensor& residual,
+                                     c10::string_view layout);
+using MoeFfnBwdOut = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, OptTensor, OptTensor, OptTensor, double, double>;
+MoeFfnBwdOut moe_ffn_backward(const Tensor& dy, const Tensor& x, const Tensor& router, const Tensor& gate, const Tensor& up,
+                              const Tensor& down, const c10::intrusive_ptr<MoeFfnSavedHolder>& saved, const OptTensor& shared_gate,
+                              const OptTensor& shared_up, const OptTensor& shared_down, double aux_loss_coeff, double z_loss_coeff,
+                              c10::string_view layout);
+#endif
+
+#ifdef OT_HAVE_EP
+// ep_ops.cpp (torch_npu npu_moe_distribute_*_v2 argument lists)
+struct EpCommHolder;
+std::tuple<int64_t, int64_t> ep_init();
+void ep_finalize();
+using EpDispatchOut = std::tuple<Tensor, OptTensor, Tensor, Tensor, Tensor, Tensor, OptTensor>;
+EpDispatchOut moe_distribute_dispatch(const Tensor& x, const Tensor& expert_ids, const c10::intrusive_ptr<EpCommHolder>& group_ep,
+                                      int64_t ep_world_size, int64_t ep_rank_id, int64_t moe_expert_num, const OptTensor& scales,
+                                      const OptTensor& x_active_mask, const OptTensor& expert_scales, int64_t quant_mode,
+                                      int64_t expert_token_nums_type, c10::string_view comm_alg);
+Tensor moe_distribute_combine(const Tensor& expand_x, const Tensor& expert_ids, const Tensor& assist_info_for_combine,
+                              const Tensor& ep_send_counts, const Tensor& expert_scales,
+                              const c10::intrusive_ptr<EpCommHolder>& group_ep, int64_t ep_world_size, int64_t ep_rank_id,
+                              int64_t moe_expert_num, const OptTensor& shared_expert_x);
+Tensor ep_moe_ffn(const Tensor& x, const Tensor& expert_ids, const OptTensor& expert_scales,
+                  const c10::intrusive_ptr<EpCommHolder>& group_ep, const c10::intrusive_ptr<MoeExpertsHolder>& experts,
+                  int64_t moe_expert_num, c10::string_view comm_alg, int64_t chunks, int64_t quant_mode,
+                  const OptTensor& shared_expert_x);
 #endif
 
 // gdn_ops.cpp (fla names and argument order)

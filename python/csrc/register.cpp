@@ -79,10 +79,69 @@ TORCH_LIBRARY(ops_transformer, m) {
         OT_OP(moe_ffn));
 #endif
 #ifdef OT_HAVE_MOE_BWD
+  // ---- MoE backward (include/ot/moe_bwd.h): <forward op>_backward, the header's argument order
+  m.class_<MoeFfnSavedHolder>("MoeFfnSaved").def("rows", &MoeFfnSavedHolder::rows);
   m.def("grouped_matmul_backward(Tensor grad_y, Tensor x, Tensor weight, Tensor group_list, *, int group_list_type=0, "
         "int act_type=0, Tensor? bias=None, Tensor? pre_act=None, bool need_dx=True, bool need_dweight=True, "
         "bool need_dbias=False) -> (Tensor? dx, Tensor? dweight, Tensor? dbias)", OT_OP(grouped_matmul_backward));
   m.def("moe_act_backward(int act_type, Tensor z, Tensor dy) -> Tensor", OT_OP(moe_act_backward));
+  m.def("moe_token_permute_backward(Tensor d_permuted, Tensor sorted_indices, int topk) -> Tensor",
+        OT_OP(moe_token_permute_backward));
+  m.def("moe_token_unpermute_backward(Tensor d_out, Tensor permuted_tokens, Tensor sorted_indices, Tensor? probs=None) "
+        "-> (Tensor d_permuted, Tensor? d_probs)", OT_OP(moe_token_unpermute_backward));
+  m.def("moe_init_routing_v2_backward(Tensor d_expanded_x, Tensor expanded_row_idx, int num_tokens, int topk, "
+        "int row_idx_type=0) -> Tensor", OT_OP(moe_init_routing_v2_backward));
+  m.def("moe_init_routing_backward(Tensor d_expanded_x, Tensor expanded_row_idx, int num_tokens, int topk) -> Tensor",
+        OT_OP(moe_init_routing_backward));
+  m.def("moe_finalize_routing_v2_backward(Tensor d_out, Tensor expanded_x, Tensor expanded_row_idx, Tensor? scales=None, "
+        "Tensor? bias=None, Tensor? expert_idx=None, int drop_pad_mode=0) -> (Tensor d_expanded_x, Tensor? d_scales, "
+        "Tensor? d_bias)", OT_OP(moe_finalize_routing_v2_backward));
+  m.def("moe_gating_top_k_softmax_backward(Tensor dy, Tensor x, Tensor expert_idx, Tensor? allowed=None) -> Tensor",
+        OT_OP(moe_gating_top_k_softmax_backward));
+  m.def("moe_gating_top_k_softmax_v2_backward(Tensor dy, Tensor x, Tensor expert_idx, int renorm=0, Tensor? allowed=None) "
+        "-> Tensor", OT_OP(moe_gating_top_k_softmax_v2_backward));
+  m.def("moe_gating_top_k_backward(Tensor dy, Tensor scores, Tensor expert_idx, int renorm=0, int norm_type=0, "
+        "float routed_scaling_factor=1.0, float eps=1e-20) -> Tensor", OT_OP(moe_gating_top_k_backward));
+  m.def("topk_renorm_backward(Tensor dw, Tensor y) -> Tensor", OT_OP(topk_renorm_backward));
+  m.def("moe_aux_loss_backward(Tensor probs, Tensor tokens_per_expert, int k, float coeff=1.0, float d_loss=1.0) -> Tensor",
+        OT_OP(moe_aux_loss_backward));
+  m.def("moe_z_loss_backward(Tensor logits, float coeff=1.0, Tensor? mask=None, float d_loss=1.0) -> Tensor",
+        OT_OP(moe_z_loss_backward));
+  m.def("moe_ffn_forward_train(Tensor x, Tensor router, Tensor gate, Tensor up, Tensor down, *, int k=2, "
+        "str router_type=\"softmax\", int renorm=0, bool norm_topk_prob=False, Tensor? bias=None, int k_group=1, "
+        "int group_count=1, int group_select_mode=0, int norm_type=0, float routed_scaling_factor=1.0, float eps=1e-20, "
+        "Tensor? allowed=None, int expert_capacity=-1, float capacity_factor=0.0, Tensor? shared_gate=None, "
+        "Tensor? shared_up=None, Tensor? shared_down=None, Tensor? residual=None, str layout=\"torch\") "
+        "-> (Tensor y, Tensor router_logits, Tensor topk_ids, Tensor topk_weights, Tensor expert_counts, int dropped, __torch__.torch.classes.ops_transformer.MoeFfnSaved saved)", OT_OP(moe_ffn_forward_train));
+  m.def("moe_ffn_backward(Tensor dy, Tensor x, Tensor router, Tensor gate, Tensor up, Tensor down, "
+        "__torch__.torch.classes.ops_transformer.MoeFfnSaved saved, *, Tensor? shared_gate=None, Tensor? shared_up=None, "
+        "Tensor? shared_down=None, float aux_loss_coeff=0.0, float z_loss_coeff=0.0, str layout=\"torch\") "
+        "-> (Tensor dx, Tensor d_router, Tensor d_gate, Tensor d_up, Tensor d_down, Tensor? d_shared_gate, "
+        "Tensor? d_shared_up, Tensor? d_shared_down, float aux_loss, float z_loss)", OT_OP(moe_ffn_backward));
+#endif
+#ifdef OT_HAVE_EP
+  // ---- expert parallelism over MPI (torch_npu npu_moe_distribute_*_v2; group_ep is an EpComm)
+  m.class_<EpCommHolder>("EpComm")
+      .def(torch::init<int64_t, int64_t>())
+      .def("ep_world_size", &EpCommHolder::ep_world_size)
+      .def("ep_rank_id", &EpCommHolder::ep_rank_id)
+      .def("num_local_experts", &EpCommHolder::num_local_experts)
+      .def("local_experts", &EpCommHolder::local_experts)
+      .def("rebalance", &EpCommHolder::rebalance)
+      .def("last_bytes_sent", &EpCommHolder::last_bytes_sent);
+  m.def("ep_init() -> (int world_size, int rank)", OT_OP(ep_init));
+  m.def("ep_finalize() -> ()", OT_OP(ep_finalize));
+  m.def("moe_distribute_dispatch(Tensor x, Tensor expert_ids, __torch__.torch.classes.ops_transformer.EpComm group_ep, int ep_world_size, "
+        "int ep_rank_id, int moe_expert_num, *, Tensor? scales=None, Tensor? x_active_mask=None, Tensor? expert_scales=None, "
+        "int quant_mode=0, int expert_token_nums_type=1, str comm_alg=\"\") -> (Tensor expand_x, Tensor? dynamic_scales, "
+        "Tensor assist_info_for_combine, Tensor expert_token_nums, Tensor ep_recv_counts, Tensor tp_recv_counts, "
+        "Tensor? expand_scales)", OT_OP(moe_distribute_dispatch));
+  m.def("moe_distribute_combine(Tensor expand_x, Tensor expert_ids, Tensor assist_info_for_combine, Tensor ep_send_counts, "
+        "Tensor expert_scales, __torch__.torch.classes.ops_transformer.EpComm group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, "
+        "Tensor? shared_expert_x=None) -> Tensor", OT_OP(moe_distribute_combine));
+  m.def("ep_moe_ffn(Tensor x, Tensor expert_ids, Tensor? expert_scales, __torch__.torch.classes.ops_transformer.EpComm group_ep, "
+        "__torch__.torch.classes.ops_transformer.MoeExperts experts, int moe_expert_num, *, str comm_alg=\"\", int chunks=2, "
+        "int quant_mode=0, Tensor? shared_expert_x=None) -> Tensor", OT_OP(ep_moe_ffn));
 #endif
 #ifdef OT_HAVE_GDN
   // ---- Gated DeltaNet (fla functional API; layout: "BTHD" default, "BNSD" head-major)

@@ -6,7 +6,12 @@ Functional (same names and arguments as torch_npu.npu_moe_* without the npu_ pre
     (out,) = grouped_matmul([expanded_x], [w], group_list=counts, group_list_type=1, split_item=2)
 Index tensors are int32 (int64 ids are rejected with an error naming the argument).
 
-Modules (forward only until the library's MoE backward lands; see HAS_BACKWARD):
+Autograd: the routers (y w.r.t. x), init routing v1/v2 and token permute (expanded rows w.r.t. x),
+token unpermute and finalize routing (rows, probs/scales, skips, bias), grouped_matmul, the losses and
+moe_ffn (given plain weight tensors instead of packed ones) are differentiable through the library's
+backward operators (include/ot/moe_bwd.h, torch.ops.ops_transformer.<op>_backward).
+
+Modules (trainable when HAS_BACKWARD):
     ExpertParallel(experts, top_k=2, capacity_factor=1.2, precision="bf16", gate=None)
     SparseMoeBlock(hidden_size, num_experts, intermediate_size, top_k, norm_topk_prob=True)
 """
@@ -38,6 +43,212 @@ def _op(name):
 
 for _name in __all__[:13]:
     globals()[_name] = _op(_name)
+
+
+def _needs_grad(*tensors):
+    return HAS_BACKWARD and torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _grad_as(g, t):
+    """A gradient in the dtype of the tensor it belongs to (the library returns fp32 for weights)."""
+    return None if g is None or t is None else g.to(t.dtype).reshape(t.shape)
+
+
+# ---- routers: gradient to the selected scores only ------------------------------------------------
+
+class _TopKSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, finished, k, allowed, renorm, v2, output_softmax):
+        if v2:
+            y, idx, sm = ops.moe_gating_top_k_softmax_v2(x, k=k, finished=finished, renorm=renorm,
+                                                         output_softmax=output_softmax, allowed=allowed)
+            extra = sm
+        else:
+            y, idx, extra = ops.moe_gating_top_k_softmax(x, finished, k, allowed=allowed)
+        ctx.save_for_backward(x, idx, allowed)
+        ctx.args = (renorm, v2)
+        ctx.mark_non_differentiable(*(t for t in (idx, extra) if t is not None))
+        return y, idx, extra
+
+    @staticmethod
+    def backward(ctx, dy, *_):
+        x, idx, allowed = ctx.saved_tensors
+        renorm, v2 = ctx.args
+        E = x.shape[-1]
+        args = (dy.reshape(-1, idx.shape[-1]).float().contiguous(), x.reshape(-1, E), idx.reshape(-1, idx.shape[-1]))
+        al = None if allowed is None else allowed.reshape(-1, E)
+        dx = (ops.moe_gating_top_k_softmax_v2_backward(*args, renorm, al) if v2
+              else ops.moe_gating_top_k_softmax_backward(*args, al))
+        return _grad_as(dx, x), None, None, None, None, None, None
+
+
+def moe_gating_top_k_softmax(x, finished=None, k=1, *, allowed=None):
+    """torch_npu.npu_moe_gating_top_k_softmax: (y, expert_idx, row_idx); y differentiable w.r.t. x."""
+    if _needs_grad(x):
+        return _TopKSoftmax.apply(x, finished, k, allowed, 0, False, False)
+    return ops.moe_gating_top_k_softmax(x, finished, k, allowed=allowed)
+
+
+def moe_gating_top_k_softmax_v2(x, *, k=1, finished=None, renorm=0, output_softmax=False, allowed=None):
+    """torch_npu.npu_moe_gating_top_k_softmax_v2: (y, expert_idx, softmax_result); y differentiable."""
+    if _needs_grad(x):
+        return _TopKSoftmax.apply(x, finished, k, allowed, renorm, True, output_softmax)
+    return ops.moe_gating_top_k_softmax_v2(x, k=k, finished=finished, renorm=renorm, output_softmax=output_softmax,
+                                           allowed=allowed)
+
+
+class _GatingTopK(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, k, kw):
+        y, idx, scores = ops.moe_gating_top_k(x, k, **kw)  # out_flag forced: the backward needs the scores
+        ctx.save_for_backward(x, idx, scores)
+        ctx.kw = kw
+        ctx.mark_non_differentiable(idx, scores)
+        return y, idx, scores
+
+    @staticmethod
+    def backward(ctx, dy, *_):
+        x, idx, scores = ctx.saved_tensors
+        kw = ctx.kw
+        dx = ops.moe_gating_top_k_backward(dy.float().contiguous(), scores, idx, kw["renorm"], kw["norm_type"],
+                                           kw["routed_scaling_factor"], kw["eps"])
+        return _grad_as(dx, x), None, None
+
+
+def moe_gating_top_k(x, k, *, bias=None, k_group=1, group_count=1, group_select_mode=0, renorm=0, norm_type=0,
+                     out_flag=False, routed_scaling_factor=1.0, eps=1e-20, allowed=None):
+    """torch_npu.npu_moe_gating_top_k: (y, expert_idx, out); y differentiable w.r.t. x."""
+    kw = dict(bias=bias, k_group=k_group, group_count=group_count, group_select_mode=group_select_mode, renorm=renorm,
+              norm_type=norm_type, routed_scaling_factor=routed_scaling_factor, eps=eps, allowed=allowed)
+    if _needs_grad(x):
+        y, idx, scores = _GatingTopK.apply(x, k, dict(kw, out_flag=True))
+        return y, idx, scores if out_flag else None
+    return ops.moe_gating_top_k(x, k, out_flag=out_flag, **kw)
+
+
+# ---- routing: expanded rows w.r.t. x, unpermute and finalize -----------------------------------------
+
+class _InitRouting(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, v2, args, kw):
+        out = ops.moe_init_routing_v2(x, *args, **kw) if v2 else ops.moe_init_routing(x, *args)
+        ids = args[0] if v2 else args[1]
+        ctx.save_for_backward(out[1])
+        ctx.args = (v2, x.shape, ids.shape[-1], kw.get("row_idx_type", 0))
+        ctx.mark_non_differentiable(*(t for t in out[1:] if t is not None))
+        return out
+
+    @staticmethod
+    def backward(ctx, dex, *_):
+        (erow,) = ctx.saved_tensors
+        v2, shape, K, row_type = ctx.args
+        N = shape[0]
+        dex = dex.contiguous()
+        dx = (ops.moe_init_routing_v2_backward(dex, erow, N, K, row_type) if v2
+              else ops.moe_init_routing_backward(dex, erow, N, K))
+        return dx.reshape(shape), None, None, None
+
+
+def moe_init_routing(x, row_idx, expert_idx, active_num):
+    """torch_npu.npu_moe_init_routing: (expanded_x, expanded_row_idx, expanded_expert_idx); expanded_x
+    differentiable w.r.t. x."""
+    if _needs_grad(x):
+        return _InitRouting.apply(x, False, (row_idx, expert_idx, active_num), {})
+    return ops.moe_init_routing(x, row_idx, expert_idx, active_num)
+
+
+def moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1, expert_capacity=-1, expert_num=-1,
+                        drop_pad_mode=0, expert_tokens_num_type=0, expert_tokens_num_flag=False, quant_mode=-1,
+                        active_expert_range=(), row_idx_type=0, x_dtype=None):
+    """torch_npu.npu_moe_init_routing_v2: (expanded_x, expanded_row_idx, expert_token_cumsum_or_count,
+    expanded_scale); expanded_x differentiable w.r.t. x (not when quantised)."""
+    kw = dict(scale=scale, offset=offset, active_num=active_num, expert_capacity=expert_capacity, expert_num=expert_num,
+              drop_pad_mode=drop_pad_mode, expert_tokens_num_type=expert_tokens_num_type,
+              expert_tokens_num_flag=expert_tokens_num_flag, quant_mode=quant_mode,
+              active_expert_range=list(active_expert_range), row_idx_type=row_idx_type, x_dtype=x_dtype)
+    if quant_mode < 0 and _needs_grad(x):
+        return _InitRouting.apply(x, True, (expert_idx,), kw)
+    return ops.moe_init_routing_v2(x, expert_idx, **kw)
+
+
+class _TokenPermute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tokens, indices, num_out_tokens, padded_mode):
+        out, sidx = ops.moe_token_permute(tokens, indices, num_out_tokens, padded_mode)
+        ctx.save_for_backward(sidx)
+        ctx.topk = indices.shape[-1] if indices.dim() > 1 else 1
+        ctx.mark_non_differentiable(sidx)
+        return out, sidx
+
+    @staticmethod
+    def backward(ctx, d_out, _):
+        (sidx,) = ctx.saved_tensors
+        return ops.moe_token_permute_backward(d_out.contiguous(), sidx, ctx.topk), None, None, None
+
+
+def moe_token_permute(tokens, indices, num_out_tokens=None, padded_mode=False):
+    """torch_npu.npu_moe_token_permute: (permuted_tokens, sorted_indices); differentiable w.r.t. tokens."""
+    if _needs_grad(tokens):
+        return _TokenPermute.apply(tokens, indices, num_out_tokens, padded_mode)
+    return ops.moe_token_permute(tokens, indices, num_out_tokens, padded_mode)
+
+
+class _TokenUnpermute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, permuted, sidx, probs, padded_mode, restore_shape):
+        ctx.save_for_backward(permuted, sidx, probs)
+        return ops.moe_token_unpermute(permuted, sidx, probs, padded_mode, restore_shape)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        permuted, sidx, probs = ctx.saved_tensors
+        dp, dprobs = ops.moe_token_unpermute_backward(d_out.contiguous(), permuted, sidx, probs)
+        return dp, None, _grad_as(dprobs, probs), None, None
+
+
+def moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_mode=False, restore_shape=None):
+    """torch_npu.npu_moe_token_unpermute; differentiable w.r.t. permuted_tokens and probs."""
+    if _needs_grad(permuted_tokens, probs):
+        return _TokenUnpermute.apply(permuted_tokens, sorted_indices, probs, padded_mode, restore_shape)
+    return ops.moe_token_unpermute(permuted_tokens, sorted_indices, probs, padded_mode, restore_shape)
+
+
+class _Finalize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ex, erow, x1, x2, bias, scales, expert_idx, mode):
+        ctx.save_for_backward(ex, erow, bias, scales, expert_idx)
+        ctx.args = (mode, x1 is not None, x2 is not None)
+        return ops.moe_finalize_routing_v2(ex, erow, x1=x1, x2=x2, bias=bias, scales=scales, expert_idx=expert_idx,
+                                           drop_pad_mode=mode)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        ex, erow, bias, scales, expert_idx = ctx.saved_tensors
+        mode, has1, has2 = ctx.args
+        d_out = d_out.contiguous()
+        dex, dsc, db = ops.moe_finalize_routing_v2_backward(d_out, ex, erow, scales, bias, expert_idx, mode)
+        return (dex, None, d_out if has1 else None, d_out if has2 else None, _grad_as(db, bias),
+                _grad_as(dsc, scales), None, None)
+
+
+def moe_finalize_routing_v2(expanded_x, expanded_row_idx, *, x1=None, x2=None, bias=None, scales=None, expert_idx=None,
+                            drop_pad_mode=0):
+    """torch_npu.npu_moe_finalize_routing_v2; differentiable w.r.t. expanded_x, x1, x2, bias and scales."""
+    if _needs_grad(expanded_x, x1, x2, bias, scales):
+        return _Finalize.apply(expanded_x, expanded_row_idx, x1, x2, bias, scales, expert_idx, drop_pad_mode)
+    return ops.moe_finalize_routing_v2(expanded_x, expanded_row_idx, x1=x1, x2=x2, bias=bias, scales=scales,
+                                       expert_idx=expert_idx, drop_pad_mode=drop_pad_mode)
+
+
+def moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row,
+                         export_for_source_row, drop_pad_mode=0):
+    """torch_npu.npu_moe_finalize_routing (= v2 with these arguments); differentiable as v2."""
+    if _needs_grad(expanded_permuted_rows, skip1, skip2, bias, scales):
+        return _Finalize.apply(expanded_permuted_rows, expanded_src_to_dst_row, skip1, skip2, bias, scales,
+                               export_for_source_row, drop_pad_mode or 0)
+    return ops.moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row,
+                                    export_for_source_row, drop_pad_mode)
 
 
 class _GroupedMatmul(torch.autograd.Function):
@@ -108,16 +319,20 @@ def moe_capacity(tokens, k, experts, capacity_factor, min_capacity=0):
 class _AuxLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, probs, counts, k, coeff):
-        ctx.save_for_backward(counts)
-        ctx.args = (probs.shape, probs.dtype, k, coeff)
+        ctx.save_for_backward(probs, counts)
+        ctx.args = (k, coeff)
         return torch.tensor(ops.moe_aux_loss(probs, counts, k, coeff), dtype=torch.float32)
 
     @staticmethod
     def backward(ctx, grad):
-        (counts,) = ctx.saved_tensors
-        (T, E), dtype, k, coeff = ctx.args
-        g = grad * coeff * E / (k * T * T) * counts.float()
-        return g.expand(T, E).to(dtype), None, None, None
+        probs, counts = ctx.saved_tensors
+        k, coeff = ctx.args
+        if HAS_BACKWARD:
+            g = ops.moe_aux_loss_backward(probs, counts, k, coeff, float(grad))
+        else:  # closed form
+            T, E = probs.shape
+            g = (grad * coeff * E / (k * T * T) * counts.float()).expand(T, E)
+        return g.to(probs.dtype), None, None, None
 
 
 class _ZLoss(torch.autograd.Function):
@@ -130,6 +345,8 @@ class _ZLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         logits, mask = ctx.saved_tensors
+        if HAS_BACKWARD:
+            return ops.moe_z_loss_backward(logits, ctx.coeff, mask, float(grad)).to(logits.dtype), None, None
         lf = logits.float()
         lse = torch.logsumexp(lf, -1, keepdim=True)
         w = torch.ones_like(lse) if mask is None else mask.reshape(-1, 1).float()
@@ -154,10 +371,52 @@ def MoeExperts(gate, up, down, layout="torch"):
 
 
 def moe_ffn(x, router, experts, k=2, **kwargs):
-    """The whole MoE layer forward on prepacked weights: router -> top-k -> grouped SwiGLU FFN ->
-    weighted combine. x [T, H]; router a PackedWeight of the [E, H] gate; experts a MoeExperts.
+    """The whole MoE layer forward: router -> top-k -> grouped SwiGLU FFN -> weighted combine.
+    x [T, H]. Inference: router a PackedWeight of the [E, H] gate, experts a MoeExperts (packed once).
+    Training: router the [E, H] weight tensor and experts a (gate, up, down) tuple of stacked
+    nn.Linear weights ([E, I, H], [E, I, H], [E, H, I]; layout="EHI" for [E, H, I] / [E, I, H]),
+    optional shared=(gate [Is, H], up [Is, H], down [H, Is]); then y and router_logits are
+    differentiable w.r.t. x, router, the experts, shared and residual (moe_ffn_backward).
     Returns (y, router_logits, topk_ids, topk_weights, expert_counts, dropped)."""
+    if isinstance(router, torch.Tensor):
+        return _moe_ffn_train(x, router, experts, k=k, **kwargs)
     return ops.moe_ffn(x, router, experts, k=k, **kwargs)
+
+
+class _MoeFfn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, router, gate, up, down, sg, su, sd, residual, kw, info):
+        y, logits, ids, w, counts, dropped, saved = ops.moe_ffn_forward_train(
+            x, router, gate, up, down, shared_gate=sg, shared_up=su, shared_down=sd, residual=residual, **kw)
+        info.append(dropped)
+        ctx.save_for_backward(x, router, gate, up, down, sg, su, sd)
+        ctx.saved, ctx.layout, ctx.has_res = saved, kw.get("layout", "torch"), residual is not None
+        ctx.mark_non_differentiable(ids, w, counts)
+        return y, logits, ids, w, counts
+
+    @staticmethod
+    def backward(ctx, dy, dlogits, *_):
+        x, router, gate, up, down, sg, su, sd = ctx.saved_tensors
+        dy = torch.zeros_like(x) if dy is None else dy.to(x.dtype)
+        dx, dr, dg, du, dd, dsg, dsu, dsd, _, _ = ops.moe_ffn_backward(
+            dy, x, router, gate, up, down, ctx.saved, shared_gate=sg, shared_up=su, shared_down=sd, layout=ctx.layout)
+        if dlogits is not None:  # losses on the router logits (aux, z): logits = x router^T
+            dl = dlogits.float()
+            dx = (dx.float() + dl @ router.float()).to(x.dtype)
+            dr = dr + dl.t() @ x.float()
+        return (dx, _grad_as(dr, router), _grad_as(dg, gate), _grad_as(du, up), _grad_as(dd, down), _grad_as(dsg, sg),
+                _grad_as(dsu, su), _grad_as(dsd, sd), dy if ctx.has_res else None, None, None)
+
+
+def _moe_ffn_train(x, router, experts, k=2, shared=None, residual=None, **kw):
+    gate, up, down = experts
+    sg, su, sd = shared if shared is not None else (None, None, None)
+    if isinstance(sg, torch.ScriptObject):
+        raise TypeError("moe_ffn: argument 'shared': expected (gate, up, down) tensors with a weight-tensor router")
+    info = []
+    y, logits, ids, w, counts = _MoeFfn.apply(x.contiguous(), router, gate, up, down, sg, su, sd, residual,
+                                              dict(kw, k=k), info)
+    return y, logits, ids, w, counts, info[0]
 
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
@@ -186,6 +445,13 @@ class _RouterCache:
         return self.packed
 
 
+def _train_step(x, router_w, weights, dtype, **kw):
+    """The differentiable layer on the modules' own parameters: stacked (a copy per call, so the
+    gradients flow back to every expert's Linear weights), cast to the compute dtype."""
+    st = [torch.stack([w.to(dtype) for w in ws]) for ws in weights]
+    return moe_ffn(x, router_w.to(dtype), tuple(st), **kw)
+
+
 class ExpertParallel(nn.Module):
     """Runs a list of FFN experts as one fused MoE layer on prepacked weights.
 
@@ -193,7 +459,11 @@ class ExpertParallel(nn.Module):
     Linear layers, all of the same shape; packed once (call repack() after changing them).
     gate: the router Linear(H, E, bias=False) (created when None). forward(x [..., H]) -> y [..., H].
     After each call: aux_loss (Switch load-balancing loss of that call, a 0-d tensor),
-    expert_counts [E] and dropped (pairs over capacity). capacity_factor=None is dropless."""
+    expert_counts [E] and dropped (pairs over capacity). capacity_factor=None is dropless.
+    Trainable: with grad enabled and x or a parameter requiring grad, the call runs the
+    differentiable layer on the parameters themselves (gradients reach x, the router and every
+    expert, and aux_loss back-propagates into the router); the packed copy is refreshed at the next
+    inference call."""
 
     def __init__(self, experts, top_k=2, capacity_factor=1.2, precision="bf16", gate=None, norm_topk_prob=False):
         super().__init__()
@@ -230,16 +500,29 @@ class ExpertParallel(nn.Module):
         else:
             self.experts[i] = expert
 
+    def _training(self, x):
+        if not torch.is_grad_enabled() or not (x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            return False
+        if not HAS_BACKWARD:
+            raise NotImplementedError("ExpertParallel: the MoE backward is not built into this library")
+        return True
+
     def forward(self, x):
-        if torch.is_grad_enabled() and x.requires_grad and not HAS_BACKWARD:
-            raise NotImplementedError("ExpertParallel: the MoE backward is not built into this library yet")
         shape = x.shape
         xt = x.reshape(-1, self.hidden_size).to(self.dtype)
-        E = len(self.experts)
-        cf = self.capacity_factor or 0.0
-        y, logits, ids, _, counts, dropped = ops.moe_ffn(
-            xt, self._router.get(self.gate.weight, self.dtype), self._packed, k=self.top_k,
-            norm_topk_prob=self.norm_topk_prob, capacity_factor=float(cf))
+        cf = float(self.capacity_factor or 0.0)
+        if xt.shape[0] and self._training(x):
+            weights = zip(*(_expert_weights(e) for e in self.experts))
+            y, logits, ids, _, counts, dropped = _train_step(xt, self.gate.weight, weights, self.dtype, k=self.top_k,
+                                                             norm_topk_prob=self.norm_topk_prob, capacity_factor=cf)
+            self._stale = True
+        else:
+            if getattr(self, "_stale", False):
+                self.repack()
+                self._stale = False
+            y, logits, ids, _, counts, dropped = ops.moe_ffn(
+                xt, self._router.get(self.gate.weight, self.dtype), self._packed, k=self.top_k,
+                norm_topk_prob=self.norm_topk_prob, capacity_factor=cf)
         probs = torch.softmax(logits, -1)
         self.expert_counts, self.dropped = counts, dropped
         self.aux_loss = moe_aux_loss(probs, counts, self.top_k) if xt.shape[0] else torch.zeros(())
@@ -299,13 +582,21 @@ class SparseMoeBlock(nn.Module):
         return block
 
     def forward(self, hidden_states):
-        if torch.is_grad_enabled() and hidden_states.requires_grad and not HAS_BACKWARD:
-            raise NotImplementedError("SparseMoeBlock: the MoE backward is not built into this library yet")
-        if self._packed is None:
-            self.repack()
         shape = hidden_states.shape
         dtype = self.gate.weight.dtype
         x = hidden_states.reshape(-1, self.hidden_size).to(dtype)
-        y, logits, *_ = ops.moe_ffn(x, self._router.get(self.gate.weight, dtype), self._packed, k=self.top_k,
-                                    norm_topk_prob=self.norm_topk_prob)
+        training = x.shape[0] and torch.is_grad_enabled() and (
+            hidden_states.requires_grad or any(p.requires_grad for p in self.parameters()))
+        if training:
+            if not HAS_BACKWARD:
+                raise NotImplementedError("SparseMoeBlock: the MoE backward is not built into this library")
+            weights = ([getattr(e, n).weight for e in self.experts] for n in ("gate_proj", "up_proj", "down_proj"))
+            y, logits, *_ = _train_step(x, self.gate.weight, weights, dtype, k=self.top_k,
+                                        norm_topk_prob=self.norm_topk_prob)
+            self._packed = None  # parameters may change (optimizer step): repack at the next inference call
+        else:
+            if self._packed is None:
+                self.repack()
+            y, logits, *_ = ops.moe_ffn(x, self._router.get(self.gate.weight, dtype), self._packed, k=self.top_k,
+                                        norm_topk_prob=self.norm_topk_prob)
         return y.to(hidden_states.dtype).reshape(shape), logits.to(dtype)
