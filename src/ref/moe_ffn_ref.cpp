@@ -36,10 +36,20 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const TensorView& router_weight, co
                down.size(2) == gate.size(1), op, "down", "gate/up [E, H, I] and down [E, I, H]", down.shape_str());
   OT_CHECK(!o.shared || sg.defined(), op, "shared", "the shared expert's unpacked weights", "none");
   int64_t E = gate.size(0), H = gate.size(1), I = gate.size(2);
+  // The shared expert has its own intermediate size Is: gate/up [H, Is] (or [1, H, Is]), down [Is, H].
+  int64_t Is = o.shared ? sg.size(sg.ndim - 1) : 0;
+  if (o.shared) {
+    auto is_2d = [](const TensorView& v, int64_t r, int64_t c) {
+      return (v.ndim == 2 && v.size(0) == r && v.size(1) == c) || (v.ndim == 3 && v.size(0) == 1 && v.size(1) == r && v.size(2) == c);
+    };
+    OT_CHECK(is_2d(sg, H, Is) && is_2d(su, H, Is) && is_2d(sd, Is, H), op, "shared_down",
+             detail::cat("shared gate/up [H, Is] and down [Is, H] with H = ", H), sg.shape_str(), ", ", su.shape_str(), ", ", sd.shape_str());
+  }
   impl::FfnPlan p = impl::plan_ffn(x_in, router_weight.size(1), router_weight.size(0), H, I, gate.dtype, E, o, H, gate.dtype);
   Tensor hold[8];
   TensorView x = impl::contig(x_in, hold[0]), rw = impl::contig(router_weight, hold[1]);
   TensorView G = impl::contig(gate, hold[2]), U = impl::contig(up, hold[3]), D = impl::contig(down, hold[4]);
+  TensorView SG = impl::contig(sg, hold[5]), SU = impl::contig(su, hold[6]), SD = impl::contig(sd, hold[7]);
   MoeFfnResult r;
   r.router_logits = Tensor::empty(DType::f32, {p.T, E});
   std::vector<float> xr(static_cast<size_t>(H)), rr(static_cast<size_t>(H));
@@ -63,7 +73,7 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const TensorView& router_weight, co
   for (int64_t t = 0; t < p.T; ++t) {
     impl::load_f32(x, t * H, xr.data(), H);
     if (o.shared) {
-      expert_row(xr.data(), sg, su, sd, x.dtype, H, I, out);
+      expert_row(xr.data(), SG, SU, SD, x.dtype, H, Is, out);
       for (int64_t h = 0; h < H; ++h) acc[size_t(t * H + h)] += out[size_t(h)];
     }
     for (int64_t k = 0; k < p.K; ++k) {

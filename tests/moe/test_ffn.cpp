@@ -1,6 +1,7 @@
 // moe_ffn and its stages: fused layer vs the reference over token counts, dtypes, routers, weight
 // layouts, capacity, shared expert + residual; expert store updates; losses; errors.
 #include "helpers.h"
+#include "ot/trace.h"
 
 using namespace ot;
 using namespace ot::moe;
@@ -88,6 +89,37 @@ TEST(MoeFfn, RoutersCapacitySharedResidual) {
     if (variant == 3) {
       EXPECT_GT(f.dropped, 0);
     }
+  }
+}
+
+// The shared expert's intermediate size differs from the routed experts' (Qwen2-MoE: 4x); both the
+// stacked [1, H, Is] and plain [H, Is] shared weights are accepted by the reference.
+TEST(MoeFfn, SharedExpertWithItsOwnIntermediate) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    Layer L(t, 8, 32, 16, 41), S(t, 1, 32, 40, 42);
+    gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
+    MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+    MoeExperts shared = MoeExperts::from_stacked(S.gate, S.up, S.down, WeightLayout::EHI);
+    Tensor x = randn(t, {37, 32}, 43);
+    MoeFfnOptions o;
+    o.k = 2;
+    o.shared = &shared;
+    MoeFfnResult f = moe_ffn(x, router, ex, o);
+    expect_ffn_match(f, ref::moe_ffn(x, L.router, L.gate, L.up, L.down, o, S.gate, S.up, S.down), t, "stacked shared");
+    expect_ffn_match(f, ref::moe_ffn(x, L.router, L.gate, L.up, L.down, o, S.gate.view().select(0, 0), S.up.view().select(0, 0), S.down.view().select(0, 0)), t,
+                     "2-D shared");
+    // The shared expert really contributes (a wrong Is would not be caught by a zero contribution).
+    MoeFfnOptions plain = o;
+    plain.shared = nullptr;
+    EXPECT_GT(nerr(f.y, moe_ffn(x, router, ex, plain).y), 0.05);
+    EXPECT_THROW(ref::moe_ffn(x, L.router, L.gate, L.up, L.down, o, S.gate, S.up, L.down), Error);
+    // The trace counts the shared expert's flops too: router + 3 GEMMs per pair and per token.
+    trace::set_timeline(true);
+    moe_ffn(x, router, ex, o);
+    trace::set_timeline(false);
+    double flops = -1;
+    for (const trace::Event& e : trace::take_events()) if (e.name == "moe_ffn") flops = e.flops;
+    EXPECT_DOUBLE_EQ(flops, 2.0 * 37 * 32 * (8 + 3.0 * (2 * 16 + 40)));
   }
 }
 
