@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_gemm_common.h"
 #include "bench_harness.h"
 #include "ot/moe.h"
 #include "ot/numeric.h"
@@ -111,7 +112,17 @@ int run(const BenchOptions& opt) {
       r.extra["gflop"] = flops / 1e9;
       r.extra["touched_weight_gb"] = touched / 1e9;
       r.extra["ref_slice_tokens"] = slice;
+      // Idle-machine estimate from process CPU time (the machine is shared; see cpu_ms_per_call).
+      const double cpu_ms = gemmbench::cpu_ms_per_call(fast, 2), est_ms = cpu_ms / r.threads;
+      r.extra["cpu_ms"] = cpu_ms;
+      r.extra["idle_estimate_ms"] = est_ms;
+      const double est_rate = T <= 16 ? touched / (est_ms * 1e6) : flops / (est_ms * 1e6);
+      r.extra[T <= 16 ? "cpu_gbps" : "cpu_gflops"] = est_rate;
       report(opt, r);
+      if (!opt.json)
+        std::printf("  %-26s cpu %.3f ms/call -> idle estimate %.3f ms: %.1f %s (%.1f%% of peak)\n", "", cpu_ms, est_ms, est_rate,
+                    T <= 16 ? "GB/s" : "GFLOP/s",
+                    100 * est_rate / (T <= 16 ? memory_peak_gbps(r.threads) : matrix_peak_gflops("bf16", r.threads)));
     }
   }
   return 0;
