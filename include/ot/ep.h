@@ -105,6 +105,10 @@ struct DispatchOptions {
   // reduce-scatters partial sums (Megatron's allgather dispatcher).
   bool dedup_combine = true;
   int shared_expert_num = 0;         // shared experts computed on every rank from its own x (no traffic)
+  // [BS] or [BS, K] u8 (bool), or undefined (all active). 1-D: a false token is not sent and its
+  // x_out row is zero (shared_expert_x is not added); 2-D: a false (token, k) slot is not sent and
+  // contributes nothing. Under all_gather, tokens without an active slot are not gathered.
+  TensorView x_active_mask;
 };
 
 // Internal state shared by dispatch and the matching combine (opaque).

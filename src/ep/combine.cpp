@@ -233,6 +233,7 @@ void PendingCombine::State::finish() {
       } else {
         for (int64_t k = 0; k < K; ++k) {  // k order: the spec's sum
           int q = dd.slot_dest[size_t(t * K + k)];
+          if (q < 0) continue;  // inactive slot
           int64_t r = dd.slot_ret[size_t(t * K + k)];
           const char* src = q == me ? ybase + r * y.stride(0) * int64_t(yes) : rb + size_t(rdispl[size_t(q)] + r) * row_bytes;
           load_row_f32(src, y.dtype, H, tmp.data());
@@ -240,7 +241,8 @@ void PendingCombine::State::finish() {
           for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += w * tmp[size_t(h)];
         }
       }
-      if (shared.defined()) {  // shared experts are added unweighted
+      const bool active = dd.token_active.empty() || dd.token_active[size_t(t)];
+      if (shared.defined() && active) {  // shared experts are added unweighted; inactive tokens stay zero
         load_row_f32(static_cast<const char*>(shared.data) + t * shared.stride(0) * int64_t(dtype_size(shared.dtype)), shared.dtype, H,
                      tmp.data());
         for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += tmp[size_t(h)];

@@ -16,7 +16,7 @@ constexpr const char* kOp = "moe_distribute_dispatch";
 
 enum Code {
   kOk, kX, kXDtype, kIds, kIdsDtype, kK, kIdsRange, kIdsDup, kScales, kE, kEDiv, kPlacementE, kWorld, kRank, kType,
-  kMisK, kMisH, kMisDtype, kMisE, kMisOpt, kMisPlacement, kMisTag,
+  kMisK, kMisH, kMisDtype, kMisE, kMisOpt, kMisPlacement, kMisTag, kMask,
 };
 const std::vector<FaultText> kTable = {
     {"", ""},
@@ -41,8 +41,9 @@ const std::vector<FaultText> kTable = {
     {"options", "the same dispatcher, quant_int8, dedup_combine and expert_token_nums_type on every rank"},
     {"placement", "the same expert placement on every rank"},
     {"chunks", "the same value on every rank"},
+    {"x_active_mask", "u8 (bool) [BS] or [BS, K] with contiguous rows, or undefined"},
 };
-enum Field { fBS, fK, fH, fE, fDtype, fQuant, fDisp, fDedup, fType, fHash, fTag };
+enum Field { fBS, fK, fH, fE, fDtype, fQuant, fDisp, fDedup, fType, fHash, fTag, fRows };
 
 Fault validate(const Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w, const DispatchOptions& o) {
   const int W = comm.ep_world_size();
@@ -60,6 +61,10 @@ Fault validate(const Comm& comm, const TensorView& x, const TensorView& ids, con
   if (K < 1 || K > std::min<int64_t>(E, 64)) return {kK, K};
   if (w.defined() && (w.ndim != 2 || w.size(0) != BS || w.size(1) != K || w.dtype != DType::f32 || !w.last_dim_contiguous()))
     return {kScales, w.ndim == 2 ? w.size(1) : w.ndim};
+  const TensorView& m = o.x_active_mask;
+  if (m.defined() && (m.dtype != DType::u8 || !m.last_dim_contiguous() || m.size(0) != BS ||
+                      !(m.ndim == 1 || (m.ndim == 2 && m.size(1) == K))))
+    return {kMask, m.ndim >= 1 ? m.size(0) : m.ndim};
   std::vector<int64_t> seen(size_t(E), -1);
   for (int64_t t = 0; t < BS; ++t) {
     const int32_t* row = ids.ptr<int32_t>() + t * ids.stride(0);
@@ -120,8 +125,8 @@ PendingDispatch moe_distribute_dispatch_start(Comm& comm, const TensorView& x, c
 
 DispatchResult moe_distribute_dispatch(Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w,
                                        const DispatchOptions& opt) {
-  // Blocking form: one agreement round (which also carries the row counts) and one blocking
-  // exchange; the receive layout is then built from the received headers.
+  // Blocking form: one agreement round (which also carries the counts that give the receive
+  // layout) and one blocking exchange.
   PendingDispatch pd = dispatch_start_tagged(comm, x, ids, w, opt, 0, false);
   return std::move(pd.wait());
 }
@@ -190,6 +195,27 @@ void DispatchState::place_local(DispatchResult& res) {
   });
 }
 
+// Every rank must hold the same placement before the per-expert counts (sized by its largest local
+// expert count) can travel in one fixed-size agreement record: checked once per placement with a
+// small allgather, then free.
+static int64_t agreed_lmax(Comm& comm) {
+  Comm::Impl& impl = comm.impl();
+  const Placement& P = comm.placement();
+  const uint64_t h = P.hash();
+  if (impl.agreed_hash == h && h != 0) return impl.agreed_lmax;
+  int64_t lmax = 0;
+  for (int q = 0; q < comm.ep_world_size(); ++q) lmax = std::max<int64_t>(lmax, int64_t(P.local_experts(q).size()));
+  std::vector<uint64_t> all(size_t(comm.ep_world_size()) * 2);
+  const uint64_t mine[2] = {h, uint64_t(lmax)};
+  MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm.mpi());
+  for (int r = 1; r < comm.ep_world_size(); ++r)
+    if (all[size_t(2 * r)] != all[0])
+      throw Error(kOp, "placement", "the same expert placement on every rank", detail::cat("rank ", r, " holds a different one"));
+  impl.agreed_hash = h;
+  impl.agreed_lmax = lmax;
+  return lmax;
+}
+
 PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& wv,
                                       const DispatchOptions& opt, int64_t tag, bool split) {
   PendingDispatch pd;
@@ -197,6 +223,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   const int W = comm.ep_world_size(), me = comm.ep_rank_id();
   const Placement& P = comm.placement();
   const bool a2a = opt.dispatcher == Dispatcher::all_to_all;
+  const int64_t Lmax = agreed_lmax(comm);
 
   // 1. Validate locally.
   Fault fault = validate(comm, x, ids, wv, opt);
@@ -206,6 +233,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   st.W = W;
   st.me = me;
   st.opt = opt;
+  st.opt.x_active_mask = TensorView();  // not kept past this call
   st.dtype = x.dtype;
   Meta meta;
   meta.f[fE] = opt.moe_expert_num;
@@ -217,35 +245,50 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   meta.f[fHash] = int64_t(P.hash());
   meta.f[fTag] = tag;
 
-  // 2. Route (valid arguments only): destination of each slot; rows (one per token and remote
-  // destination rank) and slots per destination travel with the agreement.
-  std::vector<int64_t> extra(size_t(2 * W), 0), extra_all;
+  // 2. Route (valid arguments only): the destination of each active slot, one row per token and
+  // remote destination rank, and slot counts per (destination, its local expert): they travel
+  // with the agreement, so every rank knows its receive layout before any row moves.
+  const int64_t per_q = 1 + Lmax;  // [rows to q, slots for each local expert of q]
+  std::vector<int64_t> extra(size_t(W * per_q), 0), extra_all;
+  std::vector<int64_t> gathered;  // all_gather: tokens this rank contributes (any active slot)
   if (fault.code == 0) {
     st.BS = x.size(0), st.K = ids.size(1), st.H = x.size(1), st.E = opt.moe_expert_num;
     st.L = int64_t(P.local_experts(me).size());
     meta.f[fBS] = st.BS, meta.f[fK] = st.K, meta.f[fH] = st.H;
     const int64_t BS = st.BS, K = st.K;
+    const TensorView& m = opt.x_active_mask;
+    auto active = [&](int64_t t, int64_t k) {
+      if (!m.defined()) return true;
+      return m.ndim == 1 ? m.ptr<uint8_t>()[t] != 0 : m.ptr<uint8_t>()[t * m.stride(0) + k] != 0;
+    };
+    if (m.defined() && m.ndim == 1) st.token_active.assign(m.ptr<uint8_t>(), m.ptr<uint8_t>() + BS);
     st.scales.assign(size_t(BS * K), 1.f);
     if (wv.defined())
       for (int64_t t = 0; t < BS; ++t) std::copy_n(wv.ptr<float>() + t * wv.stride(0), K, st.scales.begin() + t * K);
-    st.slot_dest.resize(size_t(BS * K));
+    st.slot_dest.assign(size_t(BS * K), -1);
     st.slot_ret.assign(size_t(BS * K), -1);
     st.token_pos.assign(size_t(BS * W), -1);
     st.send_rows.assign(size_t(W), 0);
     st.slots_to.assign(size_t(W), 0);
     for (int64_t t = 0; t < BS; ++t) {
       const int32_t* row = ids.ptr<int32_t>() + t * ids.stride(0);
+      bool any = false;
       for (int64_t k = 0; k < K; ++k) {
+        if (!active(t, k)) continue;
+        any = true;
         int q = P.destination(me, t, row[k]);
         st.slot_dest[size_t(t * K + k)] = q;
         st.slot_ret[size_t(t * K + k)] = st.slots_to[size_t(q)]++;  // per-slot combine order (self: replaced later)
+        ++extra[size_t(q * per_q + 1 + P.local_index(q, row[k]))];
         int32_t& pos = st.token_pos[size_t(t * W + q)];
         if (pos < 0) pos = int32_t(st.send_rows[size_t(q)]++);
       }
+      if (any) gathered.push_back(t);
     }
     st.send_rows[size_t(me)] = 0;
     if (!a2a) std::fill(st.send_rows.begin(), st.send_rows.end(), 0);
-    for (int q = 0; q < W; ++q) extra[size_t(2 * q)] = st.send_rows[size_t(q)], extra[size_t(2 * q + 1)] = q == me ? 0 : st.slots_to[size_t(q)];
+    for (int q = 0; q < W; ++q) extra[size_t(q * per_q)] = st.send_rows[size_t(q)];
+    meta.f[fRows] = int64_t(gathered.size());
   }
 
   // 3. Agree with every rank before anything is sent: all proceed or all throw the same error.
@@ -260,40 +303,33 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   st.x_view = x;
   st.ids_view = ids;
   st.all_bs.resize(static_cast<size_t>(W));
+  st.all_rows.resize(static_cast<size_t>(W));
   st.recv_rows.assign(size_t(W), 0);
   st.recv_slots.assign(size_t(W), 0);
+  std::vector<int64_t> cnt(size_t(L * W), 0);  // slots per (local expert l, source r)
   for (int r = 0; r < W; ++r) {
     st.all_bs[size_t(r)] = all[size_t(r)].f[fBS];
-    st.recv_rows[size_t(r)] = extra_all[size_t(r * 2 * W + 2 * me)];
-    st.recv_slots[size_t(r)] = extra_all[size_t(r * 2 * W + 2 * me + 1)];
+    st.all_rows[size_t(r)] = all[size_t(r)].f[fRows];
+    const int64_t* rec = extra_all.data() + size_t(r * W * per_q + me * per_q);
+    st.recv_rows[size_t(r)] = rec[0];
+    for (int64_t l = 0; l < L; ++l) {
+      cnt[size_t(l * W + r)] = rec[1 + l];
+      if (r != me) st.recv_slots[size_t(r)] += rec[1 + l];
+    }
   }
   DispatchResult& res = PendingAccess::res(pd);
   res = DispatchResult();
+  st.plan(cnt, res);
 
-  // 4. Split form: the receive layout is needed now (own rows are placed before the remote ones
-  // arrive), so exchange slot counts per (destination, local expert) too.
-  if (split) {
-    int64_t Lmax = 0;
-    for (int q = 0; q < W; ++q) Lmax = std::max<int64_t>(Lmax, int64_t(P.local_experts(q).size()));
-    std::vector<int64_t> sendc(size_t(W * Lmax), 0), recvc(size_t(W * Lmax), 0), cnt(size_t(L * W), 0);
-    for (int64_t t = 0; t < BS; ++t)
-      for (int64_t k = 0; k < K; ++k) {
-        int q = st.slot_dest[size_t(t * K + k)];
-        ++sendc[size_t(q * Lmax + P.local_index(q, ids.ptr<int32_t>()[t * ids.stride(0) + k]))];
-      }
-    MPI_Alltoall(sendc.data(), int(Lmax), MPI_INT64_T, recvc.data(), int(Lmax), MPI_INT64_T, comm.mpi());
-    for (int r = 0; r < W; ++r)
-      for (int64_t l = 0; l < L; ++l) cnt[size_t(l * W + r)] = recvc[size_t(r * Lmax + l)];
-    st.plan(cnt, res);
-  }
-
-  // 5. Pack and exchange. all_to_all: one row per (token, remote destination rank); all_gather:
-  // every token once, packed straight into its place in the gathered buffer (MPI_IN_PLACE).
+  // 4. Pack and exchange. all_to_all: one row per (token, remote destination rank); all_gather:
+  // every token with an active slot once, packed straight into its place in the gathered buffer
+  // (MPI_IN_PLACE).
   auto pack_row = [&](char* row, int64_t t, int q) {
     const int32_t* idr = ids.ptr<int32_t>() + t * ids.stride(0);
     RowFormat::token(row) = int32_t(t);
     for (int64_t k = 0; k < K; ++k) {
-      RowFormat::ids(row)[k] = q < 0 || st.slot_dest[size_t(t * K + k)] == q ? idr[k] : -1;
+      const int d = st.slot_dest[size_t(t * K + k)];
+      RowFormat::ids(row)[k] = d >= 0 && (q < 0 || d == q) ? idr[k] : -1;
       fmt.w(row)[k] = st.scales[size_t(t * K + k)];
     }
     const char* src = static_cast<const char*>(x.data) + t * x.stride(0) * int64_t(xes);
@@ -335,24 +371,23 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     int64_t ro = 0;
     for (int r = 0; r < W; ++r) {
       st.rdispl[size_t(r)] = checked_int(ro, kOp, "gathered rows");
-      st.rcount[size_t(r)] = checked_int(st.all_bs[size_t(r)], kOp, "gathered rows");
-      ro += st.all_bs[size_t(r)];
+      st.rcount[size_t(r)] = checked_int(st.all_rows[size_t(r)], kOp, "gathered rows");
+      ro += st.all_rows[size_t(r)];
     }
-    st.bytes_sent = BS * int64_t(fmt.stride) * (W - 1);
+    const int64_t G = int64_t(gathered.size());
+    st.bytes_sent = G * int64_t(fmt.stride) * (W - 1);
     st.recvbuf = PooledBuffer(comm.impl().pool, size_t(ro) * fmt.stride);
     char* own = st.recvbuf.data() + size_t(st.rdispl[size_t(me)]) * fmt.stride;
-    parallel_for(BS, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) pack_row(own + size_t(t) * fmt.stride, t, -1);
+    parallel_for(G, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) pack_row(own + size_t(i) * fmt.stride, gathered[size_t(i)], -1);
     });
     if (split)
       MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi(), &st.req);
     else
       MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi());
   }
-  if (split) {
-    comm.impl().track(&st.req);
-    st.place_local(res);  // while the transfer runs
-  }
+  if (split) comm.impl().track(&st.req);
+  st.place_local(res);  // while the transfer runs (split form)
   res.bytes_sent = st.bytes_sent;
   res.handle = sp;
   PendingAccess::done(pd) = false;
@@ -366,26 +401,6 @@ void DispatchState::finish_receive(DispatchResult& res) {
   const bool a2a = opt.dispatcher == Dispatcher::all_to_all;
   const size_t out_row = size_t(H) * fmt.elem;
   char* rb = recvbuf.data();
-  auto for_slots_here = [&](int r, char* row, auto&& fn) {  // fn(k, e) for each slot of this row that is ours
-    int32_t tok = RowFormat::token(row);
-    const int32_t* idr = RowFormat::ids(row);
-    for (int64_t k = 0; k < K; ++k) {
-      int32_t e = idr[k];
-      if (e >= 0 && (a2a || P.destination(r, tok, e) == me)) fn(k, e);
-    }
-  };
-  if (!planned) {  // blocking form: count slots per (local expert, source) from what arrived
-    std::vector<int64_t> cnt(size_t(L * W), 0);
-    for (int64_t j = 0; j < BS * K; ++j)
-      if (slot_dest[size_t(j)] == me) ++cnt[size_t(P.local_index(me, ids_view.ptr<int32_t>()[(j / K) * ids_view.stride(0) + j % K]) * W + me)];
-    for (int r = 0; r < W; ++r)
-      if (r != me)
-        for (int64_t i = 0; i < rcount[size_t(r)]; ++i)
-          for_slots_here(r, rb + size_t(rdispl[size_t(r)] + i) * fmt.stride,
-                         [&](int64_t, int32_t e) { ++cnt[size_t(P.local_index(me, e) * W + r)]; });
-    plan(cnt, res);
-    place_local(res);
-  }
   struct Copy { int64_t dst; const char* row; };
   std::vector<Copy> copies;
   for (int r = 0; r < W; ++r) {
@@ -393,21 +408,24 @@ void DispatchState::finish_receive(DispatchResult& res) {
     int64_t ret = 0;
     for (int64_t i = 0; i < rcount[size_t(r)]; ++i) {
       char* row = rb + size_t(rdispl[size_t(r)] + i) * fmt.stride;
-      int32_t tok = RowFormat::token(row);
+      const int32_t tok = RowFormat::token(row);
+      const int32_t* idr = RowFormat::ids(row);
       bool any = false;
-      for_slots_here(r, row, [&](int64_t k, int32_t e) {
+      for (int64_t k = 0; k < K; ++k) {  // the slots of this row that are ours
+        const int32_t e = idr[k];
+        if (e < 0 || (!a2a && P.destination(r, tok, e) != me)) continue;
         if (!any) {
           recv.push_back({int32_t(r), tok, a2a ? ret++ : -1});
           any = true;
         }
-        int l = P.local_index(me, e);
-        int64_t dst = block[size_t(l * W + r)] + fill[size_t(l * W + r)]++;
+        const int l = P.local_index(me, e);
+        const int64_t dst = block[size_t(l * W + r)] + fill[size_t(l * W + r)]++;
         ent_row.push_back(dst);
         ent_w.push_back(fmt.w(row)[k]);
         int32_t* as = res.assist_info_for_combine.ptr<int32_t>() + dst * 3;
         as[0] = r, as[1] = tok, as[2] = int32_t(k);
         copies.push_back({dst, row});
-      });
+      }
       if (any) ent_begin.push_back(int64_t(ent_row.size()));
     }
   }

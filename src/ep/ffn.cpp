@@ -145,13 +145,19 @@ Tensor ep_moe_ffn(Comm& comm, const TensorView& x, const TensorView& ids, const 
   const int C = std::max(1, opt.chunks);
   // Chunk only well-formed inputs; anything else goes whole to the first dispatch, whose
   // agreement step then fails on every rank.
+  const TensorView& mask = opt.dispatch.x_active_mask;
   const bool shaped = x.ndim == 2 && ids.ndim == 2 && ids.size(0) == x.size(0) &&
                       (!w.defined() || (w.ndim == 2 && w.size(0) == x.size(0))) &&
-                      (!shared.defined() || (shared.ndim == 2 && shared.size(0) == x.size(0)));
+                      (!shared.defined() || (shared.ndim == 2 && shared.size(0) == x.size(0))) &&
+                      (!mask.defined() || (mask.ndim >= 1 && mask.size(0) == x.size(0)));
   const int64_t BS = shaped ? x.size(0) : 0;
   auto lo = [&](int c) { return BS * c / C; };
   auto part = [&](const TensorView& v, int c) { return v.defined() && shaped ? v.narrow(0, lo(c), lo(c + 1) - lo(c)) : v; };
-  auto start = [&](int c) { return dispatch_start_tagged(comm, part(x, c), part(ids, c), part(w, c), opt.dispatch, C, true); };
+  auto start = [&](int c) {
+    DispatchOptions o = opt.dispatch;
+    o.x_active_mask = part(mask, c);
+    return dispatch_start_tagged(comm, part(x, c), part(ids, c), part(w, c), o, C, true);
+  };
 
   std::vector<PendingDispatch> pend(static_cast<size_t>(C));
   std::vector<PendingCombine> comb(static_cast<size_t>(C));

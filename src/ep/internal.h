@@ -56,6 +56,8 @@ struct Comm::Impl {
   std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
   std::map<int64_t, MPI_Datatype> row_types;  // contiguous byte rows, by size
   std::vector<MPI_Request*> inflight;         // advanced by progress()
+  uint64_t agreed_hash = 0;                   // placement every rank was seen to hold (0: none yet)
+  int64_t agreed_lmax = 0;                    // its largest local expert count
   MPI_Datatype row_type(int64_t bytes);
   void track(MPI_Request* r) { inflight.push_back(r); }
   void untrack(MPI_Request* r);
@@ -127,13 +129,15 @@ struct DispatchState {
   std::vector<int64_t> block;       // [L*W] start row of block (l, r); block[l*W+r]
   std::vector<int64_t> fill;        // [L*W] rows placed so far in each block
   std::vector<int64_t> all_bs;      // [W] tokens on each rank (all_gather)
+  std::vector<int64_t> all_rows;    // [W] rows each rank contributes to the gather (all_gather)
+  std::vector<uint8_t> token_active;  // [BS] 1-D x_active_mask (empty: all active)
   std::vector<PendingDispatch::Block> local_blocks;
   // In flight.
   RowFormat fmt{0, 0, 0};
   PooledBuffer sendbuf, recvbuf;
   std::vector<int> scount, sdispl, rcount, rdispl;
   MPI_Request req = MPI_REQUEST_NULL;
-  bool planned = false;   // receive layout known (split form: at start; blocking: from the headers)
+  bool planned = false;   // receive layout known (from the agreement round)
   bool received = false;  // finish_receive ran: combine may use this state
   int64_t bytes_sent = 0;
   TensorView x_view, ids_view;  // the caller's inputs, until the own rows are placed

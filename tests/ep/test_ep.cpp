@@ -258,6 +258,78 @@ TEST(EpEndToEnd, Bf16WithinTolerance) {
     }
 }
 
+// x_active_mask: inactive tokens (1-D) or slots (2-D) are not sent; the answer equals the
+// single-process MoE with their routing weights zeroed (inactive tokens: zero rows), bit for bit in
+// fp32 with the per-slot combine, and no byte leaves a rank for an inactive slot.
+TEST(EpMask, InactiveTokensAndSlots) {
+  Case c;
+  c.E = 2 * W() + (W() == 1 ? 2 : 0);
+  Experts ex(c.E, c.H, 8);
+  auto in = make_inputs(c, W(), 21);
+  for (int dims : {1, 2}) {
+    auto zeroed = in;
+    std::vector<Tensor> masks;
+    for (int r = 0; r < W(); ++r) {
+      const int64_t BS = in[size_t(r)][0].size(0);
+      Tensor m = dims == 1 ? Tensor::empty(DType::u8, {BS}) : Tensor::empty(DType::u8, {BS, c.K});
+      Tensor w = Tensor::copy_of(in[size_t(r)][2]);
+      for (int64_t t = 0; t < BS; ++t)
+        for (int64_t k = 0; k < c.K; ++k) {
+          bool on = dims == 1 ? (t + r) % 3 != 0 : (t + k + r) % 4 != 0;
+          if (dims == 1 && k == 0) m.ptr<uint8_t>()[t] = on;
+          if (dims == 2) m.ptr<uint8_t>()[t * c.K + k] = on;
+          if (!on) w.ptr<float>()[t * c.K + k] = 0.f;
+        }
+      zeroed[size_t(r)][2] = w;
+      masks.push_back(m);
+    }
+    auto want = single_process(zeroed, ex, c.E, DType::f32);
+    Comm comm(c.E);
+    const auto& mine = in[size_t(me())];
+    for (Dispatcher disp : {Dispatcher::all_to_all, Dispatcher::all_gather})
+      for (bool dedup : {false, true}) {
+        DispatchOptions o;
+        o.moe_expert_num = c.E;
+        o.dispatcher = disp;
+        o.dedup_combine = dedup;
+        o.x_active_mask = masks[size_t(me())];
+        SCOPED_TRACE(::testing::Message() << dims << "-D mask " << dispatcher_name(disp) << " dedup=" << dedup);
+        DispatchResult d;
+        Tensor got = run_blocking(comm, mine, ex, o, &d);
+        if (disp == Dispatcher::all_to_all && !dedup) EXPECT_TRUE(bit_equal(got, want[size_t(me())])) << norm_err(got, want[size_t(me())]);
+        else EXPECT_LE(norm_err(got, want[size_t(me())]), 1e-6);
+        // Received rows: only active slots arrive.
+        int64_t active_here = 0;
+        for (int r = 0; r < W(); ++r)
+          for (int64_t t = 0; t < in[size_t(r)][0].size(0); ++t)
+            for (int64_t k = 0; k < c.K; ++k) {
+              const uint8_t* mm = masks[size_t(r)].ptr<uint8_t>();
+              bool on = dims == 1 ? mm[t] != 0 : mm[t * c.K + k] != 0;
+              int e = in[size_t(r)][1].ptr<int32_t>()[t * c.K + k];
+              active_here += on && comm.placement().destination(r, t, e) == me();
+            }
+        EXPECT_EQ(d.expand_x.size(0), active_here);
+        if (dims == 1) {  // inactive tokens: zero rows, also with a shared expert output given
+          Tensor sh = Tensor::empty(DType::f32, {mine[0].size(0), c.H});
+          for (int64_t i = 0; i < sh.numel(); ++i) sh.ptr<float>()[i] = 1.f;
+          DispatchResult d2 = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
+          Tensor y = Tensor::empty(DType::f32, {d2.expand_x.size(0), c.H});
+          ex.local(comm.placement(), me())(batch_of(d2, y));
+          Tensor out = moe_distribute_combine(comm, y, d2, sh);
+          for (int64_t t = 0; t < mine[0].size(0); ++t)
+            if (!masks[size_t(me())].ptr<uint8_t>()[t])
+              for (int64_t h = 0; h < c.H; ++h) EXPECT_EQ(out.ptr<float>()[t * c.H + h], 0.f);
+        }
+      }
+    // The pipelined form narrows the mask per chunk.
+    FfnOptions f;
+    f.dispatch.moe_expert_num = c.E;
+    f.dispatch.x_active_mask = masks[size_t(me())];
+    f.chunks = 2;
+    EXPECT_LE(norm_err(ep_moe_ffn(comm, mine[0], mine[1], mine[2], ex.local(comm.placement(), me()), f), want[size_t(me())]), 1e-6);
+  }
+}
+
 // A token with several experts on one rank crosses the wire once; bytes_sent says so.
 TEST(EpDispatch, DedupByteCounts) {
   Case c;
@@ -523,6 +595,12 @@ TEST(EpErrors, BadArgumentOnOneRankFailsEverywhere) {
     DispatchOptions ob = o;
     if (me() == bad) ob.moe_expert_num = c.E + 1;
     expect_all_throw("moe_expert_num", [&] { moe_distribute_dispatch(comm, m2[0], m2[1], m2[2], ob); });
+  }
+  {  // a mask of the wrong shape on one rank
+    DispatchOptions ob = o;
+    Tensor m = Tensor::zeros(DType::u8, {me() == bad ? 3 : 4});
+    ob.x_active_mask = m;
+    expect_all_throw("x_active_mask", [&] { moe_distribute_dispatch(comm, m2[0], m2[1], m2[2], ob); });
   }
   {  // combine: wrong expert_out shape on one rank
     DispatchResult d = moe_distribute_dispatch(comm, m2[0], m2[1], m2[2], o);

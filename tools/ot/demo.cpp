@@ -82,7 +82,7 @@ int run_demo(const DemoConfig& cfg, const std::string& trace_file, RunContext& c
   const int64_t steps = cfg.run.decode_steps;
   cli::Progress bar("building weights", (cfg.verify.enabled ? 1 + cfg.verify.decode_steps : 0) + 1 + steps);
   int64_t t0 = trace::now_ns();
-  Model model(cfg, cfg.verify.enabled ? cfg.verify.layers : 0);
+  Model model(cfg, cfg.verify.enabled ? cfg.verify.layers : 0, ctx.ep);
   if (ctx.attach) ctx.attach(model);
   if (root) std::printf("  weights built and packed in %.0f ms\n", ms_since(t0));
 
@@ -92,7 +92,7 @@ int run_demo(const DemoConfig& cfg, const std::string& trace_file, RunContext& c
     bar.set_label("verifying against the reference");
     Batch b = make_batch(cfg.verify.prefill_lengths);
     model.reset_cache(2 * int64_t(b.lengths.size()));
-    std::vector<int32_t> next = model.step(prompt_tokens(b, cfg.model.vocab, cfg.run.seed + 1), b, true, &verifier, cfg.verify.layers);
+    std::vector<int32_t> next = model.step(prompt_tokens(b, cfg.model.vocab, cfg.run.seed + 1 + 7919 * uint64_t(ctx.rank)), b, true, &verifier, cfg.verify.layers);
     bar.tick();
     Batch d = decode_batch(b);
     for (int64_t s = 0; s < cfg.verify.decode_steps; ++s, bar.tick()) next = model.step(next, d, false, &verifier, cfg.verify.layers);
@@ -107,7 +107,8 @@ int run_demo(const DemoConfig& cfg, const std::string& trace_file, RunContext& c
   const int threads = num_threads();
   Batch b = make_batch(cfg.run.prefill_lengths);
   model.reset_cache(2 * int64_t(b.lengths.size()));
-  std::vector<int32_t> prompt = prompt_tokens(b, cfg.model.vocab, cfg.run.seed);
+  // Each rank prefills its own prompts (rank 0's are the single-process run's).
+  std::vector<int32_t> prompt = prompt_tokens(b, cfg.model.vocab, cfg.run.seed + 7919 * uint64_t(ctx.rank));
   bar.set_label("prefill");
   int64_t p0 = trace::now_ns();
   std::vector<int32_t> next = model.step(prompt, b, true);
@@ -116,7 +117,7 @@ int run_demo(const DemoConfig& cfg, const std::string& trace_file, RunContext& c
   bar.tick();
   std::vector<trace::Event> ev = trace::take_events();
   attach_work(ev, model.take_work());
-  PhaseStats prefill = summarize("prefill", ev, prefill_ms, b.tokens(), 1);
+  PhaseStats prefill = summarize("prefill", ev, prefill_ms, b.tokens() * ctx.world, 1);
   all.insert(all.end(), ev.begin(), ev.end());
 
   bar.set_label("decode");
@@ -134,7 +135,7 @@ int run_demo(const DemoConfig& cfg, const std::string& trace_file, RunContext& c
   trace::set_timeline(false);
   ev = trace::take_events();
   attach_work(ev, model.take_work());
-  PhaseStats decode = summarize("decode", ev, decode_ms, steps * int64_t(b.lengths.size()), steps);
+  PhaseStats decode = summarize("decode", ev, decode_ms, steps * int64_t(b.lengths.size()) * ctx.world, steps);
   all.insert(all.end(), ev.begin(), ev.end());
   bar.finish();
 

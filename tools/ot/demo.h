@@ -14,6 +14,7 @@ namespace ot::demo {
 // Hooks the expert-parallel run sets; all empty in a single process.
 struct RunContext {
   int rank = 0, world = 1;
+  const ExpertParallel* ep = nullptr;                                         // expert-parallel MoE layers
   std::function<void(Model&)> attach;                                         // after the weights are built
   std::function<void(std::vector<trace::Event>&)> after_run;                  // e.g. adds communication events
   std::function<void(const std::string&, const std::vector<trace::Event>&)> write_trace;  // one file for all ranks

@@ -7,6 +7,7 @@
 #include "ot/error.h"
 #include "ot/numeric.h"
 #include "ot/parallel.h"
+#include "ot/trace.h"
 
 // The library's operators are plugged in as they land on main (1 = call them).
 #define OT_DEMO_GDN 1
@@ -78,6 +79,7 @@ struct Layer {
 #if OT_DEMO_MOE
   gemm::PackedB router;
   moe::MoeExperts experts, shared;
+  moe::MoeExperts local;  // expert parallel: this rank's experts
 #endif
 };
 
@@ -93,7 +95,8 @@ int64_t Batch::tokens() const {
   return t;
 }
 
-Model::Model(const DemoConfig& cfg, int64_t keep_ref_layers) : cfg_(cfg) {
+Model::Model(const DemoConfig& cfg, int64_t keep_ref_layers, const ExpertParallel* ep) : cfg_(cfg) {
+  if (ep) ep_ = *ep, use_ep_ = true;
   const ModelConfig& m = cfg.model;
   const int64_t H = m.hidden, HK = m.gdn.key_heads, HV = m.gdn.value_heads, DK = m.gdn.key_head_dim, DV = m.gdn.value_head_dim;
   const int64_t E = m.moe.experts, I = m.moe.intermediate, Is = m.moe.shared_intermediate;
@@ -135,7 +138,14 @@ Model::Model(const DemoConfig& cfg, int64_t keep_ref_layers) : cfg_(cfg) {
     }
 #if OT_DEMO_MOE
     L->router = gemm::prepack(L->router_w.view(), gemm::BLayout::NK);
-    L->experts = moe::MoeExperts::from_stacked(L->gate, L->up, L->down, moe::WeightLayout::EHI);
+    // Expert parallel: every rank packs its own shard; the verified layers also keep every expert
+    // packed for the single-process comparison.
+    if (use_ep_) {
+      const int64_t e0 = ep_.expert_begin, n = ep_.expert_end - ep_.expert_begin;
+      L->local = moe::MoeExperts::from_stacked(L->gate.view().narrow(0, e0, n), L->up.view().narrow(0, e0, n),
+                                               L->down.view().narrow(0, e0, n), moe::WeightLayout::EHI);
+    }
+    if (!use_ep_ || keep) L->experts = moe::MoeExperts::from_stacked(L->gate, L->up, L->down, moe::WeightLayout::EHI);
     if (Is > 0) L->shared = moe::MoeExperts::from_stacked(L->sh_gate, L->sh_up, L->sh_down, moe::WeightLayout::EHI);
 #endif
     if (!keep) L->gate = L->up = L->down = L->sh_gate = L->sh_up = L->sh_down = Tensor();
@@ -285,6 +295,7 @@ void Model::ffn(Layer& L, Tensor& x, Verifier* v) {
   Tensor xn = Tensor::empty(m.dtype, {T, H});
   rms_norm(x, L.post_norm.data(), m.rms_norm_eps, xn);
 #if OT_DEMO_MOE
+  if (use_ep_) return ffn_ep(L, x, xn, v);
   moe::MoeFfnOptions opt;
   opt.k = m.moe.top_k;
   opt.router = moe::RouterKind::softmax_topk;
@@ -307,6 +318,61 @@ void Model::ffn(Layer& L, Tensor& x, Verifier* v) {
   (void)L, (void)v;  // stand-in until moe_ffn lands: the FFN is skipped
 #endif
 }
+
+#if OT_DEMO_MOE
+// Expert-parallel MoE layer: route this rank's tokens (router GEMM, top-k softmax, norm_topk_prob as
+// in moe_ffn), residual + shared expert into an fp32 base here, routed experts over the ranks.
+void Model::ffn_ep(Layer& L, Tensor& x, const Tensor& xn, Verifier* v) {
+  const ModelConfig& m = cfg_.model;
+  const int64_t T = x.size(0), H = m.hidden, E = m.moe.experts, K = m.moe.top_k;
+  trace::OpScope scope("moe_ffn_ep");
+  scope.kernel("ep_moe_ffn").args(detail::cat(xn.view().shape_str(), " E=", E, " K=", K, " ranks=", ep_.world));
+  Tensor logits = Tensor::empty(DType::f32, {T, E});
+  gemm::gemm(T, {xn.view().data, xn.dtype(), H, nullptr}, L.router, {logits.view().data, DType::f32, E});
+  moe::GatingResult g = moe::moe_gating_top_k_softmax(logits, K);
+  if (m.moe.norm_topk_prob) {
+    float* w = g.y.ptr<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      float s = 0;
+      for (int64_t j = 0; j < K; ++j) s += w[t * K + j];
+      for (int64_t j = 0; j < K; ++j) w[t * K + j] /= s;
+    }
+  }
+  // base = [residual +] shared expert, fp32 (combine adds it to the routed sum before the one cast).
+  auto base_of = [&](bool residual) {
+    Tensor b = residual ? Tensor::empty(DType::f32, {T, H}) : Tensor::zeros(DType::f32, {T, H});
+    if (residual) copy_into(x, b);
+    if (m.moe.shared_intermediate > 0 && T > 0) {
+      moe::ExpertRows all;
+      all.offsets = {0, T};
+      moe::moe_expert_ffn(xn, L.shared, all, b, true);
+    }
+    return b;
+  };
+  if (v) {
+    // The expert-parallel layer (without the residual) against one process's moe_ffn on every
+    // rank's tokens, and that moe_ffn against the reference on this rank's tokens.
+    moe::MoeFfnOptions opt;
+    opt.k = K;
+    opt.router = moe::RouterKind::softmax_topk;
+    opt.norm_topk_prob = m.moe.norm_topk_prob;
+    opt.shared = m.moe.shared_intermediate > 0 ? &L.shared : nullptr;
+    Tensor ep_y = ep_.routed(L.local, xn, g.expert_idx, g.y, base_of(false));
+    int64_t first = 0;
+    Tensor all = ep_.gather(xn, &first);
+    moe::MoeFfnResult one = moe::moe_ffn(all, L.router, L.experts, opt);
+    v->add("moe_ffn (expert parallel vs 1 process)", normalised_error(ep_y, one.y.view().narrow(0, first, T)));
+    moe::MoeFfnResult f = moe::moe_ffn(xn, L.router, L.experts, opt);
+    moe::MoeFfnResult rr = moe::ref::moe_ffn(xn, L.router_w, L.gate, L.up, L.down, opt, L.sh_gate, L.sh_up, L.sh_down);
+    v->add("moe_ffn", normalised_error(f.y, rr.y));
+  }
+  x = ep_.routed(L.local, xn, g.expert_idx, g.y, base_of(true));
+  // This rank's share: its tokens' router, routed and shared expert FLOPs.
+  const double I = double(m.moe.intermediate), Is = double(m.moe.shared_intermediate), es = double(dtype_size(m.dtype));
+  scope.flops(2.0 * T * H * E + 6.0 * T * K * H * I + 6.0 * T * H * Is)
+      .bytes((double(E) * H + double(L.local.num_experts()) * 3 * H * I + 3 * H * Is + 3.0 * T * H) * es);
+}
+#endif
 
 std::vector<int32_t> Model::step(const std::vector<int32_t>& tokens, const Batch& batch, bool prefill, Verifier* v, int64_t layers) {
   const ModelConfig& m = cfg_.model;

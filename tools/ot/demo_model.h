@@ -6,6 +6,7 @@
 // decode runs one token per sequence with recurrent_gated_delta_rule on that cache.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,6 +15,10 @@
 #include "demo_config.h"
 #include "demo_ops.h"
 #include "ot/tensor.h"
+
+namespace ot::moe {
+class MoeExperts;
+}
 
 namespace ot::demo {
 
@@ -38,11 +43,27 @@ struct Batch {
 // FLOP or byte count (matched to events by name, in call order).
 struct Work { std::string op; double flops = 0, bytes = 0; };
 
+// Expert-parallel MoE layers (`ot demo --ep`, set up by demo_ep.cpp; MPI stays there). This rank
+// packs only experts [expert_begin, expert_end) of every layer; the model routes its own tokens and
+// runs the shared expert locally, and `routed` runs the routed experts collectively over the ranks
+// (dispatch -> local grouped FFN -> combine). Every rank must make the same calls in the same order.
+struct ExpertParallel {
+  int rank = 0, world = 1;
+  int64_t expert_begin = 0, expert_end = 0;
+  // Returns y [T, H] (xn's dtype) = base + sum_k w[t, k] * expert_{ids[t, k]}(xn[t]) over every
+  // rank's experts; local holds this rank's experts (local expert l = expert expert_begin + l).
+  std::function<Tensor(const moe::MoeExperts& local, const TensorView& xn, const TensorView& ids, const TensorView& w,
+                       const TensorView& base)>
+      routed;
+  // Every rank's rows concatenated in rank order; *first: where this rank's rows start (verification).
+  std::function<Tensor(const TensorView& rows, int64_t* first)> gather;
+};
+
 class Model {
  public:
   // Builds all weights from cfg.run.seed. keep_ref_layers: layers whose unpacked weights are kept
-  // for the reference path.
-  Model(const DemoConfig& cfg, int64_t keep_ref_layers);
+  // for the reference path. ep: expert-parallel MoE layers (null: one process holds every expert).
+  Model(const DemoConfig& cfg, int64_t keep_ref_layers, const ExpertParallel* ep = nullptr);
   ~Model();
   const DemoConfig& config() const { return cfg_; }
   int64_t num_layers() const { return int64_t(layers_.size()); }
@@ -59,6 +80,7 @@ class Model {
  private:
   void mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefill, Verifier* v);
   void ffn(Layer& L, Tensor& x, Verifier* v);
+  void ffn_ep(Layer& L, Tensor& x, const Tensor& xn, Verifier* v);
   Work gdn_prefill_work(const Batch& batch) const;
   DemoConfig cfg_;
   Tensor embed_, final_norm_;
@@ -66,6 +88,8 @@ class Model {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Tensor> cache_;  // per layer [slots, HV, DK, DV] fp32
   std::vector<Work> work_;
+  ExpertParallel ep_;
+  bool use_ep_ = false;
 };
 
 }  // namespace ot::demo

@@ -27,7 +27,7 @@ PhaseStats summarize(const std::string& phase, const std::vector<trace::Event>& 
   PhaseStats s{phase, wall_ms, tokens, steps, {}};
   std::vector<const trace::Event*> ev;
   for (const auto& e : events)
-    if (e.category == "op") ev.push_back(&e);
+    if (e.category == "op" || e.category == "comm") ev.push_back(&e);  // comm: expert-parallel exchanges
   std::stable_sort(ev.begin(), ev.end(), [](auto* a, auto* b) {
     return a->start_ns != b->start_ns ? a->start_ns < b->start_ns : a->dur_ns > b->dur_ns;
   });
