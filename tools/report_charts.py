@@ -68,16 +68,41 @@ def peak_chart(rows, path):
     print("wrote", path)
 
 
+def ep_chart(rows, path):
+    """Expert parallelism: dispatch + combine time and bytes on the wire beside the baseline."""
+    if not rows:
+        return
+    names = [r["name"].replace("ep-h7168-k8-e64-", "") + f" ({r.get('ranks', '?')} ranks)" for r in rows]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 0.6 * len(rows) + 1.8))
+    ys = range(len(rows))
+    h = 0.38
+    for ax, key, base, unit, scale in ((a1, "ms", "baseline_ms", "ms (slowest rank)", 1), (a2, "bytes_sent", "baseline_bytes_sent", "MB sent (all ranks)", 1e-6)):
+        ax.barh([y - h / 2 for y in ys], [r.get(key, 0) * scale for r in rows], h, label="dedup dispatch + combine", color="#1f77b4")
+        ax.barh([y + h / 2 for y in ys], [r.get(base, 0) * scale for r in rows], h, label="per-(token, expert) baseline", color="#bbbbbb")
+        ax.set_yticks(list(ys))
+        ax.set_yticklabels(names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(unit)
+        ax.grid(axis="x", alpha=0.3)
+    a1.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print("wrote", path)
+
+
 def main():
     with open(sys.argv[1]) as f:
         doc = json.load(f)
     out = sys.argv[2]
-    rows = doc["results"]
+    ep = [r for r in doc["results"] if r.get("op") == "ep"]
+    rows = [r for r in doc["results"] if r.get("op") != "ep"]  # wire GB/s is not a memory-bandwidth rate
     compute = [r for r in rows if "gbps" not in r and r.get("gflops", 0) > 0]
     memory = [r for r in rows if r.get("gbps", 0) > 0]
     rate_chart(compute, "gflops", "GFLOP/s", doc.get("peak_bf16_gflops", 0), "bf16 matrix peak", os.path.join(out, "report_gflops.png"))
     rate_chart(memory, "gbps", "GB/s", doc.get("peak_gbps", 0), "memory bandwidth", os.path.join(out, "report_gbps.png"))
     peak_chart(rows, os.path.join(out, "report_peak.png"))
+    ep_chart(ep, os.path.join(out, "report_ep.png"))
 
 
 if __name__ == "__main__":

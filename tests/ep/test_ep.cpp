@@ -316,9 +316,10 @@ TEST(EpMask, InactiveTokensAndSlots) {
           Tensor y = Tensor::empty(DType::f32, {d2.expand_x.size(0), c.H});
           ex.local(comm.placement(), me())(batch_of(d2, y));
           Tensor out = moe_distribute_combine(comm, y, d2, sh);
-          for (int64_t t = 0; t < mine[0].size(0); ++t)
-            if (!masks[size_t(me())].ptr<uint8_t>()[t])
-              for (int64_t h = 0; h < c.H; ++h) EXPECT_EQ(out.ptr<float>()[t * c.H + h], 0.f);
+          for (int64_t t = 0; t < mine[0].size(0); ++t) {
+            if (masks[size_t(me())].ptr<uint8_t>()[t]) continue;
+            for (int64_t h = 0; h < c.H; ++h) EXPECT_EQ(out.ptr<float>()[t * c.H + h], 0.f);
+          }
         }
       }
     // The pipelined form narrows the mask per chunk.

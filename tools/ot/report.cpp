@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -29,26 +30,27 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Headline cases (issue names). An empty case runs the benchmark's default set.
-struct Headline { const char* op; const char* case_name; const char* what; };
+// Headline cases (issue names), one benchmark process each. quick: the tiny stand-in `--quick`
+// runs instead (nullptr: left out of --quick), so a smoke test exercises every step in seconds.
+struct Headline { const char* op; const char* case_name; const char* what; const char* quick; };
 const Headline kHeadlines[] = {
-    {"gemm", "", "matrix engine"},
-    {"moe_ffn", "qwen3-30b-a3b-T512", "MoE layer prefill, Qwen3-30B-A3B shape"},
-    {"moe_ffn", "qwen3-30b-a3b-T16", "MoE layer decode, Qwen3-30B-A3B shape"},
-    {"moe_ffn", "mixtral-T512", "MoE layer prefill, Mixtral shape"},
-    {"moe_gating_top_k_softmax", "", "router"},
-    {"moe_init_routing_v2", "", "routing"},
-    {"moe_finalize_routing", "", "finalize"},
-    {"gdn_chunk_fwd", "qwen35-B1-T1024", "GDN chunked prefill, Qwen3.5 shape"},
-    {"gdn_chunk_fwd", "qwen35-varlen", "GDN chunked prefill, mixed lengths"},
-    {"gdn_decode", "qwen35-decode-B1", "GDN decode"},
-    {"gdn_decode", "qwen35-decode-B32", "GDN decode, batch 32"},
+    {"gemm", "", "matrix engine: square, expert and decode shapes", "--m 64 --n 256 --k 256"},
+    {"moe_ffn", "qwen3-30b-a3b-T512", "MoE layer prefill, Qwen3-30B-A3B shape", nullptr},
+    {"moe_ffn", "qwen3-30b-a3b-T16", "MoE layer decode, Qwen3-30B-A3B shape", nullptr},
+    {"moe_ffn", "mixtral-T512", "MoE layer prefill, Mixtral shape", nullptr},
+    {"moe_routing", "", "routers, init routing, permute/unpermute, finalize", "--case gating-softmax-t1024-e128-k8"},
+    {"moe_ffn_backward", "qwen3-30b-a3b-T16", "MoE layer backward, Qwen3-30B-A3B shape", nullptr},
+    {"gdn_chunk_fwd", "qwen35-B1-T1024", "GDN chunked prefill, Qwen3.5 shape", nullptr},
+    {"gdn_chunk_fwd", "qwen35-varlen", "GDN chunked prefill, mixed lengths", nullptr},
+    {"gdn_decode", "qwen35-decode-B1", "GDN decode", "--case qwen35-decode-B1"},
+    {"gdn_decode", "qwen35-decode-B32", "GDN decode, batch 32", nullptr},
+    {"gdn_chunk_bwd", "qwen35-B1-T1024", "GDN chunked backward, Qwen3.5 shape", nullptr},
 };
 
 struct Options {
-  std::string out = "docs", cases, script;
-  int threads = 0;
-  bool no_charts = false, quick = false;
+  std::string out = "docs/report", cases, script;
+  int threads = 0, ep_ranks = 4;
+  bool no_charts = false, quick = false, no_ep = false;
 };
 
 std::string self_exe() {
@@ -92,37 +94,54 @@ std::string fmt(double v, int prec = 1) {
   return b;
 }
 
+bool have_program(const std::string& name) {
+  std::string out;
+  return capture("command -v " + name + " >/dev/null 2>&1 && echo yes", &out) == 0 && out.find("yes") != std::string::npos;
+}
+
+struct Job {
+  std::string op, case_name, what, cmd;
+};
+
 int run_report(const Options& o) {
   const int threads = o.threads > 0 ? o.threads : num_threads();
-  std::vector<std::pair<std::string, std::string>> todo;  // (op, case)
-  std::vector<std::string> whats;
+  const std::string exe = self_exe();
+  const std::string bench = shell_quote(exe) + " bench ";
+  const std::string common = " --json --threads " + std::to_string(threads) + (o.quick ? " --repeats 2" : "");
+  std::vector<Job> todo;
   if (!o.cases.empty()) {
     std::stringstream ss(o.cases);
     std::string item;
     while (std::getline(ss, item, ',')) {
       auto colon = item.find(':');
-      todo.emplace_back(item.substr(0, colon), colon == std::string::npos ? "" : item.substr(colon + 1));
-      whats.push_back("");
+      std::string op = item.substr(0, colon), cs = colon == std::string::npos ? "" : item.substr(colon + 1);
+      todo.push_back({op, cs, "", bench + op + common + (cs.empty() ? "" : " --case " + shell_quote(cs))});
     }
   } else {
     for (const auto& h : kHeadlines) {
-      todo.emplace_back(h.op, h.case_name);
-      whats.push_back(h.what);
+      if (o.quick && !h.quick) continue;
+      std::string args = o.quick ? std::string(" ") + h.quick : *h.case_name ? std::string(" --case ") + shell_quote(h.case_name) : "";
+      todo.push_back({h.op, o.quick ? "" : h.case_name, h.what, bench + h.op + common + args});
     }
+#ifdef OT_HAVE_EP
+    // Expert parallelism runs under mpirun: W ranks sharing this machine's cores.
+    if (!o.no_ep && have_program("mpirun")) {
+      const int W = o.quick ? 2 : o.ep_ranks;
+      todo.push_back({"ep", "", "expert-parallel dispatch + combine vs a per-(token, expert) all-to-all baseline (" + std::to_string(W) + " ranks)",
+                      "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(W) + " " + bench + "ep --json --threads " +
+                          std::to_string(std::max(1, threads / W)) + (o.quick ? " --case bs32 --repeats 2" : "")});
+    }
+#endif
   }
   fs::create_directories(o.out);
-  const std::string exe = self_exe();
   nlohmann::json results = nlohmann::json::array();
   std::vector<std::string> missing;
   Progress bar("ot report", int64_t(todo.size()), 0.5);
-  for (size_t i = 0; i < todo.size(); ++i) {
-    const auto& [op, cs] = todo[i];
-    bar.set_label("ot report: " + op + (cs.empty() ? "" : " " + cs));
-    std::string cmd = shell_quote(exe) + " bench " + op + " --json --threads " + std::to_string(threads);
-    if (!cs.empty()) cmd += " --case " + shell_quote(cs);
-    if (o.quick) cmd += " --repeats 3";
+  for (const Job& job : todo) {
+    bar.set_label("ot report: " + job.op + (job.case_name.empty() ? "" : " " + job.case_name));
     std::string out;
-    int rc = capture(cmd + " 2>/dev/null", &out);
+    // A benchmark that hangs or crashes costs its own row only.
+    int rc = capture("timeout " + std::to_string(o.quick ? 300 : 1200) + " " + job.cmd + " 2>/dev/null", &out);
     int n = 0;
     std::stringstream lines(out);
     std::string line;
@@ -130,13 +149,13 @@ int run_report(const Options& o) {
       if (line.empty() || line[0] != '{') continue;
       nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded() || !j.contains("name")) continue;
-      if (!cs.empty() && j["name"] != cs) continue;  // --case matches substrings
-      j["op"] = op;
-      j["what"] = whats[i];
+      if (!job.case_name.empty() && j["name"] != job.case_name) continue;  // --case matches substrings
+      j["op"] = job.op;
+      j["what"] = job.what;
       results.push_back(j);
       ++n;
     }
-    if (n == 0) missing.push_back(op + (cs.empty() ? "" : " " + cs) + (rc != 0 ? " (exit " + std::to_string(rc) + ")" : ""));
+    if (n == 0) missing.push_back(job.op + (job.case_name.empty() ? "" : " " + job.case_name) + (rc != 0 ? " (exit " + std::to_string(rc) + ")" : ""));
     bar.tick();
   }
   bar.finish();
@@ -179,16 +198,22 @@ int run_report(const Options& o) {
   md << "Generated by `ot report` on " << date << ": " << threads << " threads, ISA " << cpu::isa_name(cpu::active_isa())
      << ". Machine peaks (`ot peak`): bf16 matrix " << fmt(peak_f, 0) << " GFLOP/s, fp32 " << fmt(peak_f32, 0) << " GFLOP/s, memory "
      << fmt(peak_b) << " GB/s.\n\n";
-  md << "Each row is `ot bench <op> --case <case> --json --threads " << threads
-     << "` (medians of interleaved runs); `ref` is the reference path timed in the same run. Raw data: `report.json`.\n\n";
+  md << "Each row is one case of `ot bench <op> --case <case> --json --threads " << threads
+     << "` (medians of interleaved runs); `ref ms` is the reference path timed in the same run, `vs ref` the speed-up over it, "
+        "`% of peak` the rate against the peak that bounds the case (matrix GFLOP/s or memory GB/s). Raw data: `report.json`."
+     << (o.quick ? " **Quick mode** (`--quick`): tiny stand-in cases and 2 repetitions, for checking the tool, not for figures." : "")
+     << "\n\n";
   for (const auto& c : charts) md << "![" << c << "](" << c << ")\n\n";
   if (!chart_note.empty()) md << "_" << chart_note << "_\n\n";
   std::string cur_op;
   for (const auto& r : results) {
     std::string op = r.value("op", "");
+    if (op == "ep") continue;  // its own table below
     if (op != cur_op) {
       cur_op = op;
-      md << "\n## " << op << "\n\n| case | shape | dtype | ms | ref ms | rate | % of peak | vs ref | kernel |\n|---|---|---|---:|---:|---:|---:|---:|---|\n";
+      md << "\n## " << op << "\n\n";
+      if (!r.value("what", std::string()).empty()) md << r.value("what", std::string()) << ".\n\n";
+      md << "| case | shape | dtype | ms | ref ms | rate | % of peak | vs ref | kernel |\n|---|---|---|---:|---:|---:|---:|---:|---|\n";
     }
     const bool bw = r.contains("gbps");
     const double rate = bw ? r.value("gbps", 0.0) : r.value("gflops", 0.0);
@@ -197,12 +222,27 @@ int run_report(const Options& o) {
        << fmt(100 * r.value("peak_fraction", 0.0)) << "% | " << fmt(r.value("speedup_vs_ref", 0.0), 2) << "x | " << r.value("kernel", "")
        << " |\n";
   }
+  // Expert parallelism: time and bytes against the baseline of the same run (no FLOPs to rate).
+  bool ep_header = false;
+  for (const auto& r : results) {
+    if (r.value("op", "") != "ep") continue;
+    if (!ep_header) {
+      md << "\n## ep\n\n" << r.value("what", std::string())
+         << ": dispatch + combine under mpirun (expert compute excluded), slowest rank. Ranks share this machine's cores, so the "
+            "figures include oversubscription.\n\n| case | ranks | ms | baseline ms | % of baseline | bytes sent | baseline bytes | "
+            "dedup bound | kernel |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
+      ep_header = true;
+    }
+    const double ms = r.value("ms", 0.0), base = r.value("baseline_ms", 0.0);
+    md << "| " << r.value("name", "") << " | " << r.value("ranks", 0) << " | " << fmt(ms, 2) << " | " << fmt(base, 2) << " | "
+       << (base > 0 ? fmt(100 * ms / base, 0) + "%" : "-") << " | " << fmt(r.value("bytes_sent", 0.0) / 1e6, 2) << " MB | "
+       << fmt(r.value("baseline_bytes_sent", 0.0) / 1e6, 2) << " MB | " << fmt(r.value("dedup_bound_bytes", 0.0) / 1e6, 2) << " MB | "
+       << r.value("kernel", "") << " |\n";
+  }
   if (!missing.empty()) {
-    md << "\n## Not measured\n\nThese headline cases gave no result in this build (benchmark not registered yet, or it failed):\n\n";
+    md << "\n## Not measured\n\nThese headline cases gave no result in this build (benchmark not built, or it failed):\n\n";
     for (const auto& m : missing) md << "- `" << m << "`\n";
   }
-  md << "\nExpert parallelism (`ot bench ep`) needs several ranks and is not run here: "
-        "`mpirun --allow-run-as-root --oversubscribe -np 4 build/release/ot bench ep --json`.\n";
   md.close();
   std::printf("wrote %s (%zu results, %zu charts%s)\n", (fs::path(o.out) / "report.md").c_str(), results.size(), charts.size(),
               missing.empty() ? "" : (", " + std::to_string(missing.size()) + " headline cases not measured").c_str());
@@ -216,7 +256,9 @@ const RegisterCommand reg("report", [](CLI::App& app) {
   sub->add_option("--out", o->out, "Output directory (report.md, report.json, PNG charts)")->capture_default_str();
   sub->add_option("--cases", o->cases, "Comma-separated op:case list instead of the headline set (op alone: its default cases)");
   sub->add_option("--threads", o->threads, "Threads (0 = all)");
-  sub->add_flag("--quick", o->quick, "Fewer repetitions");
+  sub->add_flag("--quick", o->quick, "Tiny stand-in cases, 2 repetitions (checks the tool in seconds; not for figures)");
+  sub->add_option("--ep-ranks", o->ep_ranks, "MPI ranks of the expert-parallel benchmark")->capture_default_str();
+  sub->add_flag("--no-ep", o->no_ep, "Skip the expert-parallel benchmark (mpirun)");
   sub->add_flag("--no-charts", o->no_charts, "Skip the PNG charts");
   sub->add_option("--charts-script", o->script, "Path of report_charts.py");
   sub->callback([o] {
