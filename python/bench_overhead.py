@@ -18,12 +18,12 @@ import ops_transformer as ot
 ops = ot.ops
 
 
-def py_call_us(fn, iters):
+def py_call_us(fn, iters, clock):
     fn()
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(iters):
         fn()
-    return (time.perf_counter() - t0) / iters * 1e6
+    return (clock() - t0) / iters * 1e-3
 
 
 def gdn_case(name, HK, HV, D):
@@ -67,15 +67,17 @@ def main():
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     print(f"threads={torch.get_num_threads()}  iters={args.iters}  repeats={args.repeats}")
-    print(f"{'case':34s} {'C++ us':>8s} {'torch.ops us':>13s} {'wrapper us':>11s} {'overhead us':>12s}")
+    print(f"{'case':38s} {'clock':5s} {'C++ us':>8s} {'torch.ops us':>13s} {'wrapper us':>11s} {'overhead us':>12s}"
+          f" {'(wrapper)':>10s}")
     for name, op, cargs, f_ops, f_pkg in cases():
-        cpp, tops, pkg = [], [], []
-        for _ in range(args.repeats):  # interleaved so drift hits all three alike
-            cpp.append(ops._cpp_call_us(op, cargs, args.iters))
-            tops.append(py_call_us(f_ops, args.iters))
-            pkg.append(py_call_us(f_pkg, args.iters))
-        m = [statistics.median(x) for x in (cpp, tops, pkg)]
-        print(f"{name:34s} {m[0]:8.2f} {m[1]:13.2f} {m[2]:11.2f} {m[1] - m[0]:12.2f}")
+        for label, cpu, clock in (("wall", False, time.perf_counter_ns), ("cpu", True, time.thread_time_ns)):
+            cpp, tops, pkg = [], [], []
+            for _ in range(args.repeats):  # interleaved so drift hits all three alike
+                cpp.append(ops._cpp_call_us(op, cargs, args.iters, cpu))
+                tops.append(py_call_us(f_ops, args.iters, clock))
+                pkg.append(py_call_us(f_pkg, args.iters, clock))
+            m = [statistics.median(x) for x in (cpp, tops, pkg)]
+            print(f"{name:38s} {label:5s} {m[0]:8.2f} {m[1]:13.2f} {m[2]:11.2f} {m[1] - m[0]:12.2f} {m[2] - m[0]:10.2f}")
 
 
 if __name__ == "__main__":

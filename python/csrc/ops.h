@@ -204,6 +204,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> prepare_wy_repr_bwd(const Tensor& k, 
                                                                const OptTensor& cu_seqlens, c10::string_view layout);
 
 // bench_ops.cpp
-double cpp_call_us(c10::string_view op, const std::vector<Tensor>& args, int64_t iters);
+double cpp_call_us(c10::string_view op, const std::vector<Tensor>& args, int64_t iters, bool cpu_time);
 
 }  // namespace ot::py

@@ -16,7 +16,7 @@ TORCH_LIBRARY(ops_transformer, m) {
   m.def("set_max_isa(int isa) -> ()", OT_OP(set_max_isa));
   m.def("set_force_ref(bool on) -> ()", OT_OP(set_force_ref));
   m.def("isa_state() -> (int, bool)", OT_OP(isa_state));
-  m.def("_cpp_call_us(str op, Tensor[] args, int iters) -> float", OT_OP(cpp_call_us));
+  m.def("_cpp_call_us(str op, Tensor[] args, int iters, bool cpu_time=False) -> float", OT_OP(cpp_call_us));
   m.class_<PackedWeightHolder>("PackedWeight")
       .def(torch::init<at::Tensor, std::string>())
       .def("K", &PackedWeightHolder::K)

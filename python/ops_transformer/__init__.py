@@ -9,4 +9,4 @@ from ._lib import has_op, library_path, ops  # noqa: F401  (loads the extension)
 from .functional import *  # noqa: F401,F403
 from . import functional  # noqa: F401
 from .control import force_ref, max_isa, ISA  # noqa: F401
-from . import gdn, moe  # noqa: F401
+from . import ep, gdn, moe  # noqa: F401

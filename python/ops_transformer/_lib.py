@@ -44,3 +44,10 @@ def has_op(name):
         return True
     except (AttributeError, RuntimeError):
         return False
+
+
+def fast_op(name):
+    """The builtin behind torch.ops.ops_transformer.<name>.default, looked up once: calling it skips
+    the OpOverloadPacket/OpOverload Python frames and attribute lookups of every call (decode paths
+    call these thousands of times a second). Positional and keyword arguments as the schema."""
+    return getattr(ops, name).default._op if has_op(name) else None

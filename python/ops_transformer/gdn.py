@@ -15,12 +15,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._lib import has_op, ops
+from ._lib import fast_op, has_op, ops
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "recurrent_gated_delta_rule",
            "GatedDeltaNet", "GatedDeltaNetCache", "HAS_BACKWARD"]
 
 HAS_BACKWARD = has_op("chunk_gated_delta_rule_bwd")
+_FUSED_RECURRENT = fast_op("fused_recurrent_gated_delta_rule")
+_RECURRENT = fast_op("recurrent_gated_delta_rule")
 
 
 def _as_tensor_cu(cu_seqlens):
@@ -73,11 +75,9 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, ini
     beta_sigmoid, beta holds the raw `b` (beta = sigmoid(b))."""
     cu = _as_tensor_cu(cu_seqlens)
     if A_log is None and dt_bias is None and not beta_sigmoid and layout == "BTHD":  # positional: cheapest call
-        return ops.fused_recurrent_gated_delta_rule.default(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                                            cu, use_qk_l2norm_in_kernel)
-    return ops.fused_recurrent_gated_delta_rule(
-        q, k, v, g, beta, scale, initial_state, output_final_state, cu,
-        use_qk_l2norm_in_kernel, A_log=A_log, dt_bias=dt_bias, beta_sigmoid=beta_sigmoid, layout=layout)
+        return _FUSED_RECURRENT(q, k, v, g, beta, scale, initial_state, output_final_state, cu, use_qk_l2norm_in_kernel)
+    return _FUSED_RECURRENT(q, k, v, g, beta, scale, initial_state, output_final_state, cu, use_qk_l2norm_in_kernel,
+                            A_log=A_log, dt_bias=dt_bias, beta_sigmoid=beta_sigmoid, layout=layout)
 
 
 def recurrent_gated_delta_rule(q, k, v, g, beta, state_cache, state_indices, scale=None, cu_seqlens=None,
@@ -85,7 +85,7 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, state_cache, state_indices, sca
                                beta_sigmoid=False, layout="BTHD"):
     """Decode on a state cache [num_slots, HV, DK, DV] updated in place, addressed by int32
     state_indices ([N] per sequence, or [T] per-token snapshots as Ascend/vLLM MTP). Returns o."""
-    return ops.recurrent_gated_delta_rule(
+    return _RECURRENT(
         q, k, v, g, beta, state_cache, state_indices, scale=scale, cu_seqlens=_as_tensor_cu(cu_seqlens),
         num_accepted_tokens=num_accepted_tokens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, A_log=A_log,
         dt_bias=dt_bias, beta_sigmoid=beta_sigmoid, layout=layout)

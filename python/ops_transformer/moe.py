@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._lib import has_op, ops
+from ._lib import fast_op, has_op, ops
 
 __all__ = [
     "moe_gating_top_k_softmax", "moe_gating_top_k_softmax_v2", "moe_gating_top_k", "moe_init_routing",
@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 HAS_BACKWARD = has_op("moe_ffn_backward")
+_MOE_FFN = fast_op("moe_ffn")
 HAS_GMM_BACKWARD = has_op("grouped_matmul_backward")
 
 
@@ -380,7 +381,7 @@ def moe_ffn(x, router, experts, k=2, **kwargs):
     Returns (y, router_logits, topk_ids, topk_weights, expert_counts, dropped)."""
     if isinstance(router, torch.Tensor):
         return _moe_ffn_train(x, router, experts, k=k, **kwargs)
-    return ops.moe_ffn(x, router, experts, k=k, **kwargs)
+    return _MOE_FFN(x, router, experts, k=k, **kwargs)
 
 
 class _MoeFfn(torch.autograd.Function):
@@ -520,7 +521,7 @@ class ExpertParallel(nn.Module):
             if getattr(self, "_stale", False):
                 self.repack()
                 self._stale = False
-            y, logits, ids, _, counts, dropped = ops.moe_ffn(
+            y, logits, ids, _, counts, dropped = _MOE_FFN(
                 xt, self._router.get(self.gate.weight, self.dtype), self._packed, k=self.top_k,
                 norm_topk_prob=self.norm_topk_prob, capacity_factor=cf)
         probs = torch.softmax(logits, -1)
@@ -597,6 +598,6 @@ class SparseMoeBlock(nn.Module):
         else:
             if self._packed is None:
                 self.repack()
-            y, logits, *_ = ops.moe_ffn(x, self._router.get(self.gate.weight, dtype), self._packed, k=self.top_k,
+            y, logits, *_ = _MOE_FFN(x, self._router.get(self.gate.weight, dtype), self._packed, k=self.top_k,
                                         norm_topk_prob=self.norm_topk_prob)
         return y.to(hidden_states.dtype).reshape(shape), logits.to(dtype)
