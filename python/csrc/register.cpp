@@ -5,6 +5,8 @@
 
 #include <torch/custom_class.h>
 
+#include <string>
+
 #include "bridge.h"
 #include "holders.h"
 #include "ops.h"
@@ -131,14 +133,17 @@ TORCH_LIBRARY(ops_transformer, m) {
       .def("last_bytes_sent", &EpCommHolder::last_bytes_sent);
   m.def("ep_init() -> (int world_size, int rank)", OT_OP(ep_init));
   m.def("ep_finalize() -> ()", OT_OP(ep_finalize));
-  m.def("moe_distribute_dispatch(Tensor x, Tensor expert_ids, __torch__.torch.classes.ops_transformer.EpComm group_ep, int ep_world_size, "
-        "int ep_rank_id, int moe_expert_num, *, Tensor? scales=None, Tensor? x_active_mask=None, Tensor? expert_scales=None, "
-        "int quant_mode=0, int expert_token_nums_type=1, str comm_alg=\"\") -> (Tensor expand_x, Tensor? dynamic_scales, "
-        "Tensor assist_info_for_combine, Tensor expert_token_nums, Tensor ep_recv_counts, Tensor tp_recv_counts, "
-        "Tensor? expand_scales)", OT_OP(moe_distribute_dispatch));
-  m.def("moe_distribute_combine(Tensor expand_x, Tensor expert_ids, Tensor assist_info_for_combine, Tensor ep_send_counts, "
-        "Tensor expert_scales, __torch__.torch.classes.ops_transformer.EpComm group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, "
-        "Tensor? shared_expert_x=None) -> Tensor", OT_OP(moe_distribute_combine));
+  // v2 semantics under both torch_npu names (v1's expand_idx is opaque by contract: assist info here).
+  for (const char* v : {"", "_v2"}) {
+    m.def((std::string("moe_distribute_dispatch") + v + "(Tensor x, Tensor expert_ids, __torch__.torch.classes.ops_transformer.EpComm group_ep, "
+          "int ep_world_size, int ep_rank_id, int moe_expert_num, *, Tensor? scales=None, Tensor? x_active_mask=None, "
+          "Tensor? expert_scales=None, int quant_mode=0, int expert_token_nums_type=1, str comm_alg=\"\") -> (Tensor expand_x, "
+          "Tensor? dynamic_scales, Tensor assist_info_for_combine, Tensor expert_token_nums, Tensor ep_recv_counts, "
+          "Tensor tp_recv_counts, Tensor? expand_scales)").c_str(), OT_OP(moe_distribute_dispatch));
+    m.def((std::string("moe_distribute_combine") + v + "(Tensor expand_x, Tensor expert_ids, Tensor assist_info_for_combine, "
+          "Tensor ep_send_counts, Tensor expert_scales, __torch__.torch.classes.ops_transformer.EpComm group_ep, int ep_world_size, int ep_rank_id, "
+          "int moe_expert_num, *, Tensor? shared_expert_x=None) -> Tensor").c_str(), OT_OP(moe_distribute_combine));
+  }
   m.def("ep_moe_ffn(Tensor x, Tensor expert_ids, Tensor? expert_scales, __torch__.torch.classes.ops_transformer.EpComm group_ep, "
         "__torch__.torch.classes.ops_transformer.MoeExperts experts, int moe_expert_num, *, str comm_alg=\"\", int chunks=2, "
         "int quant_mode=0, Tensor? shared_expert_x=None) -> Tensor", OT_OP(ep_moe_ffn));

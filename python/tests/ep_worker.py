@@ -50,6 +50,12 @@ def main():
         raise AssertionError(f"rank {r}: bad expert id on rank {W - 1} did not raise")
     except RuntimeError as e:
         assert "expert_ids" in str(e), str(e)
+    for bad_ids in (ids.long(),):  # int64 ids (every rank)
+        try:
+            ep.moe_distribute_dispatch_v2(x, bad_ids, group, W, r, E, expert_scales=w)
+            raise AssertionError("int64 expert_ids did not raise")
+        except RuntimeError as e:
+            assert "expert_ids" in str(e), str(e)
     try:
         ep.moe_distribute_dispatch_v2(x, ids, group, W + 1, r, E, expert_scales=w)
         raise AssertionError("ep_world_size mismatch did not raise")
