@@ -35,6 +35,12 @@ ep::DispatchOptions dispatch_options(const char* op, int64_t moe_expert_num, int
   return o;
 }
 
+// torch bool masks are read as the library's u8 (same bytes, no copy).
+Tensor mask_u8(const OptTensor& m) {
+  if (!m || !m->defined()) return Tensor();
+  return m->scalar_type() == c10::ScalarType::Bool ? m->view(c10::ScalarType::Byte) : *m;
+}
+
 }  // namespace
 
 EpCommHolder::EpCommHolder(int64_t num_experts, int64_t comm_handle) {
@@ -79,8 +85,9 @@ EpDispatchOut moe_distribute_dispatch(const Tensor& x, const Tensor& expert_ids,
   const char* op = "moe_distribute_dispatch";
   check_group(op, group_ep, ep_world_size, ep_rank_id);
   OT_CHECK(!scales.has_value(), op, "scales", "None (smooth-quant scales are not supported)", "a tensor");
-  OT_CHECK(!x_active_mask.has_value(), op, "x_active_mask", "None (every token is active)", "a tensor");
   auto o = dispatch_options(op, moe_expert_num, ep_world_size, ep_rank_id, quant_mode, expert_token_nums_type, comm_alg);
+  Tensor mask = mask_u8(x_active_mask);
+  o.x_active_mask = view(OptTensor(mask), op, "x_active_mask");
   auto r = ep::moe_distribute_dispatch(*group_ep->comm, view(x, op, "x"), view(expert_ids, op, "expert_ids"),
                                        view(expert_scales, op, "expert_scales"), o);
   group_ep->bytes_sent = r.bytes_sent;
@@ -90,7 +97,7 @@ EpDispatchOut moe_distribute_dispatch(const Tensor& x, const Tensor& expert_ids,
   Tensor counts = wrap(r.expert_token_nums), recv = wrap(r.ep_recv_counts);
   OptTensor dyn = wrap_opt(r.dynamic_scales);
   if (group_ep->pending.size() >= 64) group_ep->pending.erase(group_ep->pending.begin());  // abandoned dispatches
-  group_ep->pending[assist.data_ptr()] = std::move(r);
+  group_ep->pending[assist.data_ptr()] = {std::move(r), mask};
   return {ex, dyn, assist, counts, recv, empty({0}, c10::ScalarType::Int), c10::nullopt};
 }
 
@@ -103,7 +110,7 @@ Tensor moe_distribute_combine(const Tensor& expand_x, const Tensor& expert_ids, 
   auto it = group_ep->pending.find(assist_info_for_combine.data_ptr());
   OT_CHECK(it != group_ep->pending.end(), op, "assist_info_for_combine",
            "the assist_info_for_combine of a moe_distribute_dispatch on this group_ep not combined yet", "an unknown tensor");
-  const auto& d = it->second;
+  const auto& d = it->second.result;
   OT_CHECK(moe_expert_num == group_ep->comm->placement().num_experts(), op, "moe_expert_num",
            detail::cat("the dispatch's ", group_ep->comm->placement().num_experts()), moe_expert_num);
   // expert_ids and expert_scales are taken for torch_npu's argument list: the dispatch kept its own copies.
@@ -120,7 +127,7 @@ Tensor moe_distribute_combine(const Tensor& expand_x, const Tensor& expert_ids, 
 Tensor ep_moe_ffn(const Tensor& x, const Tensor& expert_ids, const OptTensor& expert_scales,
                   const c10::intrusive_ptr<EpCommHolder>& group_ep, const c10::intrusive_ptr<MoeExpertsHolder>& experts,
                   int64_t moe_expert_num, c10::string_view comm_alg, int64_t chunks, int64_t quant_mode,
-                  const OptTensor& shared_expert_x) {
+                  const OptTensor& shared_expert_x, const OptTensor& x_active_mask) {
   const char* op = "ep_moe_ffn";
   OT_CHECK(group_ep.defined(), op, "group_ep", "an EpComm", "None");
   OT_CHECK(experts.defined(), op, "experts", "a MoeExperts holding this rank's local experts", "None");
@@ -129,6 +136,8 @@ Tensor ep_moe_ffn(const Tensor& x, const Tensor& expert_ids, const OptTensor& ex
   ep::FfnOptions o;
   o.dispatch = dispatch_options(op, moe_expert_num, group_ep->ep_world_size(), group_ep->ep_rank_id(), quant_mode, 1, comm_alg);
   o.chunks = int(chunks);
+  Tensor mask = mask_u8(x_active_mask);
+  o.dispatch.x_active_mask = view(OptTensor(mask), op, "x_active_mask");
   return wrap(ep::ep_moe_ffn(*group_ep->comm, view(x, op, "x"), view(expert_ids, op, "expert_ids"),
                              view(expert_scales, op, "expert_scales"), ep::moe_experts(experts->experts), o,
                              view(shared_expert_x, op, "shared_expert_x")));

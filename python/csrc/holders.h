@@ -72,7 +72,11 @@ struct EpCommHolder : torch::CustomClassHolder {
   void rebalance(const std::vector<int64_t>& load, int64_t extra_per_rank);
   int64_t last_bytes_sent() const { return bytes_sent; }
   std::unique_ptr<ot::ep::Comm> comm;
-  std::map<const void*, ot::ep::DispatchResult> pending;
+  struct Pending {
+    ot::ep::DispatchResult result;
+    at::Tensor x_active_mask;  // the dispatch's view points into it
+  };
+  std::map<const void*, Pending> pending;
   int64_t bytes_sent = 0;
 };
 #endif

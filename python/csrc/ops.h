@@ -139,7 +139,7 @@ Tensor moe_distribute_combine(const Tensor& expand_x, const Tensor& expert_ids, 
 Tensor ep_moe_ffn(const Tensor& x, const Tensor& expert_ids, const OptTensor& expert_scales,
                   const c10::intrusive_ptr<EpCommHolder>& group_ep, const c10::intrusive_ptr<MoeExpertsHolder>& experts,
                   int64_t moe_expert_num, c10::string_view comm_alg, int64_t chunks, int64_t quant_mode,
-                  const OptTensor& shared_expert_x);
+                  const OptTensor& shared_expert_x, const OptTensor& x_active_mask);
 #endif
 
 // gdn_ops.cpp (fla names and argument order)

@@ -146,7 +146,7 @@ TORCH_LIBRARY(ops_transformer, m) {
   }
   m.def("ep_moe_ffn(Tensor x, Tensor expert_ids, Tensor? expert_scales, __torch__.torch.classes.ops_transformer.EpComm group_ep, "
         "__torch__.torch.classes.ops_transformer.MoeExperts experts, int moe_expert_num, *, str comm_alg=\"\", int chunks=2, "
-        "int quant_mode=0, Tensor? shared_expert_x=None) -> Tensor", OT_OP(ep_moe_ffn));
+        "int quant_mode=0, Tensor? shared_expert_x=None, Tensor? x_active_mask=None) -> Tensor", OT_OP(ep_moe_ffn));
 #endif
 #ifdef OT_HAVE_GDN
   // ---- Gated DeltaNet (fla functional API; layout: "BTHD" default, "BNSD" head-major)

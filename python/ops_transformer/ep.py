@@ -62,7 +62,8 @@ def moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_rank_i
     """torch_npu.npu_moe_distribute_dispatch_v2 -> (expand_x, dynamic_scales, assist_info_for_combine,
     expert_token_nums, ep_recv_counts, tp_recv_counts, expand_scales). Rows of expand_x are ordered
     local expert, source rank, token; a token goes once to each destination rank (dedup).
-    comm_alg "" / "all_to_all" or "all_gather"; quant_mode 2 = dynamic per-row int8."""
+    comm_alg "" / "all_to_all" or "all_gather"; quant_mode 2 = dynamic per-row int8; x_active_mask
+    [BS] or [BS, K] bool: inactive tokens / slots are not sent (an inactive token's combined row is 0)."""
     return ops.moe_distribute_dispatch(x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num, scales=scales,
                                        x_active_mask=x_active_mask, expert_scales=expert_scales, quant_mode=quant_mode,
                                        expert_token_nums_type=expert_token_nums_type, comm_alg=comm_alg)
@@ -81,8 +82,9 @@ moe_distribute_combine = moe_distribute_combine_v2
 
 
 def ep_moe_ffn(x, expert_ids, expert_scales, group_ep, experts, moe_expert_num, *, comm_alg="", chunks=2, quant_mode=0,
-               shared_expert_x=None):
+               shared_expert_x=None, x_active_mask=None):
     """dispatch -> this rank's experts (a MoeExperts holding its local experts in placement order) ->
     combine, pipelined over `chunks` token chunks (communication of one overlaps compute of the previous)."""
     return ops.ep_moe_ffn(x, expert_ids, expert_scales, group_ep, experts, moe_expert_num, comm_alg=comm_alg,
-                          chunks=chunks, quant_mode=quant_mode, shared_expert_x=shared_expert_x)
+                          chunks=chunks, quant_mode=quant_mode, shared_expert_x=shared_expert_x,
+                          x_active_mask=x_active_mask)

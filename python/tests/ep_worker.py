@@ -42,6 +42,20 @@ def main():
         err = ((y2 - y_ref).norm() / y_ref.norm()).item()
         assert err < 1e-5, f"rank {r} ep_moe_ffn {alg!r}: rel err {err}"
 
+    mask = torch.arange(BS) < BS - 2  # 1-D mask: the last two tokens inactive (x_out rows 0)
+    ex, _, assist, counts, recv, _, _ = ep.moe_distribute_dispatch_v2(x, ids, group, W, r, E, expert_scales=w,
+                                                                      x_active_mask=mask)
+    outs, off = [], 0
+    for l, n in enumerate(counts.tolist()):
+        e, rows = local[l], ex[off:off + n]
+        outs.append((torch.nn.functional.silu(rows @ g[e].t()) * (rows @ u[e].t())) @ d[e].t())
+        off += n
+    y = ep.moe_distribute_combine_v2(torch.cat(outs), ids, assist, recv, w, group, W, r, E)
+    want = torch.where(mask[:, None], y_ref, torch.zeros_like(y_ref))
+    assert ((y - want).norm() / want.norm()).item() < 1e-5, f"rank {r}: x_active_mask"
+    y2 = ep.ep_moe_ffn(x, ids, w, group, local_store, E, x_active_mask=mask)
+    assert ((y2 - want).norm() / want.norm()).item() < 1e-5, f"rank {r}: ep_moe_ffn x_active_mask"
+
     bad = ids.clone()
     if r == W - 1:
         bad[0, 0] = E + 3  # out of range on one rank only: every rank must raise, none may hang
