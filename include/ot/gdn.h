@@ -94,6 +94,11 @@ struct ChunkOptions : Common {
   bool output_final_state = false;
   bool use_qk_l2norm_in_kernel = false;
   bool save_for_backward = true;       // return g_cumsum and A (and the rstd of q, k with l2norm)
+  // bf16 q, k, v on AVX512-BF16: every chunk product takes bf16 operands with fp32 accumulation
+  // (fla's precision: A, W, S, v_new and the score matrix rounded to bf16 as matmul operands;
+  // the state, G, A, the l2norm factors and all accumulators stay fp32). false: fp32 products
+  // ("reference mode", final state ~1e-5 from the fp64 recurrence instead of ~1e-3).
+  bool bf16_compute = true;
 };
 struct ChunkFwd {
   Tensor o;             // like v's layout, q's dtype

@@ -8,6 +8,7 @@
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "ot/workspace.h"
+#include "src/gdn/chunk_fused_bf16.h"
 #include "src/gdn/chunk_kernels.h"
 #include "src/gdn/gdn_ref.h"
 
@@ -110,6 +111,11 @@ ChunkFwd forward_ref(const Args& a, const ChunkOptions& opt, const SeqInfo& s, D
 
 }  // namespace
 
+bool detail::bf16_fused_ok(const Tok& q, const Tok& k, const Tok& v) {
+  auto ok = [](const Tok& x) { return x.dt == DType::bf16 && x.sd == 1 && x.D % 32 == 0; };
+  return cpu::has(cpu::Isa::avx512_bf16) && ok(q) && ok(k) && ok(v);
+}
+
 ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
                                     const TensorView& beta, const ChunkOptions& opt) {
   const char* op = "chunk_gated_delta_rule_fwd";
@@ -123,8 +129,11 @@ ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, co
   if (opt.initial_state.defined()) expect_state(opt.initial_state, N, HV, DK, DV, false, op, "initial_state");
   check_values(a, op);
   double flops = double(a.B * a.T * HV) * (6.0 * kChunk * DK + 4.0 * kChunk * DV + 6.0 * DK * DV + kChunk * kChunk / 3.0);
-  scope.args(shape_args(q, v, opt.layout)).kernel(cpu::force_ref() ? "ref" : gemm::kernel_name(DType::f32, DType::f32, kChunk)).flops(flops);
   bool save = opt.save_for_backward;
+  bool bf16 = !cpu::force_ref() && opt.bf16_compute && bf16_fused_ok(a.q, a.k, a.v);
+  scope.args(shape_args(q, v, opt.layout))
+      .kernel(cpu::force_ref() ? "ref" : bf16 ? "gdn_chunk:avx512_bf16" : gemm::kernel_name(DType::f32, DType::f32, kChunk))
+      .flops(flops);
   if (cpu::force_ref()) return forward_ref(a, opt, s, q.dtype, save);
 
   ChunkFwd r;
@@ -147,6 +156,16 @@ ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, co
   }
   StateRef S0 = state_ref(opt.initial_state), fin = state_ref(r.final_state);
   bool l2 = opt.use_qk_l2norm_in_kernel;
+  if (bf16) {
+    Bf16Fwd f;
+    f.q = a.q, f.k = a.k, f.v = a.v, f.g = a.g, f.beta = a.beta;
+    f.o = ot, f.G = Gt, f.A = At, f.rq = rq, f.rk = rk, f.S0 = S0, f.fin = fin, f.s = &s;
+    f.scale = a.scale, f.l2 = l2, f.HK = a.HK, f.HV = HV, f.DK = DK, f.DV = DV;
+    parallel_for_dynamic(N * a.HK, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) bf16_fused_task(f, i / a.HK, i % a.HK);
+    });
+    return r;
+  }
   // One task per (sequence, key head): K, Q, their norms and [K; Q] K^T are computed once per
   // chunk and shared by the `group` value heads, each with its own state.
   const int64_t C = kChunk, SD = (DK + C) * DV;

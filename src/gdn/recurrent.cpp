@@ -171,16 +171,14 @@ RecurrentOut recurrent_gated_delta_rule(const TensorView& q, const TensorView& k
   scope.args(shape_args(q, v, l)).kernel(ref ? "ref" : (fast == &avx512::step ? "avx512" : "generic")).bytes(state_bytes);
   int64_t group = HV / HK, SS = DK * DV;
 
-  // Scratch per thread: state (fp32, or fp64 for the reference), q, k, v, o, tmp.
-  WorkspacePlan plan;
-  auto sl_state = plan.add<double>(size_t(SS), true);
-  auto sl_vec = plan.add<float>(size_t(3 * 256 + 2 * 256), true);
-  Workspace ws(plan);
+  // Scratch per thread: state (fp32, or fp64 for the reference), q, k, v, o, tmp; kept across
+  // calls (a decode step is ~0.1 ms: fresh pages per call would cost a visible part of it).
   parallel_for_dynamic(N * HV, 0, [&](int64_t i0, int64_t i1) {
-    int tid = thread_id();
-    double* Sd = ws.get(sl_state, tid);
+    static thread_local std::vector<double> scratch;
+    if (scratch.size() < size_t(SS + 5 * 256 / 2 + 8)) scratch.assign(size_t(SS + 5 * 256 / 2 + 8), 0.0);
+    double* Sd = scratch.data();
     float* Sf = reinterpret_cast<float*>(Sd);
-    float *qv = ws.get(sl_vec, tid), *kv = qv + 256, *vv = kv + 256, *ov = vv + 256, *tmp = ov + 256;
+    float *qv = reinterpret_cast<float*>(Sd + SS), *kv = qv + 256, *vv = kv + 256, *ov = vv + 256, *tmp = ov + 256;
     for (int64_t i = i0; i < i1; ++i) {
       int64_t n = i / HV, hv = i % HV, hk = hv / group, L = s.len[size_t(n)], bos = s.bos[size_t(n)], b = s.row[size_t(n)];
       int64_t commit = accepted[size_t(n)];

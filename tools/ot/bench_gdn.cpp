@@ -19,6 +19,7 @@
 #include "ot/gemm.h"
 #include "ot/numeric.h"
 #include "ot/parallel.h"
+#include "ot/trace.h"
 
 namespace ot::cli {
 namespace {
@@ -133,9 +134,16 @@ int run_chunk(const BenchOptions& opt) {
     r.ms = t.fast_ms;
     r.ref_ms = t.ref_ms * ref_scale;
     r.gflops = fwd_flops(double(c.B * T)) / (t.fast_ms * 1e6);
-    double peak = matrix_peak_gflops("fp32", threads);
+    // The kernel the call took (from its trace record) and the peak of that arithmetic.
+    trace::set_timeline(true);
+    trace::take_events();
+    fast();
+    std::vector<trace::Event> ev = trace::take_events();
+    trace::set_timeline(false);
+    r.kernel = ev.empty() ? "?" : ev.back().kernel;
+    bool bf16 = r.kernel.find("bf16") != std::string::npos;
+    double peak = matrix_peak_gflops(bf16 ? "bf16" : "fp32", threads);
     r.peak_fraction = peak > 0 ? r.gflops / peak : 0;
-    r.kernel = std::string("matmul:") + gemm::kernel_name(DType::f32, DType::f32, gdn::kChunk);
     r.extra["ref_slice"] = "HK1 HV2 T" + std::to_string(Ts) + " x" + std::to_string(ref_scale);
     double cpu = cpu_ms_median(fast, reps);
     report(opt, r);

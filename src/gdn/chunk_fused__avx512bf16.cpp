@@ -1,0 +1,275 @@
+// bf16 fused chunk forward on AVX512-BF16 (see chunk_fused_bf16.h). The engine's matmul packs
+// its operands on every call, which dominates at 64 x 128 x 128; here each operand is produced
+// once per chunk directly in the layout the micro-kernel reads (A: bf16 rows, B: bf16 pairs of
+// rows interleaved, "VNNI"), and the state is packed once per chunk for both of its products.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "ot/numeric.h"
+#include "src/gdn/chunk_fused_bf16.h"
+#include "src/gdn/chunk_kernels.h"
+
+namespace ot::gdn::detail {
+namespace {
+
+constexpr int64_t C = kChunk;
+constexpr int MR = 8;   // rows per micro-tile
+constexpr int NR = 32;  // columns per micro-tile (two zmm)
+
+// C[i][j] = beta * C[i][j] + alpha * rs[i] * sum_k A[i][k] B[k][j]. A: bf16 row-major (ld lda,
+// k even); B: [k/2][n] words holding the bf16 pair (B[2p][j], B[2p+1][j]). tri_k: A is lower
+// triangular, so rows [i0, i0 + MR) stop at column i0 + MR. tri_n: only tiles with j0 <= i
+// are needed (causal outputs; the skipped tiles are left unwritten).
+struct Epi {
+  float alpha = 1.f, beta = 0.f;
+  const float* rs = nullptr;
+  bool tri_k = false, tri_n = false;
+};
+
+inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+inline void micro(const uint16_t* A, int64_t lda, const uint32_t* B, int64_t n, int64_t kp, float* Cp, int64_t ldc, const Epi& e,
+                  int64_t i0) {
+  __m512 acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kp; ++p) {
+    __m512i b0 = _mm512_loadu_si512(B + p * n), b1 = _mm512_loadu_si512(B + p * n + 16);
+    const uint16_t* ap = A + 2 * p;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(ap + r * lda));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], as_bh(a), as_bh(b0));
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], as_bh(a), as_bh(b1));
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    float f = e.alpha * (e.rs ? e.rs[i0 + r] : 1.f);
+    __m512 fv = _mm512_set1_ps(f);
+    float* c = Cp + r * ldc;
+    for (int h = 0; h < 2; ++h) {
+      __m512 x = _mm512_mul_ps(acc[r][h], fv);
+      if (e.beta != 0.f) x = _mm512_fmadd_ps(_mm512_set1_ps(e.beta), _mm512_loadu_ps(c + 16 * h), x);
+      _mm512_storeu_ps(c + 16 * h, x);
+    }
+  }
+}
+
+// m % MR == 0, n % NR == 0, k even.
+void mm(const uint16_t* A, int64_t lda, const uint32_t* B, int64_t n, int64_t k, float* Cp, int64_t ldc, int64_t m, const Epi& e) {
+  const int64_t kp = k / 2;
+  for (int64_t j0 = 0; j0 < n; j0 += NR)
+    for (int64_t i0 = 0; i0 < m; i0 += MR) {
+      if (e.tri_n && j0 > i0 + MR - 1) continue;
+      int64_t kk = e.tri_k ? std::min(kp, (i0 + MR) / 2) : kp;
+      micro(A + i0 * lda, lda, B + j0, n, kk, Cp + i0 * ldc + j0, ldc, e, i0);
+    }
+}
+
+// Pair-interleave two rows into words: dst[j] = r0[j] | r1[j] << 16 (bf16 sources).
+inline void pair_u16(const uint16_t* r0, const uint16_t* r1, uint32_t* dst, int64_t n) {
+  for (int64_t j = 0; j < n; j += 16) {
+    __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + j)));
+    __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + j)));
+    _mm512_storeu_si512(dst + j, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  }
+}
+inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
+// Same from fp32 rows (rounded to nearest even).
+inline void pair_f32(const float* r0, const float* r1, uint32_t* dst, int64_t n) {
+  for (int64_t j = 0; j < n; j += 16) {
+    __m512i lo = _mm512_cvtepu16_epi32(to_bf16(_mm512_loadu_ps(r0 + j)));
+    __m512i hi = _mm512_cvtepu16_epi32(to_bf16(_mm512_loadu_ps(r1 + j)));
+    _mm512_storeu_si512(dst + j, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  }
+}
+// dst[j] = bf16(src[j] * f[j]) (f null: 1), n % 16 == 0.
+inline void row_bf16(const float* src, const float* f, uint16_t* dst, int64_t n) {
+  for (int64_t j = 0; j < n; j += 16) {
+    __m512 x = _mm512_loadu_ps(src + j);
+    if (f) x = _mm512_mul_ps(x, _mm512_loadu_ps(f + j));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j), to_bf16(x));
+  }
+}
+inline float sumsq_bf16(const uint16_t* x, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j))), 16));
+    acc = _mm512_fmadd_ps(v, v, acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+inline void bf16_row_to_f32(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t j = 0; j < n; j += 16)
+    _mm512_storeu_ps(y + j, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j))), 16)));
+}
+
+struct Bufs {
+  uint16_t *kb, *qb;     // C x DK raw rows (rows >= L zero)
+  uint32_t* kv;          // C/2 x DK pairs of k rows
+  uint32_t* kT;          // DK/2 x C: k^T as pairs (B operand of the Gram products)
+  float* kt;             // DK x C: rk_i k_i^T (transposed)
+  float *rk, *rq;        // C
+  float *kk, *qk;        // C x C Gram (lower part)
+  float *g, *G, *beta, *gam, *fk, *fv, *fs, *ro, *E, *M, *A;
+  uint16_t *aw, *au, *p, *wb, *ktb;
+  uint32_t *vv, *sv, *dv;
+  uint16_t* vb;          // C x DV raw v rows
+  float *w, *u, *o;
+  float* states;
+};
+
+void load_bf16_rows(const Tok& x, int64_t b, int64_t t0, int64_t L, int64_t h, uint16_t* dst) {
+  for (int64_t i = 0; i < L; ++i) std::memcpy(dst + i * x.D, x.at(b, t0 + i, h), size_t(x.D) * 2);
+  if (L < C) std::memset(dst + L * x.D, 0, size_t((C - L) * x.D) * 2);
+}
+
+// Carves the buffers from base (null: only measures); returns the bytes used.
+size_t carve(Bufs& b, char* base, int64_t DK, int64_t DV, int64_t group) {
+  size_t off = 0;
+  auto take = [&](auto*& ptr, int64_t n) {
+    using T = std::remove_reference_t<decltype(*ptr)>;
+    ptr = reinterpret_cast<T*>(base + off);
+    off += (size_t(n) * sizeof(T) + 63) & ~size_t(63);
+  };
+  take(b.kb, C * DK), take(b.qb, C * DK), take(b.kv, C / 2 * DK), take(b.kT, DK / 2 * C);
+  take(b.kt, DK * C), take(b.rk, C), take(b.rq, C), take(b.kk, C * C), take(b.qk, C * C);
+  take(b.g, C), take(b.G, C), take(b.beta, C), take(b.gam, C), take(b.fk, C), take(b.fv, C), take(b.fs, C), take(b.ro, C);
+  take(b.E, C * C), take(b.M, C * C), take(b.A, C * C);
+  take(b.aw, C * C), take(b.au, C * C), take(b.p, C * C), take(b.wb, C * DK), take(b.ktb, DK * C);
+  take(b.vv, C / 2 * DV), take(b.sv, DK / 2 * DV), take(b.dv, C / 2 * DV), take(b.vb, C * DV);
+  take(b.w, C * DK), take(b.u, C * DV), take(b.o, C * DV), take(b.states, group * DK * DV);
+  return off;
+}
+
+}  // namespace
+
+void bf16_fused_task(const Bf16Fwd& a, int64_t n, int64_t hk) {
+  const int64_t DK = a.DK, DV = a.DV, group = a.HV / a.HK;
+  // Per-thread scratch kept across calls (no fresh pages per call); ~0.5 MiB at 128/128, G = 2.
+  static thread_local std::vector<char> mem;
+  Bufs b;
+  size_t need = carve(b, nullptr, DK, DV, group) + 64;
+  if (mem.size() < need) mem.assign(need, 0);
+  carve(b, reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t(63)), DK, DV, group);
+
+  for (int64_t j = 0; j < group; ++j) {
+    float* S = b.states + j * DK * DV;
+    if (a.S0.defined()) std::memcpy(S, a.S0.f32(n, hk * group + j), sizeof(float) * size_t(DK * DV));
+    else std::memset(S, 0, sizeof(float) * size_t(DK * DV));
+  }
+  const SeqInfo& s = *a.s;
+  const int64_t nc = s.chunk_offsets[size_t(n + 1)] - s.chunk_offsets[size_t(n)];
+  for (int64_t c = 0; c < nc; ++c) {
+    ChunkSpan sp = chunk_span(s, n, c);
+    const int64_t L = sp.L;
+    // ---- key head: raw rows, norms, Gram matrices, k pairs and k^T (shared by the group).
+    load_bf16_rows(a.k, sp.b, sp.t0, L, hk, b.kb);
+    load_bf16_rows(a.q, sp.b, sp.t0, L, hk, b.qb);
+    for (int64_t i = 0; i < C; ++i) {
+      bool on = i < L && a.l2;
+      b.rk[i] = on ? 1.f / std::sqrt(sumsq_bf16(b.kb + i * DK, DK) + 1e-6f) : 1.f;
+      b.rq[i] = on ? 1.f / std::sqrt(sumsq_bf16(b.qb + i * DK, DK) + 1e-6f) : 1.f;
+    }
+    if (a.l2 && a.rq.defined()) {
+      store_scal(b.rq, a.rq, sp.b, sp.t0, L, hk);
+      store_scal(b.rk, a.rk, sp.b, sp.t0, L, hk);
+    }
+    for (int64_t p = 0; p < C / 2; ++p) pair_u16(b.kb + 2 * p * DK, b.kb + (2 * p + 1) * DK, b.kv + p * DK, DK);
+    {
+      // k^T pairs for the Gram products: B[d][j] = k_j[d] -> words [DK/2][C].
+      uint32_t* kT = b.kT;
+      const uint32_t* k32 = reinterpret_cast<const uint32_t*>(b.kb);
+      for (int64_t j = 0; j < C; ++j)
+        for (int64_t p = 0; p < DK / 2; ++p) kT[p * C + j] = k32[j * (DK / 2) + p];
+      Epi e;
+      e.tri_n = true;
+      mm(b.kb, DK, kT, C, DK, b.kk, C, C, e);
+      mm(b.qb, DK, kT, C, DK, b.qk, C, C, e);
+    }
+    for (int64_t i = 0; i < C; ++i) {
+      float r = b.rk[i];
+      for (int64_t d = 0; d < DK; ++d) b.kt[d * C + i] = r * bf16_to_f32(b.kb[i * DK + d]);
+    }
+    // ---- value heads.
+    for (int64_t j = 0; j < group; ++j) {
+      const int64_t hv = hk * group + j;
+      float* S = b.states + j * DK * DV;
+      load_scal(a.g, sp.b, sp.t0, L, hv, b.g);
+      load_scal(a.beta, sp.b, sp.t0, L, hv, b.beta);
+      cumsum_chunk(b.g, L, b.G, false, 1.f);
+      decay_matrix(b.G, L, b.E);
+      const float gl = b.G[L - 1];
+      for (int64_t i = 0; i < C; ++i) {
+        bool on = i < L;
+        b.gam[i] = on ? std::exp(b.G[i]) : 0.f;
+        b.fk[i] = on ? b.beta[i] * b.gam[i] * b.rk[i] : 0.f;  // column scale of A for W
+        b.fv[i] = on ? b.beta[i] : 0.f;                       // ... for U
+        b.fs[i] = on ? std::exp(gl - b.G[i]) : 0.f;           // decay to the chunk end
+        b.ro[i] = on ? a.scale * b.gam[i] * b.rq[i] : 0.f;    // row scale of Q S
+      }
+      for (int64_t i = 0; i < L; ++i) {
+        const float* kk = b.kk + i * C;
+        const float* e = b.E + i * C;
+        float* m = b.M + i * C;
+        float f = b.beta[i] * b.rk[i];
+        for (int64_t jj = 0; jj < i; ++jj) m[jj] = f * kk[jj] * e[jj] * b.rk[jj];
+      }
+      solve_tril_chunk(b.M, C, L, b.A, C);
+      if (a.A.defined()) store_rows(b.A, C, a.A, sp.b, sp.t0, L, hv);
+      for (int64_t i = 0; i < C; ++i) {
+        row_bf16(b.A + i * C, b.fk, b.aw + i * C, C);
+        row_bf16(b.A + i * C, b.fv, b.au + i * C, C);
+      }
+      load_bf16_rows(a.v, sp.b, sp.t0, L, hv, b.vb);
+      for (int64_t p = 0; p < C / 2; ++p) pair_u16(b.vb + 2 * p * DV, b.vb + (2 * p + 1) * DV, b.vv + p * DV, DV);
+      Epi tk;
+      tk.tri_k = true;
+      mm(b.aw, C, b.kv, DK, C, b.w, DK, C, tk);  // W = A diag(beta e^G rk) K
+      mm(b.au, C, b.vv, DV, C, b.u, DV, C, tk);  // U = A diag(beta) V
+      // v_new = U - W S (S packed once, reused by the output).
+      for (int64_t p = 0; p < DK / 2; ++p) pair_f32(S + 2 * p * DV, S + (2 * p + 1) * DV, b.sv + p * DV, DV);
+      for (int64_t i = 0; i < C; ++i) row_bf16(b.w + i * DK, nullptr, b.wb + i * DK, DK);
+      Epi vn;
+      vn.alpha = -1.f, vn.beta = 1.f;
+      mm(b.wb, DK, b.sv, DV, DK, b.u, DV, C, vn);
+      float* dn = b.u;
+      for (int64_t p = 0; p < C / 2; ++p) pair_f32(dn + 2 * p * DV, dn + (2 * p + 1) * DV, b.dv + p * DV, DV);
+      // O = diag(s e^G rq) Q S + P v_new, P = s causal(E) o (Q K^T) rq_i rk_j.
+      Epi oq;
+      oq.rs = b.ro;
+      mm(b.qb, DK, b.sv, DV, DK, b.o, DV, C, oq);
+      for (int64_t i = 0; i < C; ++i) {
+        float* pr = b.M + i * C;  // M is no longer needed: fp32 P row
+        if (i < L) {
+          float f = a.scale * b.rq[i];
+          const float* qk = b.qk + i * C;
+          const float* e = b.E + i * C;
+          for (int64_t jj = 0; jj <= i; ++jj) pr[jj] = f * qk[jj] * e[jj] * b.rk[jj];
+          for (int64_t jj = i + 1; jj < C; ++jj) pr[jj] = 0.f;
+        } else {
+          std::memset(pr, 0, sizeof(float) * C);
+        }
+        row_bf16(pr, nullptr, b.p + i * C, C);
+      }
+      Epi op;
+      op.beta = 1.f, op.tri_k = true;
+      mm(b.p, C, b.dv, DV, C, b.o, DV, C, op);
+      store_rows(b.o, DV, a.o, sp.b, sp.t0, L, hv);
+      if (a.G.defined()) store_scal(b.G, a.G, sp.b, sp.t0, L, hv);
+      // S = e^{G_last} S + (diag(e^{G_last - G}) K)^T v_new.
+      for (int64_t d = 0; d < DK; ++d) row_bf16(b.kt + d * C, b.fs, b.ktb + d * C, C);
+      Epi su;
+      su.beta = std::exp(gl);
+      mm(b.ktb, C, b.dv, DV, C, S, DV, DK, su);
+    }
+  }
+  for (int64_t j = 0; j < group; ++j)
+    if (a.fin.defined()) std::memcpy(a.fin.f32(n, hk * group + j), b.states + j * DK * DV, sizeof(float) * size_t(DK * DV));
+}
+
+}  // namespace ot::gdn::detail
