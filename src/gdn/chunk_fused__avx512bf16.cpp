@@ -128,6 +128,47 @@ void load_bf16_rows(const Tok& x, int64_t b, int64_t t0, int64_t L, int64_t h, u
   if (L < C) std::memset(dst + L * x.D, 0, size_t((C - L) * x.D) * 2);
 }
 
+// A = (I + M)^-1 for the strictly lower M (ld C), rows >= L zero: row i = e_i - sum_{m<i} M[i][m]
+// A[m]. Row i lives in NV = ceil(i/16) registers (A[m] is zero beyond column m), with even and
+// odd m in separate accumulators to halve the FMA latency chain.
+template <int NV>
+inline void solve_row(const float* M, float* A, int64_t i) {
+  __m512 e[NV], o[NV];
+  for (int v = 0; v < NV; ++v) e[v] = o[v] = _mm512_setzero_ps();
+  const float* mi = M + i * C;
+  int64_t m = 0;
+  for (; m + 1 < i; m += 2) {
+    __m512 c0 = _mm512_set1_ps(-mi[m]), c1 = _mm512_set1_ps(-mi[m + 1]);
+    for (int v = 0; v < NV; ++v) {
+      e[v] = _mm512_fmadd_ps(c0, _mm512_load_ps(A + m * C + 16 * v), e[v]);
+      o[v] = _mm512_fmadd_ps(c1, _mm512_load_ps(A + (m + 1) * C + 16 * v), o[v]);
+    }
+  }
+  if (m < i) {
+    __m512 c0 = _mm512_set1_ps(-mi[m]);
+    for (int v = 0; v < NV; ++v) e[v] = _mm512_fmadd_ps(c0, _mm512_load_ps(A + m * C + 16 * v), e[v]);
+  }
+  float* ai = A + i * C;
+  for (int v = 0; v < NV; ++v) _mm512_store_ps(ai + 16 * v, _mm512_add_ps(e[v], o[v]));
+  for (int v = NV; v < C / 16; ++v) _mm512_store_ps(ai + 16 * v, _mm512_setzero_ps());
+  ai[i] = 1.f;
+}
+void solve_unit_lower(const float* M, int64_t L, float* A) {
+  for (int64_t i = 0; i < C; ++i) {
+    if (i >= L) {
+      std::memset(A + i * C, 0, sizeof(float) * C);
+      continue;
+    }
+    switch ((i + 15) / 16) {
+      case 0: solve_row<1>(M, A, i); break;  // i == 0: the unit row
+      case 1: solve_row<1>(M, A, i); break;
+      case 2: solve_row<2>(M, A, i); break;
+      case 3: solve_row<3>(M, A, i); break;
+      default: solve_row<4>(M, A, i); break;
+    }
+  }
+}
+
 // Carves the buffers from base (null: only measures); returns the bytes used.
 size_t carve(Bufs& b, char* base, int64_t DK, int64_t DV, int64_t group) {
   size_t off = 0;
@@ -183,17 +224,25 @@ void bf16_fused_task(const Bf16Fwd& a, int64_t n, int64_t hk) {
     {
       // k^T pairs for the Gram products: B[d][j] = k_j[d] -> words [DK/2][C].
       uint32_t* kT = b.kT;
-      const uint32_t* k32 = reinterpret_cast<const uint32_t*>(b.kb);
-      for (int64_t j = 0; j < C; ++j)
-        for (int64_t p = 0; p < DK / 2; ++p) kT[p * C + j] = k32[j * (DK / 2) + p];
+      // Word transpose by gathers: kT[p][j] = word p of k row j.
+      const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32(int(DK / 2)));
+      for (int64_t p = 0; p < DK / 2; ++p)
+        for (int64_t j = 0; j < C; j += 16)
+          _mm512_storeu_si512(kT + p * C + j, _mm512_i32gather_epi32(_mm512_add_epi32(rows, _mm512_set1_epi32(int(j * (DK / 2) + p))), b.kb, 4));
       Epi e;
       e.tri_n = true;
       mm(b.kb, DK, kT, C, DK, b.kk, C, C, e);
       mm(b.qb, DK, kT, C, DK, b.qk, C, C, e);
-    }
-    for (int64_t i = 0; i < C; ++i) {
-      float r = b.rk[i];
-      for (int64_t d = 0; d < DK; ++d) b.kt[d * C + i] = r * bf16_to_f32(b.kb[i * DK + d]);
+      // kt[d][i] = rk_i k_i[d] (fp32): the halves of kT's words.
+      for (int64_t p = 0; p < DK / 2; ++p)
+        for (int64_t j = 0; j < C; j += 16) {
+          __m512i w = _mm512_loadu_si512(kT + p * C + j);
+          __m512 r = _mm512_loadu_ps(b.rk + j);
+          _mm512_storeu_ps(b.kt + 2 * p * C + j, _mm512_mul_ps(r, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16))));
+          _mm512_storeu_ps(b.kt + (2 * p + 1) * C + j,
+                           _mm512_mul_ps(r, _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int(0xffff0000u))))));
+        }
     }
     // ---- value heads.
     for (int64_t j = 0; j < group; ++j) {
@@ -219,7 +268,7 @@ void bf16_fused_task(const Bf16Fwd& a, int64_t n, int64_t hk) {
         float f = b.beta[i] * b.rk[i];
         for (int64_t jj = 0; jj < i; ++jj) m[jj] = f * kk[jj] * e[jj] * b.rk[jj];
       }
-      solve_tril_chunk(b.M, C, L, b.A, C);
+      solve_unit_lower(b.M, L, b.A);
       if (a.A.defined()) store_rows(b.A, C, a.A, sp.b, sp.t0, L, hv);
       for (int64_t i = 0; i < C; ++i) {
         row_bf16(b.A + i * C, b.fk, b.aw + i * C, C);

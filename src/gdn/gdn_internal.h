@@ -49,6 +49,8 @@ Tok tok_scal(const TensorView& x, Layout l, const char* op, const char* arg);
 // A contiguous output shaped like a token tensor in layout l.
 Tensor new_vec(Layout l, bool packed, DType dt, int64_t B, int64_t T, int64_t H, int64_t D, bool zero = false);
 Tensor new_scal(Layout l, bool packed, DType dt, int64_t B, int64_t T, int64_t H);
+// Asks for transparent huge pages on the whole 2 MiB pages of a large fresh output.
+void advise_huge_pages(const Tensor& t);
 
 // Shape checks naming the argument.
 void expect_bt(const Tok& x, int64_t B, int64_t T, const char* op, const char* arg);
