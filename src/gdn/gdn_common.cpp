@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ot/cpu.h"
 #include "ot/parallel.h"
 #include "ot/numeric.h"
 #include "src/gdn/gdn_internal.h"
@@ -168,13 +169,24 @@ void expect_groups(int64_t HV, int64_t HK, const char* op) {
   OT_CHECK(HK > 0 && HV > 0 && HV % HK == 0, op, "v", ::ot::detail::cat("a number of value heads that is a multiple of HK = ", HK), "HV = ", HV);
 }
 
+namespace avx512 {
+bool any_exp_all_ones16(const uint16_t* p, int64_t n, uint16_t mask);
+bool any_exp_all_ones32(const uint32_t* p, int64_t n);
+}  // namespace avx512
 namespace {
 // Exponent all ones (Inf or NaN), tested on the bits so the loop vectorises.
 template <class U> bool any_nonfinite(const char* base, int64_t n, int64_t stride, U mask) {
   const U* p = reinterpret_cast<const U*>(base);
   bool bad = false;
+  if (stride == 1 && cpu::has(cpu::Isa::avx512)) {
+    if constexpr (sizeof(U) == 2) return avx512::any_exp_all_ones16(p, n, mask);
+    else return avx512::any_exp_all_ones32(p, n);
+  }
   if (stride == 1) {
-    for (int64_t d = 0; d < n; ++d) bad |= (p[d] & mask) == mask;
+    // A count (not an early-exit or) so the loop vectorises to compares and adds.
+    int64_t cnt = 0;
+    for (int64_t d = 0; d < n; ++d) cnt += (p[d] & mask) == mask;
+    bad = cnt != 0;
   } else {
     for (int64_t d = 0; d < n; ++d) bad |= (p[d * stride] & mask) == mask;
   }
@@ -188,6 +200,17 @@ void expect_finite(const Tok& x, const char* op, const char* arg) {
   std::atomic<bool> any{false};
   const size_t es = dtype_size(x.dt);
   const bool span = x.sd == 1 && x.sh == x.D;
+  if (span && x.st == x.H * x.D && (x.B == 1 || x.sb == x.T * x.st)) {
+    // One contiguous block (BTHD, TND): blocks of 64 Ki elements over the threads.
+    const int64_t n = x.B * x.T * x.st, blk = 65536;
+    parallel_for((n + blk - 1) / blk, [&](int64_t i0, int64_t i1) {
+      const char* base = x.p + i0 * blk * int64_t(es);
+      int64_t m = std::min(n, i1 * blk) - i0 * blk;
+      bool bad = es == 4 ? any_nonfinite<uint32_t>(base, m, 1, 0x7f800000u)
+                         : any_nonfinite<uint16_t>(base, m, 1, uint16_t(x.dt == DType::bf16 ? 0x7f80 : 0x7c00));
+      if (bad) any = true;
+    });
+  } else
   parallel_for(x.B * x.T, [&](int64_t i0, int64_t i1) {
     bool bad = false;
     for (int64_t i = i0; i < i1 && !bad; ++i)
