@@ -138,7 +138,7 @@ ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, co
 
   ChunkFwd r;
   r.o = new_vec(opt.layout, a.v.packed, q.dtype, a.B, a.T, HV, DV);
-  if (opt.output_final_state) r.final_state = Tensor::empty(DType::f32, {N, HV, DK, DV}), advise_huge_pages(r.final_state);
+  if (opt.output_final_state) r.final_state = pooled_empty(DType::f32, {N, HV, DK, DV});
   if (save) {
     r.g_cumsum = new_scal(opt.layout, a.v.packed, DType::f32, a.B, a.T, HV);
     r.A = new_vec(opt.layout, a.v.packed, DType::f32, a.B, a.T, HV, kChunk);  // every row written

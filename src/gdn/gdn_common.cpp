@@ -1,5 +1,6 @@
 // Layout canonicalisation, argument checks and varlen metadata shared by every GDN operator.
 #include <atomic>
+#include <mutex>
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -126,8 +127,35 @@ Tensor new_vec(Layout l, bool packed, DType dt, int64_t B, int64_t T, int64_t H,
   std::vector<int64_t> s = l == Layout::BTHD ? std::vector<int64_t>{B, T, H, D} : std::vector<int64_t>{B, H, T, D};
   if (packed) s.erase(s.begin());
   if (zero) return Tensor::zeros(dt, s);
-  Tensor t = Tensor::empty(dt, s);
+  return pooled_empty(dt, s);
+}
+
+// Large outputs come from a small pool of earlier outputs whose storage nobody else holds any
+// more (a caching allocator for this family): a forward at Qwen shapes writes 10-100 MiB of
+// fresh memory per call, and first-touch page faults were ~30 % of it at T = 4096. A buffer
+// still referenced anywhere (a Tensor copy, a binding holding the storage) is never reused.
+Tensor pooled_empty(DType dt, const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  if (size_t(n) * dtype_size(dt) < (size_t(1) << 20)) return Tensor::empty(dt, shape);
+  static std::mutex mu;
+  static std::vector<Tensor> pool;  // most recent last
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t i = 0; i < pool.size(); ++i)
+      if (pool[i].dtype() == dt && pool[i].shape() == shape && pool[i].storage().use_count() == 2) {
+        Tensor t = pool[i];  // only the pool held it (plus the temporary above)
+        pool.erase(pool.begin() + int64_t(i));
+        pool.push_back(t);
+        return t;
+      }
+  }
+  Tensor t = Tensor::empty(dt, shape);
   advise_huge_pages(t);
+  std::lock_guard<std::mutex> lock(mu);
+  pool.push_back(t);
+  // Bounded: the 12 most recent buffers (several outputs per call, a few shapes per model).
+  if (pool.size() > 12) pool.erase(pool.begin());
   return t;
 }
 
@@ -149,7 +177,7 @@ void advise_huge_pages(const Tensor& t) {
 Tensor new_scal(Layout l, bool packed, DType dt, int64_t B, int64_t T, int64_t H) {
   std::vector<int64_t> s = l == Layout::BTHD ? std::vector<int64_t>{B, T, H} : std::vector<int64_t>{B, H, T};
   if (packed) s.erase(s.begin());
-  return Tensor::empty(dt, s);
+  return pooled_empty(dt, s);
 }
 
 void expect_bt(const Tok& x, int64_t B, int64_t T, const char* op, const char* arg) {

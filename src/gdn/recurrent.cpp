@@ -187,6 +187,16 @@ RecurrentOut recurrent_gated_delta_rule(const TensorView& q, const TensorView& k
       DType src_dt = DType::f32;
       void* target = nullptr;
       DType tgt_dt = DType::f32;
+      if (cache && i + 1 < i1 && !ref) {
+        // The next task's first column tile (what its first sweep reads) on its way to L2
+        // while this state streams: the step prefetches its own later tiles.
+        int64_t n1 = (i + 1) / HV;
+        if (s.len[size_t(n1)] > 0 && read_slot[size_t(n1)] >= 0) {
+          const char* nx = static_cast<const char*>(C.at(read_slot[size_t(n1)], (i + 1) % HV));
+          int64_t row = DV * int64_t(dtype_size(C.dt));
+          for (int64_t r = 0; r < DK; ++r) __builtin_prefetch(nx + r * row, 0, 2), __builtin_prefetch(nx + r * row + 64, 0, 2);
+        }
+      }
       if (cache) {
         if (L == 0) continue;
         src = C.at(read_slot[size_t(n)], hv), src_dt = C.dt;
