@@ -10,6 +10,8 @@
 
 namespace ot::gemm::detail {
 
+constexpr int64_t kPf = 32;  // k-pairs ahead (6 KiB of panel)
+
 template <int MR>
 static void tile_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
   __m512 acc[MR][3];
@@ -18,6 +20,11 @@ static void tile_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t
     for (int j = 0; j < 3; ++j) acc[r][j] = load_c ? _mm512_loadu_ps(c + r * ldc + 16 * j) : _mm512_setzero_ps();
   for (int64_t k = 0; k < kc; k += 2) {
     const uint16_t* bk = b + k * kNR;  // pair k/2 starts at (k/2) * 96 elements
+    // The B stream runs ahead of the hardware prefetcher's reach at small M (each weight line is
+    // used by few rows): fetch the 3 lines kPf k-pairs ahead (the panel continues contiguously).
+    _mm_prefetch(reinterpret_cast<const char*>(bk + kPf * 2 * kNR), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(bk + kPf * 2 * kNR + 32), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(bk + kPf * 2 * kNR + 64), _MM_HINT_T0);
     __m512bh b0 = (__m512bh)_mm512_load_si512(bk), b1 = (__m512bh)_mm512_load_si512(bk + 32), b2 = (__m512bh)_mm512_load_si512(bk + 64);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
