@@ -38,6 +38,10 @@ class Placement {
   // Contiguous shards plus extra copies of the hottest experts (by `load`, tokens per expert) on the
   // least loaded ranks, `extra_per_rank` more experts per rank; a simple greedy rebalancer.
   static Placement rebalanced(int64_t num_experts, int world_size, const std::vector<int64_t>& load, int extra_per_rank);
+  // Shared-expert ranks (spec 9, shared_expert_rank_num = S): ranks [0, S) hold the shared expert,
+  // placed as expert id num_experts (one past the routed ones), and the routed experts are
+  // contiguous over ranks [S, W). Use with DispatchOptions::shared_expert_rank_num = S.
+  static Placement shared_ranks(int64_t num_experts, int world_size, int shared_ranks);
 
   int64_t num_experts() const { return int64_t(copies_.size()); }
   int world_size() const { return world_; }
@@ -105,6 +109,10 @@ struct DispatchOptions {
   // reduce-scatters partial sums (Megatron's allgather dispatcher).
   bool dedup_combine = true;
   int shared_expert_num = 0;         // shared experts computed on every rank from its own x (no traffic)
+  // S > 0: every token is also sent once to one of the shared-expert ranks [0, S) (the Comm's
+  // placement must be Placement::shared_ranks(E, W, S)); there it is a row of local expert 0 (the
+  // shared expert), and combine adds its output unweighted. moe_expert_num must divide by W - S.
+  int shared_expert_rank_num = 0;
   // [BS] or [BS, K] u8 (bool), or undefined (all active). 1-D: a false token is not sent and its
   // x_out row is zero (shared_expert_x is not added); 2-D: a false (token, k) slot is not sent and
   // contributes nothing. Under all_gather, tokens without an active slot are not gathered.

@@ -10,7 +10,7 @@
 
 namespace ot {
 
-enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8 };  // u8 doubles as bool
+enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8, i8 };  // u8 doubles as bool
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
@@ -62,6 +62,9 @@ class Tensor {
   static Tensor zeros(DType t, const std::vector<int64_t>& shape);
   // Deep copy of any view into a contiguous tensor.
   static Tensor copy_of(const TensorView& v);
+  // A tensor over existing storage (view.data must lie inside it): lets an owner of reusable
+  // buffers hand out outputs without a fresh allocation.
+  static Tensor from_storage(std::shared_ptr<void> storage, const TensorView& view);
 
   const TensorView& view() const { return view_; }
   operator const TensorView&() const { return view_; }

@@ -14,7 +14,7 @@ size_t dtype_size(DType t) {
     case DType::f32: case DType::i32: return 4;
     case DType::bf16: case DType::f16: return 2;
     case DType::i64: return 8;
-    case DType::u8: return 1;
+    case DType::u8: case DType::i8: return 1;
   }
   return 0;
 }
@@ -27,6 +27,7 @@ const char* dtype_name(DType t) {
     case DType::i32: return "int32";
     case DType::i64: return "int64";
     case DType::u8: return "uint8";
+    case DType::i8: return "int8";
   }
   return "?";
 }
@@ -122,6 +123,13 @@ Tensor Tensor::zeros(DType t, const std::vector<int64_t>& shape) {
   return r;
 }
 
+Tensor Tensor::from_storage(std::shared_ptr<void> storage, const TensorView& view) {
+  Tensor r;
+  r.storage_ = std::move(storage);
+  r.view_ = view;
+  return r;
+}
+
 Tensor Tensor::copy_of(const TensorView& v) {
   Tensor r = empty(v.dtype, v.shape());
   copy_into(v, r.view());
@@ -152,6 +160,7 @@ static double load(const void* base, DType t, int64_t off) {
     case DType::i32: return static_cast<const int32_t*>(base)[off];
     case DType::i64: return double(static_cast<const int64_t*>(base)[off]);
     case DType::u8: return static_cast<const uint8_t*>(base)[off];
+    case DType::i8: return static_cast<const int8_t*>(base)[off];
   }
   return 0;
 }
@@ -164,6 +173,7 @@ static void store(void* base, DType t, int64_t off, double x) {
     case DType::i32: static_cast<int32_t*>(base)[off] = int32_t(x); break;
     case DType::i64: static_cast<int64_t*>(base)[off] = int64_t(x); break;
     case DType::u8: static_cast<uint8_t*>(base)[off] = uint8_t(x); break;
+    case DType::i8: static_cast<int8_t*>(base)[off] = int8_t(x); break;
   }
 }
 

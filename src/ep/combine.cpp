@@ -100,7 +100,12 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
     fault = {kShared, shared.ndim == 2 ? shared.size(0) : shared.ndim};
   Meta meta;
   meta.f[0] = int64_t(y.dtype);
-  agree(comm.mpi(), kOp, fault, meta, kTable, {{0, kMisDtype}});
+  // The agreement travels while this rank reduces and packs its rows (when its own arguments are
+  // fine); the exchange is posted only once every rank is known to be fine.
+  Agreement ag;
+  agree_start(comm.mpi(), fault, meta, {}, ag);
+  auto agreed = [&] { agree_finish(comm.mpi(), kOp, ag, kTable, {{0, kMisDtype}}); };
+  if (fault.code != 0) agreed();  // throws on every rank
 
   PendingCombine pc;
   auto sp = std::make_shared<PendingCombine::State>();
@@ -112,7 +117,7 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
   const DispatchState& d = *dp;
   const int W = d.W, me = d.me;
   const int64_t H = d.H;
-  st.out = Tensor::empty(y.dtype, {d.BS, H});
+  st.out = comm.impl().tensors.get(y.dtype, {d.BS, H});
   using Form = PendingCombine::State::Form;
   st.form = d.opt.dispatcher == Dispatcher::all_gather ? Form::all_gather : d.opt.dedup_combine ? Form::dedup : Form::per_slot;
   st.scount.assign(size_t(W), 0);
@@ -143,6 +148,7 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
       }
     });
     bytes = (total - d.BS) * H * 4;
+    agreed();
     MPI_Ireduce_scatter(part, st.recvbuf.data(), st.rcount.data(), MPI_FLOAT, MPI_SUM, comm.mpi(), &st.req);
   } else {
     const bool dedup = st.form == Form::dedup;
@@ -194,6 +200,7 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
       });
     }
     MPI_Datatype rt = comm.impl().row_type(int64_t(st.row_bytes));
+    agreed();
     MPI_Ialltoallv(sb, st.scount.data(), st.sdispl.data(), rt, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi(),
                    &st.req);
   }

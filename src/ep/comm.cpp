@@ -75,24 +75,56 @@ void Comm::progress() {
   }
 }
 
-std::vector<Meta> agree(MPI_Comm comm, const char* op, const Fault& fault, const Meta& meta, const std::vector<FaultText>& table,
-                        const std::vector<std::pair<int, int>>& must_match, const std::vector<int64_t>& extra,
-                        std::vector<int64_t>* extra_all) {
+Tensor TensorPool::get(DType t, const std::vector<int64_t>& shape) {
+  TensorView v(nullptr, t, shape);
+  const size_t need = (std::max<size_t>(v.nbytes(), 1) + 63) & ~size_t(63);
+  Block* best = nullptr;
+  Block* free_small = nullptr;
+  for (Block& b : blocks_) {
+    if (b.mem.use_count() != 1) continue;  // still referred to by a caller's tensor
+    if (b.cap >= need && (!best || b.cap < best->cap)) best = &b;
+    if (b.cap < need && (!free_small || b.cap < free_small->cap)) free_small = &b;
+  }
+  if (!best) {
+    Block nb{std::shared_ptr<void>(aligned_alloc64(need + need / 8), aligned_free), need + need / 8};
+    if (free_small) *free_small = std::move(nb), best = free_small;  // a free block too small: replace it
+    else if (blocks_.size() < 16) blocks_.push_back(std::move(nb)), best = &blocks_.back();
+    else return Tensor::empty(t, shape);
+  }
+  v.data = best->mem.get();
+  return Tensor::from_storage(best->mem, v);
+}
+
+Agreement::~Agreement() {
+  if (req != MPI_REQUEST_NULL) MPI_Wait(&req, MPI_STATUS_IGNORE);
+}
+
+void agree_start(MPI_Comm comm, const Fault& fault, const Meta& meta, const std::vector<int64_t>& extra, Agreement& a) {
   int W = 1;
   MPI_Comm_size(comm, &W);
   // Record: [code, value, meta fields..., extra...]; extra has the same length on every rank.
   const size_t head = 2 + kMetaFields;
-  std::vector<int64_t> mine(head + extra.size()), all(size_t(W) * mine.size());
-  mine[0] = fault.code;
-  mine[1] = fault.value;
-  std::copy(meta.f, meta.f + kMetaFields, mine.begin() + 2);
-  std::copy(extra.begin(), extra.end(), mine.begin() + std::ptrdiff_t(head));
-  MPI_Allgather(mine.data(), int(mine.size()), MPI_INT64_T, all.data(), int(mine.size()), MPI_INT64_T, comm);
+  a.extra = extra.size();
+  a.mine.assign(head + extra.size(), 0);
+  a.all.assign(size_t(W) * a.mine.size(), 0);
+  a.mine[0] = fault.code;
+  a.mine[1] = fault.value;
+  std::copy(meta.f, meta.f + kMetaFields, a.mine.begin() + 2);
+  std::copy(extra.begin(), extra.end(), a.mine.begin() + std::ptrdiff_t(head));
+  MPI_Iallgather(a.mine.data(), int(a.mine.size()), MPI_INT64_T, a.all.data(), int(a.mine.size()), MPI_INT64_T, comm, &a.req);
+}
+
+std::vector<Meta> agree_finish(MPI_Comm comm, const char* op, Agreement& a, const std::vector<FaultText>& table,
+                               const std::vector<std::pair<int, int>>& must_match, std::vector<int64_t>* extra_all) {
+  MPI_Wait(&a.req, MPI_STATUS_IGNORE);
+  int W = 1;
+  MPI_Comm_size(comm, &W);
+  const size_t head = 2 + kMetaFields, rec_len = a.mine.size();
   std::vector<Meta> out(static_cast<size_t>(W));
-  if (extra_all) extra_all->resize(size_t(W) * extra.size());
+  if (extra_all) extra_all->resize(size_t(W) * a.extra);
   for (int r = 0; r < W; ++r) {
-    const int64_t* rec = all.data() + size_t(r) * mine.size();
-    if (extra_all) std::copy(rec + head, rec + mine.size(), extra_all->begin() + std::ptrdiff_t(size_t(r) * extra.size()));
+    const int64_t* rec = a.all.data() + size_t(r) * rec_len;
+    if (extra_all) std::copy(rec + head, rec + rec_len, extra_all->begin() + std::ptrdiff_t(size_t(r) * a.extra));
     if (rec[0] != 0) {
       const FaultText& t = table.at(size_t(rec[0]));
       throw Error(op, t.arg, t.expected, detail::cat("rank ", r, ": ", rec[1]));
@@ -106,6 +138,14 @@ std::vector<Meta> agree(MPI_Comm comm, const char* op, const Fault& fault, const
         throw Error(op, t.arg, t.expected, detail::cat("rank 0: ", out[0].f[field], ", rank ", r, ": ", out[size_t(r)].f[field]));
       }
   return out;
+}
+
+std::vector<Meta> agree(MPI_Comm comm, const char* op, const Fault& fault, const Meta& meta, const std::vector<FaultText>& table,
+                        const std::vector<std::pair<int, int>>& must_match, const std::vector<int64_t>& extra,
+                        std::vector<int64_t>* extra_all) {
+  Agreement a;
+  agree_start(comm, fault, meta, extra, a);
+  return agree_finish(comm, op, a, table, must_match, extra_all);
 }
 
 void load_row_f32(const void* src, DType t, int64_t n, float* dst) {

@@ -16,7 +16,7 @@ constexpr const char* kOp = "moe_distribute_dispatch";
 
 enum Code {
   kOk, kX, kXDtype, kIds, kIdsDtype, kK, kIdsRange, kIdsDup, kScales, kE, kEDiv, kPlacementE, kWorld, kRank, kType,
-  kMisK, kMisH, kMisDtype, kMisE, kMisOpt, kMisPlacement, kMisTag, kMask,
+  kMisK, kMisH, kMisDtype, kMisE, kMisOpt, kMisPlacement, kMisTag, kMask, kSharedRanks, kSharedPlacement,
 };
 const std::vector<FaultText> kTable = {
     {"", ""},
@@ -42,8 +42,10 @@ const std::vector<FaultText> kTable = {
     {"placement", "the same expert placement on every rank"},
     {"chunks", "the same value on every rank"},
     {"x_active_mask", "u8 (bool) [BS] or [BS, K] with contiguous rows, or undefined"},
+    {"shared_expert_rank_num", "in [0, W)"},
+    {"shared_expert_rank_num", "the Comm's placement to be Placement::shared_ranks(moe_expert_num, W, S)"},
 };
-enum Field { fBS, fK, fH, fE, fDtype, fQuant, fDisp, fDedup, fType, fHash, fTag, fRows };
+enum Field { fBS, fK, fH, fE, fDtype, fQuant, fDisp, fDedup, fType, fHash, fTag, fRows, fShared };
 
 Fault validate(const Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w, const DispatchOptions& o) {
   const int W = comm.ep_world_size();
@@ -51,9 +53,15 @@ Fault validate(const Comm& comm, const TensorView& x, const TensorView& ids, con
   if (!is_float(x.dtype)) return {kXDtype, int64_t(x.dtype)};
   if (ids.ndim != 2 || ids.size(0) != x.size(0) || !ids.last_dim_contiguous()) return {kIds, ids.ndim == 2 ? ids.size(0) : ids.ndim};
   if (ids.dtype != DType::i32) return {kIdsDtype, int64_t(ids.dtype)};
+  const int S = o.shared_expert_rank_num;
+  if (S < 0 || S >= W) return {kSharedRanks, S};
   if (o.moe_expert_num < 1) return {kE, o.moe_expert_num};
-  if (o.moe_expert_num % W != 0) return {kEDiv, o.moe_expert_num};
-  if (o.moe_expert_num != comm.placement().num_experts()) return {kPlacementE, o.moe_expert_num};
+  if (o.moe_expert_num % (W - S) != 0) return {kEDiv, o.moe_expert_num};
+  if (o.moe_expert_num + (S > 0) != comm.placement().num_experts()) return {kPlacementE, o.moe_expert_num};
+  if (S > 0) {  // the pseudo expert E (the shared one) lives exactly on ranks [0, S)
+    const auto& c = comm.placement().copies(o.moe_expert_num);
+    if (int(c.size()) != S || c.front() != 0 || c.back() != S - 1) return {kSharedPlacement, int64_t(c.size())};
+  }
   if (o.ep_world_size != 0 && o.ep_world_size != W) return {kWorld, o.ep_world_size};
   if (o.ep_rank_id != -1 && o.ep_rank_id != comm.ep_rank_id()) return {kRank, o.ep_rank_id};
   if (o.expert_token_nums_type != 0 && o.expert_token_nums_type != 1) return {kType, o.expert_token_nums_type};
@@ -147,9 +155,10 @@ void DispatchState::plan(const std::vector<int64_t>& cnt, DispatchResult& res) {
     }
     res.expert_token_nums.ptr<int64_t>()[l] = opt.expert_token_nums_type == 0 ? A : A - before;
   }
-  res.expand_x = Tensor::empty(opt.quant_int8 ? DType::u8 : dtype, {A, H});
-  if (opt.quant_int8) res.dynamic_scales = Tensor::empty(DType::f32, {A});
-  res.assist_info_for_combine = Tensor::empty(DType::i32, {A, 3});
+  TensorPool& pool = comm->impl().tensors;  // reused storage once the caller drops earlier results
+  res.expand_x = pool.get(opt.quant_int8 ? DType::i8 : dtype, {A, H});
+  if (opt.quant_int8) res.dynamic_scales = pool.get(DType::f32, {A});
+  res.assist_info_for_combine = pool.get(DType::i32, {A, 3});
   local_blocks.resize(size_t(L));
   for (int64_t l = 0; l < L; ++l) local_blocks[size_t(l)] = {block[size_t(l * W + me)], cnt[size_t(l * W + me)]};
   planned = true;
@@ -216,7 +225,7 @@ static int64_t agreed_lmax(Comm& comm) {
   return lmax;
 }
 
-PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& wv,
+PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const TensorView& ids_in, const TensorView& wv_in,
                                       const DispatchOptions& opt, int64_t tag, bool split) {
   PendingDispatch pd;
   trace::OpScope scope(kOp, "comm");
@@ -226,7 +235,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   const int64_t Lmax = agreed_lmax(comm);
 
   // 1. Validate locally.
-  Fault fault = validate(comm, x, ids, wv, opt);
+  Fault fault = validate(comm, x, ids_in, wv_in, opt);
   auto sp = std::make_shared<DispatchState>();
   DispatchState& st = *sp;
   st.comm = &comm;
@@ -244,6 +253,30 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   meta.f[fType] = opt.expert_token_nums_type;
   meta.f[fHash] = int64_t(P.hash());
   meta.f[fTag] = tag;
+  meta.f[fShared] = opt.shared_expert_rank_num;
+
+  // Shared-expert ranks: every token gets one more slot, expert id E (the shared expert) with scale
+  // 1 (combine adds it unweighted), active unless the whole token is masked off.
+  TensorView ids = ids_in, wv = wv_in, mask = opt.x_active_mask;
+  Tensor ids_ext, w_ext, mask_ext;
+  if (fault.code == 0 && opt.shared_expert_rank_num > 0) {
+    const int64_t BS = x.size(0), K = ids_in.size(1);
+    ids_ext = Tensor::empty(DType::i32, {BS, K + 1});
+    w_ext = Tensor::empty(DType::f32, {BS, K + 1});
+    if (mask.defined() && mask.ndim == 2) mask_ext = Tensor::empty(DType::u8, {BS, K + 1});
+    for (int64_t t = 0; t < BS; ++t) {
+      std::copy_n(ids_in.ptr<int32_t>() + t * ids_in.stride(0), K, ids_ext.ptr<int32_t>() + t * (K + 1));
+      ids_ext.ptr<int32_t>()[t * (K + 1) + K] = int32_t(opt.moe_expert_num);
+      for (int64_t k = 0; k < K; ++k) w_ext.ptr<float>()[t * (K + 1) + k] = wv_in.defined() ? wv_in.ptr<float>()[t * wv_in.stride(0) + k] : 1.f;
+      w_ext.ptr<float>()[t * (K + 1) + K] = 1.f;
+      if (mask_ext.defined()) {
+        std::copy_n(mask.ptr<uint8_t>() + t * mask.stride(0), K, mask_ext.ptr<uint8_t>() + t * (K + 1));
+        mask_ext.ptr<uint8_t>()[t * (K + 1) + K] = 1;
+      }
+    }
+    ids = ids_ext, wv = w_ext;
+    if (mask_ext.defined()) mask = mask_ext;
+  }
 
   // 2. Route (valid arguments only): the destination of each active slot, one row per token and
   // remote destination rank, and slot counts per (destination, its local expert): they travel
@@ -256,7 +289,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     st.L = int64_t(P.local_experts(me).size());
     meta.f[fBS] = st.BS, meta.f[fK] = st.K, meta.f[fH] = st.H;
     const int64_t BS = st.BS, K = st.K;
-    const TensorView& m = opt.x_active_mask;
+    const TensorView& m = mask;
     auto active = [&](int64_t t, int64_t k) {
       if (!m.defined()) return true;
       return m.ndim == 1 ? m.ptr<uint8_t>()[t] != 0 : m.ptr<uint8_t>()[t * m.stride(0) + k] != 0;
@@ -291,15 +324,53 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     meta.f[fRows] = int64_t(gathered.size());
   }
 
-  // 3. Agree with every rank before anything is sent: all proceed or all throw the same error.
-  std::vector<Meta> all = agree(comm.mpi(), kOp, fault, meta, kTable,
-                                {{fK, kMisK}, {fH, kMisH}, {fDtype, kMisDtype}, {fE, kMisE}, {fQuant, kMisOpt}, {fDisp, kMisOpt},
-                                 {fDedup, kMisOpt}, {fType, kMisOpt}, {fHash, kMisPlacement}, {fTag, kMisTag}},
-                                extra, &extra_all);
-  const int64_t BS = st.BS, K = st.K, H = st.H, L = st.L;
+  // 3. Agree with every rank before anything is sent: all proceed or all throw the same error. The
+  // agreement travels while this rank packs its rows (all_to_all; local arguments valid).
+  Agreement ag;
+  agree_start(comm.mpi(), fault, meta, extra, ag);
   const size_t xes = dtype_size(x.dtype);
-  st.fmt = RowFormat(K, H, opt.quant_int8 ? 1 : xes);
+  st.fmt = RowFormat(st.K, st.H, opt.quant_int8 ? 1 : xes);
   const RowFormat& fmt = st.fmt;
+  auto pack_row = [&](char* row, int64_t t, int q) {
+    const int32_t* idr = ids.ptr<int32_t>() + t * ids.stride(0);
+    RowFormat::token(row) = int32_t(t);
+    for (int64_t k = 0; k < st.K; ++k) {
+      const int d = st.slot_dest[size_t(t * st.K + k)];
+      RowFormat::ids(row)[k] = d >= 0 && (q < 0 || d == q) ? idr[k] : -1;
+      fmt.w(row)[k] = st.scales[size_t(t * st.K + k)];
+    }
+    const char* src = static_cast<const char*>(x.data) + t * x.stride(0) * int64_t(xes);
+    if (opt.quant_int8) RowFormat::qscale(row) = quantize_row_int8(src, x.dtype, st.H, reinterpret_cast<int8_t*>(fmt.payload(row)));
+    else std::memcpy(fmt.payload(row), src, size_t(st.H) * xes);
+  };
+  st.scount.assign(size_t(W), 0);
+  st.sdispl.assign(size_t(W), 0);
+  st.rcount.assign(size_t(W), 0);
+  st.rdispl.assign(size_t(W), 0);
+  if (fault.code == 0 && a2a) {
+    int64_t so = 0;
+    for (int q = 0; q < W; ++q) {
+      st.sdispl[size_t(q)] = checked_int(so, kOp, "send rows");
+      st.scount[size_t(q)] = checked_int(st.send_rows[size_t(q)], kOp, "send rows");
+      so += st.send_rows[size_t(q)];
+      st.bytes_sent += st.send_rows[size_t(q)] * int64_t(fmt.stride);
+    }
+    st.sendbuf = PooledBuffer(comm.impl().pool, size_t(so) * fmt.stride);
+    char* sb = st.sendbuf.data();
+    parallel_for(st.BS, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int q = 0; q < W; ++q) {
+          int32_t pos = st.token_pos[size_t(t * W + q)];
+          if (q != me && pos >= 0) pack_row(sb + size_t(st.sdispl[size_t(q)] + pos) * fmt.stride, t, q);
+        }
+    });
+  }
+  std::vector<Meta> all = agree_finish(comm.mpi(), kOp, ag, kTable,
+                                       {{fK, kMisK}, {fH, kMisH}, {fDtype, kMisDtype}, {fE, kMisE}, {fQuant, kMisOpt}, {fDisp, kMisOpt},
+                                        {fDedup, kMisOpt}, {fType, kMisOpt}, {fHash, kMisPlacement}, {fTag, kMisTag},
+                                        {fShared, kMisOpt}},
+                                       &extra_all);
+  const int64_t BS = st.BS, K = st.K, H = st.H, L = st.L;
   st.x_view = x;
   st.ids_view = ids;
   st.all_bs.resize(static_cast<size_t>(W));
@@ -321,47 +392,19 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   res = DispatchResult();
   st.plan(cnt, res);
 
-  // 4. Pack and exchange. all_to_all: one row per (token, remote destination rank); all_gather:
+  // 4. Exchange. all_to_all: one row per (token, remote destination rank), packed above; all_gather:
   // every token with an active slot once, packed straight into its place in the gathered buffer
   // (MPI_IN_PLACE).
-  auto pack_row = [&](char* row, int64_t t, int q) {
-    const int32_t* idr = ids.ptr<int32_t>() + t * ids.stride(0);
-    RowFormat::token(row) = int32_t(t);
-    for (int64_t k = 0; k < K; ++k) {
-      const int d = st.slot_dest[size_t(t * K + k)];
-      RowFormat::ids(row)[k] = d >= 0 && (q < 0 || d == q) ? idr[k] : -1;
-      fmt.w(row)[k] = st.scales[size_t(t * K + k)];
-    }
-    const char* src = static_cast<const char*>(x.data) + t * x.stride(0) * int64_t(xes);
-    if (opt.quant_int8) RowFormat::qscale(row) = quantize_row_int8(src, x.dtype, H, reinterpret_cast<int8_t*>(fmt.payload(row)));
-    else std::memcpy(fmt.payload(row), src, size_t(H) * xes);
-  };
   MPI_Datatype rt = comm.impl().row_type(int64_t(fmt.stride));
-  st.scount.assign(size_t(W), 0);
-  st.sdispl.assign(size_t(W), 0);
-  st.rcount.assign(size_t(W), 0);
-  st.rdispl.assign(size_t(W), 0);
   if (a2a) {
-    int64_t so = 0, ro = 0;
+    int64_t ro = 0;
     for (int q = 0; q < W; ++q) {
-      st.sdispl[size_t(q)] = checked_int(so, kOp, "send rows");
-      st.scount[size_t(q)] = checked_int(st.send_rows[size_t(q)], kOp, "send rows");
-      so += st.send_rows[size_t(q)];
       st.rdispl[size_t(q)] = checked_int(ro, kOp, "receive rows");
       st.rcount[size_t(q)] = checked_int(st.recv_rows[size_t(q)], kOp, "receive rows");
       ro += st.recv_rows[size_t(q)];
-      st.bytes_sent += st.send_rows[size_t(q)] * int64_t(fmt.stride);
     }
-    st.sendbuf = PooledBuffer(comm.impl().pool, size_t(so) * fmt.stride);
     st.recvbuf = PooledBuffer(comm.impl().pool, size_t(ro) * fmt.stride);
     char* sb = st.sendbuf.data();
-    parallel_for(BS, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t)
-        for (int q = 0; q < W; ++q) {
-          int32_t pos = st.token_pos[size_t(t * W + q)];
-          if (q != me && pos >= 0) pack_row(sb + size_t(st.sdispl[size_t(q)] + pos) * fmt.stride, t, q);
-        }
-    });
     if (split)
       MPI_Ialltoallv(sb, st.scount.data(), st.sdispl.data(), rt, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi(),
                      &st.req);
@@ -388,6 +431,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   }
   if (split) comm.impl().track(&st.req);
   st.place_local(res);  // while the transfer runs (split form)
+  st.ids_view = TensorView();  // may point at this call's extended ids
   res.bytes_sent = st.bytes_sent;
   res.handle = sp;
   PendingAccess::done(pd) = false;

@@ -36,7 +36,7 @@ RankExpand dispatch(const std::vector<RankInput>& ranks, const Placement& p, int
     out.tokens_per_expert.push_back(n);
   }
   const int64_t A = int64_t(rows.size());
-  out.expand_x = Tensor::empty(quant ? DType::u8 : dt, {A, H});
+  out.expand_x = Tensor::empty(quant ? DType::i8 : dt, {A, H});
   if (quant) out.dynamic_scales = Tensor::empty(DType::f32, {A});
   std::vector<float> v(static_cast<size_t>(H));
   for (int64_t i = 0; i < A; ++i) {

@@ -19,7 +19,7 @@ static Tensor as_dtype(const ExpertBatch& b, DType dt) {
     std::vector<float> row(static_cast<size_t>(H));
     for (int64_t r = r0; r < r1; ++r) {
       const char* src = static_cast<const char*>(b.x.data) + r * b.x.stride(0) * int64_t(dtype_size(b.x.dtype));
-      if (b.x.dtype == DType::u8) {
+      if (b.x.dtype == DType::i8) {
         const float s = b.dynamic_scales.ptr<float>()[r];
         for (int64_t h = 0; h < H; ++h) row[size_t(h)] = float(reinterpret_cast<const int8_t*>(src)[h]) * s;
       } else {
@@ -50,7 +50,7 @@ ExpertFn swiglu_experts(std::vector<const gemm::PackedB*> gate_up, std::vector<c
     // int8 rows (dispatch quant) are dequantised to fp32 here: the engine takes float A operands.
     TensorView xin = b.x;
     Tensor xf;
-    if (b.x.dtype == DType::u8) {
+    if (b.x.dtype == DType::i8) {
       xf = as_dtype(b, DType::f32);
       xin = xf.view();
     }
@@ -165,7 +165,13 @@ Tensor ep_moe_ffn(Comm& comm, const TensorView& x, const TensorView& ids, const 
   Tensor out;
   auto collect = [&](int c) {
     Tensor o = comb[size_t(c)].wait();
-    if (!out.defined()) out = Tensor::empty(o.dtype(), {BS, o.size(1)});
+    if (C == 1) out = o;  // one chunk: its combine output is the answer
+    if (C == 1) {
+      comb[size_t(c)] = PendingCombine();
+      pend[size_t(c)] = PendingDispatch();
+      return;
+    }
+    if (!out.defined()) out = comm.impl().tensors.get(o.dtype(), {BS, o.size(1)});
     if (o.numel() > 0) std::memcpy(static_cast<char*>(out.view().data) + lo(c) * o.size(1) * int64_t(dtype_size(o.dtype())), o.view().data, o.view().nbytes());
     comb[size_t(c)] = PendingCombine();
     pend[size_t(c)] = PendingDispatch();
@@ -176,7 +182,7 @@ Tensor ep_moe_ffn(Comm& comm, const TensorView& x, const TensorView& ids, const 
     PendingDispatch& p = pend[size_t(c)];
     DispatchResult& d = p.result();
     const DispatchState& st = *d.handle;
-    ys[size_t(c)] = Tensor::empty(st.dtype, {st.A, st.H});
+    ys[size_t(c)] = comm.impl().tensors.get(st.dtype, {st.A, st.H});
     bool failed = false;
     try {
       // Rows from this rank are ready now; the rest after the wait.

@@ -52,8 +52,21 @@ class PooledBuffer {
   std::unique_ptr<Buffer> buf_;
 };
 
+// Output tensors over reusable storage: a block is handed out again once every Tensor referring to
+// it has been dropped (only the pool holds it), so steady-state calls allocate (and page-fault)
+// nothing for expand_x, the expert outputs or x_out.
+class TensorPool {
+ public:
+  Tensor get(DType t, const std::vector<int64_t>& shape);
+
+ private:
+  struct Block { std::shared_ptr<void> mem; size_t cap = 0; };
+  std::vector<Block> blocks_;
+};
+
 struct Comm::Impl {
   std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
+  TensorPool tensors;
   std::map<int64_t, MPI_Datatype> row_types;  // contiguous byte rows, by size
   std::vector<MPI_Request*> inflight;         // advanced by progress()
   uint64_t agreed_hash = 0;                   // placement every rank was seen to hold (0: none yet)
@@ -74,6 +87,17 @@ constexpr int kMetaFields = 16;
 struct Meta {
   int64_t f[kMetaFields] = {};
 };
+// Split form: start posts the allgather of (fault, meta, extra), so local work (packing rows) can
+// run while it travels; finish waits and takes the decision (throwing on every rank alike).
+struct Agreement {
+  std::vector<int64_t> mine, all;
+  size_t extra = 0;
+  MPI_Request req = MPI_REQUEST_NULL;
+  ~Agreement();  // never abandons a posted allgather
+};
+void agree_start(MPI_Comm comm, const Fault& fault, const Meta& meta, const std::vector<int64_t>& extra, Agreement& a);
+std::vector<Meta> agree_finish(MPI_Comm comm, const char* op, Agreement& a, const std::vector<FaultText>& table,
+                               const std::vector<std::pair<int, int>>& must_match, std::vector<int64_t>* extra_all = nullptr);
 // Allgathers (fault, meta) and throws on every rank when any rank has a fault or when the fields
 // listed in `must_match` differ between ranks (mismatch i reports table[match_codes[i]]).
 std::vector<Meta> agree(MPI_Comm comm, const char* op, const Fault& fault, const Meta& meta, const std::vector<FaultText>& table,

@@ -15,6 +15,16 @@ Placement Placement::contiguous(int64_t E, int W) {
   return from_copies(E, W, std::move(c));
 }
 
+Placement Placement::shared_ranks(int64_t E, int W, int S) {
+  OT_CHECK(S >= 1 && S < W, "Placement", "shared_ranks", "in [1, world_size)", S, " (W=", W, ")");
+  OT_CHECK(E >= 1 && E % (W - S) == 0, "Placement", "num_experts", "a positive multiple of the MoE ranks (W - S)", E, " (W=", W, ", S=", S,
+           ")");
+  std::vector<std::vector<int>> c(static_cast<size_t>(E + 1));
+  for (int64_t e = 0; e < E; ++e) c[size_t(e)] = {S + int(e / (E / (W - S)))};
+  for (int s = 0; s < S; ++s) c[size_t(E)].push_back(s);
+  return from_copies(E + 1, W, std::move(c));
+}
+
 Placement Placement::from_copies(int64_t E, int W, std::vector<std::vector<int>> copies) {
   OT_CHECK(W >= 1, "Placement", "world_size", ">= 1", W);
   OT_CHECK(E >= 1 && int64_t(copies.size()) == E, "Placement", "copies", "one list per expert", copies.size(), " for E=", E);

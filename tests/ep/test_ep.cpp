@@ -331,6 +331,98 @@ TEST(EpMask, InactiveTokensAndSlots) {
   }
 }
 
+// Shared-expert ranks (spec 9): ranks [0, S) hold the shared expert, every token also goes to one of
+// them and comes back unweighted. Equals the single-process MoE whose tokens carry one more slot
+// (the shared expert, weight 1): bit for bit in fp32 with the per-slot combine.
+TEST(EpSharedRanks, SharedExpertOnItsOwnRanks) {
+  if (W() < 2) GTEST_SKIP() << "needs a MoE rank besides the shared one";
+  for (int S = 1; S < W(); S += 2) {
+    Case c;
+    c.E = 2 * W() * (W() - S);
+    Experts ex(c.E + 1, c.H, 8);  // expert E: the shared expert
+    auto in = make_inputs(c, W(), 41);
+    auto ext = in;
+    for (int r = 0; r < W(); ++r) {
+      const int64_t BS = in[size_t(r)][0].size(0);
+      Tensor ids = Tensor::empty(DType::i32, {BS, c.K + 1}), w = Tensor::empty(DType::f32, {BS, c.K + 1});
+      for (int64_t t = 0; t < BS; ++t) {
+        for (int64_t k = 0; k < c.K; ++k) {
+          ids.ptr<int32_t>()[t * (c.K + 1) + k] = in[size_t(r)][1].ptr<int32_t>()[t * c.K + k];
+          w.ptr<float>()[t * (c.K + 1) + k] = in[size_t(r)][2].ptr<float>()[t * c.K + k];
+        }
+        ids.ptr<int32_t>()[t * (c.K + 1) + c.K] = int32_t(c.E);
+        w.ptr<float>()[t * (c.K + 1) + c.K] = 1.f;
+      }
+      ext[size_t(r)][1] = ids, ext[size_t(r)][2] = w;
+    }
+    auto want = single_process(ext, ex, c.E + 1, DType::f32);
+    Comm comm(c.E);
+    comm.set_placement(Placement::shared_ranks(c.E, W(), S));
+    const auto& mine = in[size_t(me())];
+    DispatchOptions o;
+    o.moe_expert_num = c.E;
+    o.shared_expert_rank_num = S;
+    o.dedup_combine = false;
+    SCOPED_TRACE(::testing::Message() << "S=" << S);
+    DispatchResult d;
+    Tensor got = run_blocking(comm, mine, ex, o, &d);
+    EXPECT_TRUE(bit_equal(got, want[size_t(me())])) << norm_err(got, want[size_t(me())]);
+    if (me() < S) {  // a shared rank: one local expert, a row for every token routed to it
+      int64_t rows = 0;
+      for (int r = 0; r < W(); ++r)
+        for (int64_t t = 0; t < in[size_t(r)][0].size(0); ++t) rows += comm.placement().destination(r, t, c.E) == me();
+      EXPECT_EQ(d.expert_token_nums.numel(), 1);
+      EXPECT_EQ(d.expand_x.size(0), rows);
+    }
+    o.dedup_combine = true;
+    EXPECT_LE(norm_err(run_blocking(comm, mine, ex, o), want[size_t(me())]), 1e-6);
+    FfnOptions f;
+    f.dispatch = o;
+    f.chunks = 2;
+    EXPECT_LE(norm_err(ep_moe_ffn(comm, mine[0], mine[1], mine[2], ex.local(comm.placement(), me()), f), want[size_t(me())]), 1e-6);
+    // Without the matching placement: every rank fails, naming the option.
+    Comm plain(c.E);
+    bool threw = false;
+    try {
+      moe_distribute_dispatch(plain, mine[0], mine[1], mine[2], o);
+    } catch (const Error& e) {
+      threw = true;
+      EXPECT_EQ(e.arg(), "moe_expert_num") << e.what();
+    }
+    EXPECT_TRUE(threw);
+  }
+}
+
+// The Comm reuses output storage (expand_x, x_out) once the caller has dropped earlier results, and
+// never while the caller still holds them.
+TEST(EpComm, ReusesOutputStorageOnlyWhenDropped) {
+  Case c;
+  c.E = two_per_rank();
+  c.bs = [](int) { return int64_t(6); };
+  auto in = make_inputs(c, W(), 31);
+  const auto& mine = in[size_t(me())];
+  Comm comm(c.E);
+  DispatchOptions o;
+  o.moe_expert_num = c.E;
+  DispatchResult a = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
+  Tensor keep = Tensor::copy_of(a.expand_x);
+  DispatchResult b = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);  // a still held
+  if (a.expand_x.numel() > 0) {
+    EXPECT_NE(a.expand_x.view().data, b.expand_x.view().data);
+    EXPECT_TRUE(bit_equal(a.expand_x, keep));
+  }
+  void* where = b.expand_x.view().data;
+  b = DispatchResult();  // dropped: its storage comes back
+  DispatchResult d = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
+  if (d.expand_x.numel() > 0) EXPECT_EQ(d.expand_x.view().data, where);
+  EXPECT_TRUE(bit_equal(d.expand_x, keep));
+  Tensor y = Tensor::copy_of(d.expand_x);
+  Tensor out1 = moe_distribute_combine(comm, y, d);
+  Tensor out2 = moe_distribute_combine(comm, y, d);  // out1 held: separate storage, same values
+  EXPECT_NE(out1.view().data, out2.view().data);
+  EXPECT_TRUE(bit_equal(out1, out2));
+}
+
 // A token with several experts on one rank crosses the wire once; bytes_sent says so.
 TEST(EpDispatch, DedupByteCounts) {
   Case c;
