@@ -27,6 +27,7 @@ c10::ScalarType to_torch(ot::DType t) {
     case ot::DType::i32: return c10::ScalarType::Int;
     case ot::DType::i64: return c10::ScalarType::Long;
     case ot::DType::u8: return c10::ScalarType::Byte;
+    case ot::DType::i8: return c10::ScalarType::Char;  // int8 expand_x of quantised EP dispatch
   }
   return c10::ScalarType::Undefined;
 }
