@@ -113,6 +113,10 @@ struct DispatchOptions {
   // placement must be Placement::shared_ranks(E, W, S)); there it is a row of local expert 0 (the
   // shared expert), and combine adds its output unweighted. moe_expert_num must divide by W - S.
   int shared_expert_rank_num = 0;
+  // Combine wire format (spec 9.3 comm_quant_mode): 0 = expert outputs in their dtype; 2 = each
+  // returned row (dedup partial sum or per-slot output) as int8 with a per-row fp32 scale, dequantised
+  // on arrival (lossy; about half the combine bytes for bf16). all_gather's reduce-scatter stays fp32.
+  int comm_quant_mode = 0;
   // [BS] or [BS, K] u8 (bool), or undefined (all active). 1-D: a false token is not sent and its
   // x_out row is zero (shared_expert_x is not added); 2-D: a false (token, k) slot is not sent and
   // contributes nothing. Under all_gather, tokens without an active slot are not gathered.

@@ -32,6 +32,7 @@ struct PendingCombine::State {
   Tensor out;
   enum class Form { dedup, per_slot, all_gather } form = Form::dedup;
   size_t row_bytes = 0;
+  bool quant = false;  // comm_quant_mode 2: rows are [fp32 scale, 12 pad bytes, H int8]
   PooledBuffer sendbuf, recvbuf;
   std::vector<int> scount, sdispl, rcount, rdispl;
   MPI_Request req = MPI_REQUEST_NULL;
@@ -152,7 +153,8 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
     MPI_Ireduce_scatter(part, st.recvbuf.data(), st.rcount.data(), MPI_FLOAT, MPI_SUM, comm.mpi(), &st.req);
   } else {
     const bool dedup = st.form == Form::dedup;
-    st.row_bytes = size_t(H) * yes;
+    st.quant = d.opt.comm_quant_mode == 2;
+    st.row_bytes = st.quant ? 16 + size_t(H) : size_t(H) * yes;
     // Send block of source r: its deduplicated rows (dedup) or its slots (per-slot), in receive order.
     int64_t so = 0, ro = 0;
     for (int r = 0; r < W; ++r) {
@@ -178,7 +180,8 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
           std::fill(acc.begin(), acc.end(), 0.f);
           add_entries(d, y, d.ent_begin[size_t(j)], d.ent_begin[size_t(j) + 1], acc.data(), tmp.data());
           char* dst = sb + size_t(st.sdispl[size_t(rv.src)] + rv.ret) * st.row_bytes;
-          if (y.dtype == DType::f32) std::memcpy(dst, acc.data(), st.row_bytes);
+          if (st.quant) *reinterpret_cast<float*>(dst) = quantize_row_int8(acc.data(), DType::f32, H, reinterpret_cast<int8_t*>(dst + 16));
+          else if (y.dtype == DType::f32) std::memcpy(dst, acc.data(), st.row_bytes);
           else convert_from_f32(acc.data(), dst, y.dtype, H);
         }
       });
@@ -193,9 +196,12 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
       parallel_for(J, [&](int64_t j0, int64_t j1) {
         for (int64_t j = j0; j < j1; ++j) {
           if (d.recv[size_t(j)].src == me) continue;
-          for (int64_t i = d.ent_begin[size_t(j)]; i < d.ent_begin[size_t(j) + 1]; ++i)
-            std::memcpy(sb + size_t(first[size_t(j)] + i - d.ent_begin[size_t(j)]) * st.row_bytes,
-                        static_cast<const char*>(y.data) + d.ent_row[size_t(i)] * y.stride(0) * int64_t(yes), st.row_bytes);
+          for (int64_t i = d.ent_begin[size_t(j)]; i < d.ent_begin[size_t(j) + 1]; ++i) {
+            char* dst = sb + size_t(first[size_t(j)] + i - d.ent_begin[size_t(j)]) * st.row_bytes;
+            const char* src = static_cast<const char*>(y.data) + d.ent_row[size_t(i)] * y.stride(0) * int64_t(yes);
+            if (st.quant) *reinterpret_cast<float*>(dst) = quantize_row_int8(src, y.dtype, H, reinterpret_cast<int8_t*>(dst + 16));
+            else std::memcpy(dst, src, st.row_bytes);
+          }
         }
       });
     }
@@ -218,6 +224,12 @@ void PendingCombine::State::finish() {
   const size_t yes = dtype_size(y.dtype);
   const char* rb = recvbuf.data();
   const char* ybase = static_cast<const char*>(y.data);
+  auto load_wire_row = [&](const char* row, float* dst) {  // a received row as fp32
+    if (!quant) return load_row_f32(row, y.dtype, H, dst);
+    const float sc = *reinterpret_cast<const float*>(row);
+    const int8_t* q = reinterpret_cast<const int8_t*>(row + 16);
+    for (int64_t h = 0; h < H; ++h) dst[h] = float(q[h]) * sc;
+  };
   parallel_for(dd.BS, [&](int64_t t0, int64_t t1) {
     std::vector<float> acc(static_cast<size_t>(H)), tmp(static_cast<size_t>(H));
     for (int64_t t = t0; t < t1; ++t) {
@@ -234,7 +246,7 @@ void PendingCombine::State::finish() {
           }
           int32_t pos = dd.token_pos[size_t(t * W + q)];
           if (pos < 0) continue;
-          load_row_f32(rb + size_t(rdispl[size_t(q)] + pos) * row_bytes, y.dtype, H, tmp.data());
+          load_wire_row(rb + size_t(rdispl[size_t(q)] + pos) * row_bytes, tmp.data());
           for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += tmp[size_t(h)];
         }
       } else {
@@ -242,8 +254,8 @@ void PendingCombine::State::finish() {
           int q = dd.slot_dest[size_t(t * K + k)];
           if (q < 0) continue;  // inactive slot
           int64_t r = dd.slot_ret[size_t(t * K + k)];
-          const char* src = q == me ? ybase + r * y.stride(0) * int64_t(yes) : rb + size_t(rdispl[size_t(q)] + r) * row_bytes;
-          load_row_f32(src, y.dtype, H, tmp.data());
+          if (q == me) load_row_f32(ybase + r * y.stride(0) * int64_t(yes), y.dtype, H, tmp.data());
+          else load_wire_row(rb + size_t(rdispl[size_t(q)] + r) * row_bytes, tmp.data());
           const float w = dd.scales[size_t(t * K + k)];
           for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += w * tmp[size_t(h)];
         }

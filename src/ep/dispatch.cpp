@@ -16,7 +16,7 @@ constexpr const char* kOp = "moe_distribute_dispatch";
 
 enum Code {
   kOk, kX, kXDtype, kIds, kIdsDtype, kK, kIdsRange, kIdsDup, kScales, kE, kEDiv, kPlacementE, kWorld, kRank, kType,
-  kMisK, kMisH, kMisDtype, kMisE, kMisOpt, kMisPlacement, kMisTag, kMask, kSharedRanks, kSharedPlacement,
+  kMisK, kMisH, kMisDtype, kMisE, kMisOpt, kMisPlacement, kMisTag, kMask, kSharedRanks, kSharedPlacement, kCommQuant,
 };
 const std::vector<FaultText> kTable = {
     {"", ""},
@@ -38,14 +38,15 @@ const std::vector<FaultText> kTable = {
     {"x", "the same H on every rank"},
     {"x", "the same dtype on every rank"},
     {"moe_expert_num", "the same value on every rank"},
-    {"options", "the same dispatcher, quant_int8, dedup_combine and expert_token_nums_type on every rank"},
+    {"options", "the same dispatcher, quant_int8, dedup_combine, expert_token_nums_type, shared_expert_rank_num and comm_quant_mode on every rank"},
     {"placement", "the same expert placement on every rank"},
     {"chunks", "the same value on every rank"},
     {"x_active_mask", "u8 (bool) [BS] or [BS, K] with contiguous rows, or undefined"},
     {"shared_expert_rank_num", "in [0, W)"},
     {"shared_expert_rank_num", "the Comm's placement to be Placement::shared_ranks(moe_expert_num, W, S)"},
+    {"comm_quant_mode", "0 (none) or 2 (int8 rows per-row scale)"},
 };
-enum Field { fBS, fK, fH, fE, fDtype, fQuant, fDisp, fDedup, fType, fHash, fTag, fRows, fShared };
+enum Field { fBS, fK, fH, fE, fDtype, fQuant, fDisp, fDedup, fType, fHash, fTag, fRows, fShared, fCommQuant };
 
 Fault validate(const Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w, const DispatchOptions& o) {
   const int W = comm.ep_world_size();
@@ -65,6 +66,7 @@ Fault validate(const Comm& comm, const TensorView& x, const TensorView& ids, con
   if (o.ep_world_size != 0 && o.ep_world_size != W) return {kWorld, o.ep_world_size};
   if (o.ep_rank_id != -1 && o.ep_rank_id != comm.ep_rank_id()) return {kRank, o.ep_rank_id};
   if (o.expert_token_nums_type != 0 && o.expert_token_nums_type != 1) return {kType, o.expert_token_nums_type};
+  if (o.comm_quant_mode != 0 && o.comm_quant_mode != 2) return {kCommQuant, o.comm_quant_mode};
   const int64_t K = ids.size(1), BS = x.size(0), E = o.moe_expert_num;
   if (K < 1 || K > std::min<int64_t>(E, 64)) return {kK, K};
   if (w.defined() && (w.ndim != 2 || w.size(0) != BS || w.size(1) != K || w.dtype != DType::f32 || !w.last_dim_contiguous()))
@@ -254,6 +256,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   meta.f[fHash] = int64_t(P.hash());
   meta.f[fTag] = tag;
   meta.f[fShared] = opt.shared_expert_rank_num;
+  meta.f[fCommQuant] = opt.comm_quant_mode;
 
   // Shared-expert ranks: every token gets one more slot, expert id E (the shared expert) with scale
   // 1 (combine adds it unweighted), active unless the whole token is masked off.
@@ -368,7 +371,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   std::vector<Meta> all = agree_finish(comm.mpi(), kOp, ag, kTable,
                                        {{fK, kMisK}, {fH, kMisH}, {fDtype, kMisDtype}, {fE, kMisE}, {fQuant, kMisOpt}, {fDisp, kMisOpt},
                                         {fDedup, kMisOpt}, {fType, kMisOpt}, {fHash, kMisPlacement}, {fTag, kMisTag},
-                                        {fShared, kMisOpt}},
+                                        {fShared, kMisOpt}, {fCommQuant, kMisOpt}},
                                        &extra_all);
   const int64_t BS = st.BS, K = st.K, H = st.H, L = st.L;
   st.x_view = x;

@@ -414,7 +414,9 @@ TEST(EpComm, ReusesOutputStorageOnlyWhenDropped) {
   void* where = b.expand_x.view().data;
   b = DispatchResult();  // dropped: its storage comes back
   DispatchResult d = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
-  if (d.expand_x.numel() > 0) EXPECT_EQ(d.expand_x.view().data, where);
+  if (d.expand_x.numel() > 0) {
+    EXPECT_EQ(d.expand_x.view().data, where);
+  }
   EXPECT_TRUE(bit_equal(d.expand_x, keep));
   Tensor y = Tensor::copy_of(d.expand_x);
   Tensor out1 = moe_distribute_combine(comm, y, d);
@@ -553,6 +555,50 @@ TEST(EpQuant, Int8RowsWithinTolerance) {
   const auto& mine = in[size_t(me())];
   Tensor got = ep_moe_ffn(comm, mine[0], mine[1], mine[2], ex.local(comm.placement(), me()), f);
   EXPECT_LE(norm_err(got, want[size_t(me())]), 3e-2);
+}
+
+// comm_quant_mode 2: combine rows travel as int8 with a per-row scale (dedup and per-slot forms);
+// within int8 tolerance of the single-process answer, fewer combine bytes.
+TEST(EpQuant, CombineInt8RowsWithinTolerance) {
+  Case c;
+  c.dtype = DType::bf16;
+  c.E = two_per_rank();
+  c.H = 64;
+  Experts ex(c.E, c.H, 16);
+  auto in = make_inputs(c, W(), 9);
+  auto want = single_process(in, ex, c.E, DType::f32);
+  Comm comm(c.E);
+  const auto& mine = in[size_t(me())];
+  for (bool dedup : {true, false}) {
+    DispatchOptions o;
+    o.moe_expert_num = c.E;
+    o.dedup_combine = dedup;
+    int64_t bytes[2] = {0, 0};
+    for (int q : {0, 2}) {
+      o.comm_quant_mode = q;
+      DispatchResult d = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
+      Tensor y = Tensor::empty(DType::bf16, {d.expand_x.size(0), c.H});
+      ex.local(comm.placement(), me())(batch_of(d, y));
+      PendingCombine pc = moe_distribute_combine_start(comm, y, d);
+      Tensor got = pc.wait();
+      bytes[q / 2] = pc.bytes_sent();
+      EXPECT_LE(norm_err(got, want[size_t(me())]), q ? 3e-2 : 1.5e-2) << "dedup=" << dedup << " comm_quant_mode=" << q;
+    }
+    if (bytes[0] > 0) {
+      EXPECT_LT(bytes[1], bytes[0] * 2 / 3) << "int8 rows: about half of bf16";
+    }
+  }
+  DispatchOptions bad;
+  bad.moe_expert_num = c.E;
+  bad.comm_quant_mode = me() == W() - 1 ? 1 : 0;
+  bool threw = false;
+  try {
+    moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], bad);
+  } catch (const Error& e) {
+    threw = true;
+    EXPECT_EQ(e.arg(), "comm_quant_mode") << e.what();
+  }
+  EXPECT_TRUE(threw);
 }
 
 // A hot expert copied on every rank: its tokens are split between copies; results unchanged.

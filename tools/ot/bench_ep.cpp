@@ -171,7 +171,7 @@ double median(std::vector<double> v) {
 }
 
 struct EpArgs {
-  bool quant = false, all_gather = false, per_slot = false;
+  bool quant = false, all_gather = false, per_slot = false, comm_quant = false;
 };
 
 int run_bench(const BenchOptions& opt, const EpArgs& a) {
@@ -203,6 +203,7 @@ int run_bench(const BenchOptions& opt, const EpArgs& a) {
     o.quant_int8 = a.quant;
     o.dispatcher = a.all_gather ? Dispatcher::all_gather : Dispatcher::all_to_all;
     o.dedup_combine = !a.per_slot;
+    o.comm_quant_mode = a.comm_quant ? 2 : 0;
     Baseline base(MPI_COMM_WORLD, r, E);
     Tensor base_out = Tensor::empty(DType::bf16, {BS, H}), out;
     int64_t bytes = 0;
@@ -270,7 +271,7 @@ int run_bench(const BenchOptions& opt, const EpArgs& a) {
       BenchResult res;
       res.name = name;
       res.shape = "x[" + std::to_string(BS) + ",7168] W" + std::to_string(W);
-      res.dtype = a.quant ? "bf16+i8" : "bf16";
+      res.dtype = a.quant || a.comm_quant ? "bf16+i8" : "bf16";
       res.threads = ot::num_threads();
       res.ms = median(tf);
       res.ref_ms = median(tr);
@@ -299,6 +300,7 @@ RegisterBench reg_ep("ep", "Expert-parallel dispatch + combine under mpirun (byt
                        sub->add_flag("--quant", args->quant, "Dynamic int8 dispatch (per-row scale)");
                        sub->add_flag("--all-gather", args->all_gather, "All-gather dispatcher instead of all-to-all");
                        sub->add_flag("--per-slot", args->per_slot, "Combine sends one row per (token, expert) back");
+                       sub->add_flag("--comm-quant", args->comm_quant, "Combine rows as int8 with a per-row scale (comm_quant_mode 2)");
                        return [&common, args] { return run_bench(common, *args); };
                      });
 
