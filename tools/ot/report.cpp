@@ -35,16 +35,16 @@ namespace fs = std::filesystem;
 struct Headline { const char* op; const char* case_name; const char* what; const char* quick; };
 const Headline kHeadlines[] = {
     {"gemm", "", "matrix engine: square, expert and decode shapes", "--m 64 --n 256 --k 256"},
-    {"moe_ffn", "qwen3-30b-a3b-T512", "MoE layer prefill, Qwen3-30B-A3B shape", nullptr},
+    {"moe_ffn", "qwen3-30b-a3b-T512", "fused MoE layer (router, grouped SwiGLU FFN, weighted combine): Qwen3-30B-A3B prefill (T512) and decode (T16), Mixtral prefill", nullptr},
     {"moe_ffn", "qwen3-30b-a3b-T16", "MoE layer decode, Qwen3-30B-A3B shape", nullptr},
     {"moe_ffn", "mixtral-T512", "MoE layer prefill, Mixtral shape", nullptr},
     {"moe_routing", "", "routers, init routing, permute/unpermute, finalize", "--case gating-softmax-t1024-e128-k8"},
-    {"moe_ffn_backward", "qwen3-30b-a3b-T16", "MoE layer backward, Qwen3-30B-A3B shape", nullptr},
-    {"gdn_chunk_fwd", "qwen35-B1-T1024", "GDN chunked prefill, Qwen3.5 shape", nullptr},
+    {"moe_ffn_backward", "qwen3-30b-a3b-T16", "backward of the whole MoE layer, Qwen3-30B-A3B shape", nullptr},
+    {"gdn_chunk_fwd", "qwen35-B1-T1024", "Gated DeltaNet chunked prefill at Qwen3.5 shapes: one 1024-token sequence and a varlen batch", nullptr},
     {"gdn_chunk_fwd", "qwen35-varlen", "GDN chunked prefill, mixed lengths", nullptr},
-    {"gdn_decode", "qwen35-decode-B1", "GDN decode", "--case qwen35-decode-B1"},
+    {"gdn_decode", "qwen35-decode-B1", "Gated DeltaNet decode from a state cache (GB/s of state traffic), batch 1 and 32", "--case qwen35-decode-B1"},
     {"gdn_decode", "qwen35-decode-B32", "GDN decode, batch 32", nullptr},
-    {"gdn_chunk_bwd", "qwen35-B1-T1024", "GDN chunked backward, Qwen3.5 shape", nullptr},
+    {"gdn_chunk_bwd", "qwen35-B1-T1024", "Gated DeltaNet chunked backward, Qwen3.5 shape", nullptr},
 };
 
 struct Options {
