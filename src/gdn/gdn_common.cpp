@@ -154,8 +154,14 @@ Tensor pooled_empty(DType dt, const std::vector<int64_t>& shape) {
   advise_huge_pages(t);
   std::lock_guard<std::mutex> lock(mu);
   pool.push_back(t);
-  // Bounded: the 12 most recent buffers (several outputs per call, a few shapes per model).
-  if (pool.size() > 12) pool.erase(pool.begin());
+  // Bounded: the 12 most recent buffers (several outputs per call, a few shapes per model) and
+  // 512 MiB in all; the oldest go first (a buffer still in use is then simply not pooled).
+  size_t bytes = 0;
+  for (const Tensor& x : pool) bytes += x.view().nbytes();
+  while (pool.size() > 1 && (pool.size() > 12 || bytes > (size_t(512) << 20))) {
+    bytes -= pool.front().view().nbytes();
+    pool.erase(pool.begin());
+  }
   return t;
 }
 

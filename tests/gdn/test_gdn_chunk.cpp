@@ -225,3 +225,21 @@ TEST(GdnChunkFwd, LargestHeadDims) {
   EXPECT_LT(rel_err(f.o, r.o), 1e-5);
   EXPECT_LT(rel_err(f.final_state, r.final_state), 1e-5);
 }
+
+TEST(GdnChunkFwd, PooledOutputsAreNeverShared) {
+  // Outputs >= 1 MiB come from a pool of earlier outputs: one still held is never handed out
+  // again, one released is (same shape), and results do not depend on the buffer's history.
+  Shape s;
+  s.T = 512, s.HK = 4, s.HV = 8, s.DK = 32, s.DV = 128;  // o: 2 MiB fp32
+  Inputs in1 = make_inputs(s, DType::f32, 41), in2 = make_inputs(s, DType::f32, 42);
+  gdn::ChunkFwd a = gdn::chunk_gated_delta_rule_fwd(in1.q, in1.k, in1.v, in1.g, in1.beta);
+  Tensor keep = Tensor::copy_of(a.o);
+  gdn::ChunkFwd b = gdn::chunk_gated_delta_rule_fwd(in2.q, in2.k, in2.v, in2.g, in2.beta);
+  EXPECT_NE(a.o.ptr<void>(), b.o.ptr<void>());
+  EXPECT_EQ(rel_err(a.o, keep), 0.0);
+  const void* pa = a.o.ptr<void>();
+  a = {};
+  gdn::ChunkFwd c = gdn::chunk_gated_delta_rule_fwd(in1.q, in1.k, in1.v, in1.g, in1.beta);
+  EXPECT_EQ(c.o.ptr<void>(), pa);
+  EXPECT_EQ(rel_err(c.o, keep), 0.0);
+}
