@@ -107,6 +107,46 @@ void grouped_gemm(const Group* groups, int64_t count);
 // contents, so it may hold NaN). A, B: f32/bf16/f16 (A and B may differ); C: f32, bf16 or f16.
 void matmul(const MatView& a, const MatView& b, const MutMatView& c, float alpha = 1.f, float beta = 0.f);
 
+// ---- Backward forms (added for the MoE backward; src/gemm/backward_forms*.cpp) -----------------
+// Both write fp32 C (master-precision gradients), with unit column stride; jobs of one call must
+// write disjoint C elements. Calls made inside a parallel region run on the calling thread.
+//
+// NT (activation gradients through a weight): C[M,N] (=|+=) A[M,K] x W^T with W stored row-major
+// [N][K] (nn.Linear / the forward's [H, I] gate seen from the I side), given as up to two K
+// segments that are summed (e.g. dz = [dz_gate | dz_up] against [Wg | Wu]: K = K0 + K1). W^T is
+// packed one 48-column panel at a time into per-thread scratch (vectorised transposing pack), so
+// a weight that changes every step is never packed as a whole; A is read in place when it
+// already has the kernel's dtype.
+struct NtSegment {
+  const void* data = nullptr;  // W_s: row n at data + n * ld (elements), K_s contiguous columns
+  int64_t K = 0, ld = 0;
+};
+struct NtJob {
+  int64_t M = 0, N = 0;
+  AOperand a;            // [M, K0 + K1] (rows may be gathered)
+  DType w_dtype = DType::f32;
+  NtSegment w[2];        // w[1].K == 0: one segment
+  float* c = nullptr;    // [M, N] fp32, row stride ldc
+  int64_t ldc = 0;
+  bool accumulate = false;
+};
+void grouped_gemm_nt(const NtJob* jobs, int64_t count);
+
+// TN (weight gradients): C[M,N] (=|+=) A^T x B with A [K, M] and B [K, N] given as K rows each
+// (K = a group's tokens: often tiny, so there is no K padding beyond a pair). A^T and B are packed
+// once per job; C tiles are written with streaming stores when not accumulating.
+struct TnJob {
+  int64_t K = 0, M = 0, N = 0;
+  const void* a = nullptr;  // row k at a + k * lda, M contiguous columns
+  const void* b = nullptr;  // row k at b + k * ldb, N contiguous columns
+  DType a_dtype = DType::f32, b_dtype = DType::f32;
+  int64_t lda = 0, ldb = 0;
+  float* c = nullptr;  // [M, N] fp32, row stride ldc
+  int64_t ldc = 0;
+  bool accumulate = false;
+};
+void grouped_gemm_tn(const TnJob* jobs, int64_t count);
+
 // Name of the kernel the engine would use for these operand dtypes now (for logs and benchmarks).
 const char* kernel_name(DType a, DType b, int64_t M);
 

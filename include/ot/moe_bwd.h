@@ -171,6 +171,13 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
 struct MoeFfnBackwardOptions {
   float aux_loss_coeff = 0;  // > 0: add moe_aux_loss (on the softmax / normalised sigmoid probs) to the loss
   float z_loss_coeff = 0;    // > 0: add moe_z_loss of the router logits
+  // Optional caller-owned fp32 buffers for the expert weight gradients (contiguous [E, H, I],
+  // [E, H, I], [E, I, H]): written in place of fresh tensors (the result's d_gate/d_up/d_down
+  // share their storage), or added to with accumulate (experts without rows are then untouched).
+  // A training loop keeps one set: fresh multi-GB gradient tensors per call cost page faults that
+  // can exceed the backward itself.
+  Tensor d_gate_out, d_up_out, d_down_out;
+  bool accumulate = false;
 };
 struct MoeFfnGrads {
   Tensor dx;                                          // [T, H] x's dtype (d residual = dy: the caller's)

@@ -22,6 +22,9 @@ Tensor gather_rows(const TensorView& src, const int32_t* rows, int64_t n);
 Tensor swiglu_rows(const TensorView& z, const float* scale, Tensor* scaled);
 // z[r0 + i, :] = [v Wg | v Wu] for the n rows of v.
 void gate_up(const gemm::MatView& v, const TensorView& wg, const TensorView& wu, const TensorView& z, int64_t r0);
+// v itself when its last dim is contiguous (rows addressable by one stride), else a contiguous
+// copy held in `hold` (2-D or 3-D weight views).
+TensorView row_major(const TensorView& v, Tensor& hold);
 // Sorted row of each flat (t, k) slot, -1 when the pair was dropped.
 std::vector<int32_t> row_of_slot(const RoutingPlan& p, int64_t TK);
 // The router stage of moe_ffn through the public routers (gating_top_k with its scores).

@@ -1,5 +1,7 @@
-// grouped_matmul_backward: per group, dz = act'(z) * dy, dx = dz @ W^T, dW = x^T @ dz, db = sum(dz),
-// all matrix work through ot::gemm::matmul on transposed views (no copies of W or x).
+// grouped_matmul_backward: per group, dz = act'(z) * dy, dx = dz @ W^T, dW = x^T @ dz, db = sum(dz).
+// dx is the engine's NT form on W as stored and dW its TN form (K = the group's rows), each one
+// grouped call over all groups; strided weights / non-fp32 gradient buffers use gemm::matmul on
+// transposed views.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -90,12 +92,32 @@ GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorVie
   }
 
   GroupedMatmulGrads r;
+  auto row_ptr = [](const TensorView& v, int64_t r) { return static_cast<const char*>(v.data) + r * v.strides[0] * int64_t(dtype_size(v.dtype)); };
   if (opt.need_dx) {
     r.dx = Tensor::empty(x.dtype, {M, K});
-    bwd::for_each_span(p.spans, distinct, [&](const bwd::Span& s) {
-      gemm::matmul(bwd::rows_of(dz, s.offset, s.count), gemm::MatView::of(w.select(0, s.group)).t(),
-                   bwd::mut_rows_of(r.dx, s.offset, s.count));
-    });
+    if (w.strides[2] == 1) {
+      // NT on W [K, N] as stored (rows k, N contiguous): dx = dz W^T, fp32 then x's dtype.
+      Tensor dxf = x.dtype == DType::f32 ? r.dx : Tensor::empty(DType::f32, {M, K});
+      std::vector<gemm::NtJob> jobs;
+      for (const auto& s : p.spans) {
+        gemm::NtJob j;
+        j.M = s.count;
+        j.N = K;
+        j.a = {row_ptr(dz, s.offset), dz.dtype, dz.strides[0], nullptr};
+        j.w_dtype = w.dtype;
+        j.w[0] = {static_cast<const char*>(w.data) + s.group * w.strides[0] * int64_t(dtype_size(w.dtype)), N, w.strides[1]};
+        j.c = dxf.ptr<float>() + s.offset * K;
+        j.ldc = K;
+        jobs.push_back(j);
+      }
+      gemm::grouped_gemm_nt(jobs.data(), int64_t(jobs.size()));
+      if (x.dtype != DType::f32) convert_from_f32(dxf.ptr<float>(), r.dx.view().data, x.dtype, M * K);
+    } else {
+      bwd::for_each_span(p.spans, distinct, [&](const bwd::Span& s) {
+        gemm::matmul(bwd::rows_of(dz, s.offset, s.count), gemm::MatView::of(w.select(0, s.group)).t(),
+                     bwd::mut_rows_of(r.dx, s.offset, s.count));
+      });
+    }
   }
   std::vector<char> seen(static_cast<size_t>(G), 0);
   for (const auto& s : p.spans) seen[size_t(s.group)] = 1;
@@ -103,14 +125,27 @@ GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorVie
     TensorView dw = opt.dweight_out;
     if (!dw.defined()) { r.dweight = Tensor::empty(DType::f32, {G, K, N}); dw = r.dweight; }
     const bool acc = opt.accumulate && opt.dweight_out.defined();
-    // With repeated ids the spans run one after another, so the second one can add (beta = 1).
+    // With repeated ids the spans run one after another, so the second one adds.
     std::vector<char> written(static_cast<size_t>(G), 0);
-    bwd::for_each_span(p.spans, distinct, [&](const bwd::Span& s) {
-      float beta = acc || written[size_t(s.group)] ? 1.f : 0.f;
-      written[size_t(s.group)] = 1;
-      gemm::matmul(bwd::rows_of(x, s.offset, s.count).t(), bwd::rows_of(dz, s.offset, s.count),
-                   gemm::MutMatView::of(dw.select(0, s.group)), 1.f, beta);
-    });
+    if (dw.dtype == DType::f32 && dw.strides[2] == 1) {
+      // TN: dW[g] = x_g^T dz_g with K = the group's rows; one grouped call when groups are distinct.
+      const bool all = bwd::groups_distinct(p.spans, G);
+      std::vector<gemm::TnJob> jobs;
+      for (const auto& s : p.spans) {
+        jobs.push_back({s.count, K, N, row_ptr(x, s.offset), row_ptr(dz, s.offset), x.dtype, dz.dtype, x.strides[0], dz.strides[0],
+                        dw.ptr<float>() + s.group * dw.strides[0], dw.strides[1], acc || written[size_t(s.group)]});
+        written[size_t(s.group)] = 1;
+        if (!all) { gemm::grouped_gemm_tn(&jobs.back(), 1); jobs.clear(); }
+      }
+      gemm::grouped_gemm_tn(jobs.data(), int64_t(jobs.size()));
+    } else {
+      bwd::for_each_span(p.spans, distinct, [&](const bwd::Span& s) {
+        float beta = acc || written[size_t(s.group)] ? 1.f : 0.f;
+        written[size_t(s.group)] = 1;
+        gemm::matmul(bwd::rows_of(x, s.offset, s.count).t(), bwd::rows_of(dz, s.offset, s.count),
+                     gemm::MutMatView::of(dw.select(0, s.group)), 1.f, beta);
+      });
+    }
     if (!acc)
       for (int64_t g = 0; g < G; ++g)
         if (!seen[size_t(g)]) bwd::zero_view(dw.select(0, g));

@@ -100,6 +100,12 @@ void gate_up(const gemm::MatView& v, const TensorView& wg, const TensorView& wu,
   gemm::matmul(v, gemm::MatView::of(wu), msub(z, r0, n, I, I));
 }
 
+TensorView row_major(const TensorView& v, Tensor& hold) {
+  if (v.strides[v.ndim - 1] == 1) return v;
+  hold = Tensor::copy_of(v);
+  return hold.view();
+}
+
 std::vector<int32_t> row_of_slot(const RoutingPlan& p, int64_t TK) {
   std::vector<int32_t> r(static_cast<size_t>(TK), -1);
   for (size_t i = 0; i < p.slot.size(); ++i) r[size_t(p.slot[i])] = int32_t(i);

@@ -2,10 +2,12 @@
 // benchmark's real layer shapes and case names, timed beside the inference forward (moe_ffn on
 // packed weights) and the training forward (moe_ffn_forward_train); reports backward / forward
 // (target <= 2.5x; the FLOP ratio is 2x) and the reference path in the same run where it is cheap
-// enough (the fp64 reference runs at well under a GFLOP/s: --ref-max-gflop).
+// enough (the fp64 reference runs at well under a GFLOP/s: --ref-max-gflop). The expert weight
+// gradients go to fp32 buffers allocated once (MoeFfnBackwardOptions::d_*_out), as in training.
 #include <cstdio>
 #include <random>
 
+#include "bench_gemm_common.h"
 #include "bench_harness.h"
 #include "ot/moe.h"
 #include "ot/moe_bwd.h"
@@ -52,6 +54,11 @@ int run(const BenchOptions& opt, bool all, double ref_max_gflop) {
       moe::MoeExperts ex = moe::MoeExperts::from_stacked(gate, up, down, moe::WeightLayout::EHI);
       gemm::PackedB rp = gemm::prepack(router, gemm::BLayout::NK);
       auto saved = moe::moe_ffn_forward_train(x, w, o).saved;
+      // Gradient buffers kept across calls, as a training loop does (see MoeFfnBackwardOptions).
+      moe::MoeFfnBackwardOptions bo;
+      bo.d_gate_out = Tensor::empty(DType::f32, {s.E, s.H, s.I});
+      bo.d_up_out = Tensor::empty(DType::f32, {s.E, s.H, s.I});
+      bo.d_down_out = Tensor::empty(DType::f32, {s.E, s.I, s.H});
       const int reps = opt.repeats > 0 ? opt.repeats : (T >= 512 ? 3 : 5);
       double fwd_ms = time_median_ms([&] { moe::moe_ffn(x, rp, ex, o); }, reps);
       double fwd_train_ms = time_median_ms([&] { moe::moe_ffn_forward_train(x, w, o); }, reps);
@@ -59,8 +66,12 @@ int run(const BenchOptions& opt, bool all, double ref_max_gflop) {
       const double fwd_flops = 2.0 * pairs * 3.0 * double(s.H) * double(s.I) + 2.0 * double(T) * double(s.H) * double(s.E);
       const double bwd_flops = 2.0 * fwd_flops;
       const bool with_ref = !opt.no_ref && bwd_flops * 1e-9 <= ref_max_gflop;
-      Timing tm = time_interleaved([&] { moe::moe_ffn_backward(dy, x, w, saved, o); },
+      Timing tm = time_interleaved([&] { moe::moe_ffn_backward(dy, x, w, saved, o, bo); },
                                    with_ref ? std::function<void()>([&] { moe::ref::moe_ffn_backward(dy, x, w, o); }) : nullptr, reps, with_ref ? 1 : 0);
+      // Idle-machine estimates from process CPU time (the machine is shared; see cpu_ms_per_call).
+      const double fwd_cpu = gemmbench::cpu_ms_per_call([&] { moe::moe_ffn(x, rp, ex, o); }, 2);
+      const double bwd_cpu = gemmbench::cpu_ms_per_call([&] { moe::moe_ffn_backward(dy, x, w, saved, o, bo); }, 2);
+      const double nt = double(num_threads());
       BenchResult r;
       r.name = name;
       r.shape = "H" + std::to_string(s.H) + " I" + std::to_string(s.I) + " E" + std::to_string(s.E) + " k" + std::to_string(s.K);
@@ -77,10 +88,18 @@ int run(const BenchOptions& opt, bool all, double ref_max_gflop) {
       r.extra["bwd_over_fwd"] = tm.fast_ms / fwd_ms;
       r.extra["bwd_over_fwd_train"] = tm.fast_ms / fwd_train_ms;
       r.extra["ref_skipped"] = !with_ref;
+      r.extra["fwd_cpu_ms"] = fwd_cpu;
+      r.extra["bwd_cpu_ms"] = bwd_cpu;
+      r.extra["cpu_bwd_over_fwd"] = bwd_cpu / fwd_cpu;
+      r.extra["cpu_gflops"] = bwd_flops / (bwd_cpu / nt * 1e6);
       report(opt, r);
       if (!opt.json)
         std::printf("  %-26s forward moe_ffn %.3f ms, training forward %.3f ms: backward / forward = %.2fx (target <= 2.5x)%s\n", "", fwd_ms,
                     fwd_train_ms, tm.fast_ms / fwd_ms, with_ref ? "" : "; reference skipped (> --ref-max-gflop)");
+      if (!opt.json)
+        std::printf("  %-26s cpu: forward %.1f ms, backward %.1f ms per call -> idle estimates %.1f / %.1f ms (%.0f GFLOP/s): "
+                    "backward / forward = %.2fx\n",
+                    "", fwd_cpu, bwd_cpu, fwd_cpu / nt, bwd_cpu / nt, bwd_flops / (bwd_cpu / nt * 1e6), bwd_cpu / fwd_cpu);
     }
   return 0;
 }

@@ -1,0 +1,343 @@
+// The backward forms of the engine (see ot/gemm.h): NT = A x W^T on row-major W (activation
+// gradients), TN = A^T x B on row views (weight gradients). Both reuse the engine's micro-kernels
+// (never AMX: it needs 32-row, 32-deep tiles and these shapes are thin) and its panel layouts;
+// what is new is where the packing happens and how C is written:
+//   NT: units = (job, block of 4 panels of 48 output columns). Each panel of W^T is packed into
+//       per-thread scratch right before the unit's row tiles use it (a 16x16 dword transpose: a
+//       bf16 k-pair is one dword), so a weight that changes every training step is read once and
+//       never packed as a whole. A is used in place when it is already in the kernel's dtype.
+//   TN: K is a group's rows (often 1..64). A^T and B are packed once per job (pairs padded to 2,
+//       not 32), then units = (job, 128 rows of M, 4 panels) run the kernel over the whole K into
+//       an L1 tile that is streamed to C (fp32 gradients are write-once: no read-for-ownership).
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ot/error.h"
+#include "ot/gemm.h"
+#include "ot/numeric.h"
+#include "ot/parallel.h"
+#include "ot/trace.h"
+#include "ot/workspace.h"
+#include "src/gemm/backward_forms.h"
+
+namespace ot::gemm {
+
+using namespace detail;
+
+namespace {
+
+constexpr int64_t kMB = 128;  // TN rows per unit
+constexpr int64_t kPB = 4;    // panels per unit
+
+struct Buf {
+  AlignedPtr<char> p;
+  size_t cap = 0;
+  char* get(size_t bytes) {
+    if (bytes > cap) { p = make_aligned<char>(bytes); cap = bytes; }
+    return p.get();
+  }
+};
+struct Scratch { Buf panel, a, tile; };
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+float elem(const void* p, DType t, int64_t off) {
+  switch (t) {
+    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[off]);
+    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[off]);
+    default: return static_cast<const float*>(p)[off];
+  }
+}
+const char* at(const void* p, DType t, int64_t off) { return static_cast<const char*>(p) + off * int64_t(dtype_size(t)); }
+int64_t pad_pairs(Layout l, int64_t K) { return l == Layout::f32 ? K : (K + 1) / 2 * 2; }
+int64_t panels_of(int64_t N) { return (N + kNR - 1) / kNR; }
+Kernel thin_kernel(Layout l) { return select_kernel(l, 1); }  // M = 1: never the AMX tiles
+
+void store_tile(const float* tile, int rows, int width, float* c, int64_t ldc, bool acc) {
+  if (cpu::has(cpu::Isa::avx512)) { store_tile_avx512(tile, rows, width, c, ldc, acc); return; }
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < width; ++j) c[r * ldc + j] = (acc ? c[r * ldc + j] : 0.f) + tile[r * kNR + j];
+}
+
+// Writes value v (fp32) as element (k, j) of a panel of this layout.
+inline void put(Layout l, char* panel, int64_t k, int j, float v, const void* src_bits = nullptr) {
+  if (l == Layout::f32) reinterpret_cast<float*>(panel)[k * kNR + j] = v;
+  else reinterpret_cast<uint16_t*>(panel)[(k >> 1) * 2 * kNR + 2 * j + (k & 1)] =
+           src_bits ? *static_cast<const uint16_t*>(src_bits) : f32_to_bf16(v);
+}
+
+// ---- NT ----------------------------------------------------------------------------------------
+
+void check_nt(const NtJob& j) {
+  const char* op = "grouped_gemm_nt";
+  OT_CHECK(j.M >= 0 && j.N >= 0, op, "M/N", ">= 0", j.M, " x ", j.N);
+  OT_CHECK(j.w[0].K >= 0 && j.w[1].K >= 0, op, "w[].K", ">= 0", j.w[0].K, ", ", j.w[1].K);
+  OT_CHECK(is_float(j.a.dtype) && is_float(j.w_dtype), op, "a/w", "bf16, fp16 or fp32", dtype_name(j.a.dtype));
+  if (j.M == 0 || j.N == 0) return;
+  const int64_t K = j.w[0].K + j.w[1].K;
+  OT_CHECK(j.c != nullptr && j.ldc >= j.N, op, "c", "non-null with ldc >= N = " + std::to_string(j.N), j.ldc);
+  OT_CHECK(K == 0 || (j.a.data && j.a.ld >= K), op, "a", "non-null with ld >= K = " + std::to_string(K), j.a.ld);
+  for (int s = 0; s < 2; ++s)
+    OT_CHECK(j.w[s].K == 0 || (j.w[s].data && j.w[s].ld >= j.w[s].K), op, "w[].ld", ">= its K", j.w[s].ld);
+}
+
+// W^T element (k, n) of the job (k runs over segment 0 then segment 1).
+inline const char* nt_w(const NtJob& j, int64_t k, int64_t n) {
+  const NtSegment& s = k < j.w[0].K ? j.w[0] : j.w[1];
+  int64_t kk = k < j.w[0].K ? k : k - j.w[0].K;
+  return at(s.data, j.w_dtype, n * s.ld + kk);
+}
+
+void nt_reference(const NtJob& j) {
+  const int64_t K = j.w[0].K + j.w[1].K;
+  for (int64_t m = 0; m < j.M; ++m) {
+    int64_t r = j.a.rows ? j.a.rows[m] : m;
+    for (int64_t n = 0; n < j.N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += double(elem(j.a.data, j.a.dtype, r * j.a.ld + k)) * elem(nt_w(j, k, n), j.w_dtype, 0);
+      float& c = j.c[m * j.ldc + n];
+      c = float(s + (j.accumulate ? double(c) : 0.0));
+    }
+  }
+}
+
+// Panel p of W^T ([Kp][48] f32 or [Kp/2][48][2] bf16), zero-padded.
+void pack_nt_panel(const NtJob& j, Layout l, int64_t Kp, int64_t p, char* dst) {
+  const int64_t n0 = p * kNR, K0 = j.w[0].K, K = K0 + j.w[1].K;
+  const int w = int(std::min<int64_t>(kNR, j.N - n0));
+  const size_t es = dtype_size(j.w_dtype);
+  const bool dword_src = l == Layout::f32 ? j.w_dtype == DType::f32 : (j.w_dtype == DType::bf16 && K0 % 2 == 0);
+  if (dword_src && cpu::has(cpu::Isa::avx512)) {
+    int64_t pos = 0;  // dwords (pairs or floats) written so far
+    const int64_t per = l == Layout::f32 ? 1 : 2;
+    for (int s = 0; s < 2; ++s) {
+      const NtSegment& sg = j.w[s];
+      int64_t P = sg.K / per;
+      if (P > 0) transpose_dwords_avx512(at(sg.data, j.w_dtype, n0 * sg.ld), sg.ld * int64_t(es), w, P, reinterpret_cast<uint32_t*>(dst) + pos * kNR);
+      pos += P;
+    }
+    const size_t row = size_t(kNR) * 4;
+    std::memset(dst + size_t(pos) * row, 0, size_t(Kp / per - pos) * row);
+    if (l != Layout::f32 && K % 2 == 1)  // the last segment's odd element pairs with padding
+      for (int c = 0; c < w; ++c) put(l, dst, K - 1, c, 0.f, nt_w(j, K - 1, n0 + c));
+    return;
+  }
+  std::memset(dst, 0, size_t(Kp) * kNR * layout_elt(l));
+  for (int c = 0; c < w; ++c)
+    for (int64_t k = 0; k < K; ++k) {
+      const char* src = nt_w(j, k, n0 + c);
+      put(l, dst, k, c, elem(src, j.w_dtype, 0), l != Layout::f32 ? src : nullptr);
+    }
+}
+
+void nt_unit(const NtJob& j, int64_t ub) {
+  const Layout l = layout_for(j.a.dtype, j.w_dtype);
+  const Kernel kern = thin_kernel(l);
+  const int64_t K = j.w[0].K + j.w[1].K, Kp = pad_pairs(l, K);
+  const size_t elt = layout_elt(l);
+  const DType kdt = l == Layout::f32 ? DType::f32 : DType::bf16;
+  const bool in_place = !j.a.rows && j.a.dtype == kdt && Kp == K;
+  Scratch& s = scratch();
+  char* panel = s.panel.get(std::max<size_t>(64, size_t(Kp) * kNR * elt));
+  float* tile = reinterpret_cast<float*>(s.tile.get(size_t(kMB) * kNR * 4));
+  const int64_t p0 = ub * kPB, p1 = std::min(panels_of(j.N), p0 + kPB);
+  for (int64_t p = p0; p < p1; ++p) {
+    pack_nt_panel(j, l, Kp, p, panel);
+    const int64_t n0 = p * kNR;
+    const int w = int(std::min<int64_t>(kNR, j.N - n0));
+    for (int64_t m0 = 0; m0 < j.M; m0 += kMB) {
+      const int64_t mc = std::min(kMB, j.M - m0);
+      const char* a;
+      int64_t lda;
+      if (in_place) {
+        a = at(j.a.data, j.a.dtype, m0 * j.a.ld);
+        lda = j.a.ld;
+      } else {
+        lda = std::max<int64_t>(Kp, 2);
+        char* buf = s.a.get(size_t(mc * lda) * elt + 64);
+        pack_a({j.a.data, j.a.dtype, j.a.ld, 1, j.a.rows}, m0, mc, mc, K, l, buf, lda);
+        a = buf;
+      }
+      for (int64_t ir = 0; ir < mc; ir += kern.mr) {
+        int rows = int(std::min<int64_t>(kern.mr, mc - ir));
+        float* c = j.c + (m0 + ir) * j.ldc + n0;
+        if (w == kNR) {
+          kern.fn(rows, Kp, a + size_t(ir * lda) * elt, lda, panel, c, j.ldc, j.accumulate);
+        } else {
+          kern.fn(rows, Kp, a + size_t(ir * lda) * elt, lda, panel, tile, kNR, false);
+          store_tile(tile, rows, w, c, j.ldc, j.accumulate);
+        }
+      }
+    }
+  }
+}
+
+// ---- TN ----------------------------------------------------------------------------------------
+
+void check_tn(const TnJob& j) {
+  const char* op = "grouped_gemm_tn";
+  OT_CHECK(j.K >= 0 && j.M >= 0 && j.N >= 0, op, "K/M/N", ">= 0", j.K, "/", j.M, "/", j.N);
+  OT_CHECK(is_float(j.a_dtype) && is_float(j.b_dtype), op, "a/b", "bf16, fp16 or fp32", dtype_name(j.a_dtype));
+  if (j.M == 0 || j.N == 0) return;
+  OT_CHECK(j.c != nullptr && j.ldc >= j.N, op, "c", "non-null with ldc >= N = " + std::to_string(j.N), j.ldc);
+  if (j.K == 0) return;
+  OT_CHECK(j.a && j.lda >= j.M, op, "a", "non-null with lda >= M = " + std::to_string(j.M), j.lda);
+  OT_CHECK(j.b && j.ldb >= j.N, op, "b", "non-null with ldb >= N = " + std::to_string(j.N), j.ldb);
+}
+
+void tn_reference(const TnJob& j) {
+  for (int64_t m = 0; m < j.M; ++m)
+    for (int64_t n = 0; n < j.N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < j.K; ++k) s += double(elem(j.a, j.a_dtype, k * j.lda + m)) * elem(j.b, j.b_dtype, k * j.ldb + n);
+      float& c = j.c[m * j.ldc + n];
+      c = float(s + (j.accumulate ? double(c) : 0.0));
+    }
+}
+
+struct TnPlan {
+  Layout l = Layout::f32;
+  int64_t Kp = 0, np = 0, nmb = 0, nub = 0;
+  size_t a_off = 0, b_off = 0;
+};
+
+// A^T [M][Kp] row-major in the kernel dtype (column k of row m = A[k][m]).
+void pack_at(const TnJob& j, const TnPlan& pl, char* dst) {
+  const size_t elt = layout_elt(pl.l);
+  for (int64_t m0 = 0; m0 < j.M; m0 += 64) {  // a 64-row block of A^T stays in L1 while k sweeps
+    const int64_t m1 = std::min(j.M, m0 + 64);
+    for (int64_t k = 0; k < j.K; ++k) {
+      if (pl.l == Layout::f32) {
+        float* d = reinterpret_cast<float*>(dst) + k;
+        for (int64_t m = m0; m < m1; ++m) d[m * pl.Kp] = elem(j.a, j.a_dtype, k * j.lda + m);
+      } else {  // vnni: both operands are bf16, bits copied
+        const uint16_t* s = reinterpret_cast<const uint16_t*>(j.a) + k * j.lda;
+        uint16_t* d = reinterpret_cast<uint16_t*>(dst) + k;
+        for (int64_t m = m0; m < m1; ++m) d[m * pl.Kp] = s[m];
+      }
+    }
+    for (int64_t k = j.K; k < pl.Kp; ++k)
+      for (int64_t m = m0; m < m1; ++m) std::memset(dst + size_t(m * pl.Kp + k) * elt, 0, elt);
+  }
+}
+
+void tn_unit(const TnJob& j, const TnPlan& pl, const char* base, int64_t u) {
+  const Kernel kern = thin_kernel(pl.l);
+  const size_t elt = layout_elt(pl.l);
+  const int64_t mb = u / pl.nub, ub = u % pl.nub;
+  const int64_t m0 = mb * kMB, mc = std::min(kMB, j.M - m0);
+  const int64_t p0 = ub * kPB, p1 = std::min(pl.np, p0 + kPB);
+  const size_t pbytes = size_t(pl.Kp) * kNR * elt;
+  const int64_t lda = pl.Kp;
+  float* tile = reinterpret_cast<float*>(scratch().tile.get(size_t(kMB) * kNR * 4));
+  for (int64_t p = p0; p < p1; ++p) {
+    const char* panel = base + pl.b_off + size_t(p) * pbytes;
+    const int64_t n0 = p * kNR;
+    const int w = int(std::min<int64_t>(kNR, j.N - n0));
+    for (int64_t ir = 0; ir < mc; ir += kern.mr) {
+      int rows = int(std::min<int64_t>(kern.mr, mc - ir));
+      kern.fn(rows, pl.Kp, base + pl.a_off + size_t((m0 + ir) * lda) * elt, lda, panel, tile, kNR, false);
+      store_tile(tile, rows, w, j.c + (m0 + ir) * j.ldc + n0, j.ldc, j.accumulate);
+    }
+  }
+}
+
+}  // namespace
+
+void grouped_gemm_nt(const NtJob* jobs, int64_t count) {
+  OT_CHECK(count >= 0 && (count == 0 || jobs), "grouped_gemm_nt", "jobs", "an array of count jobs", count);
+  double flops = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    check_nt(jobs[i]);
+    flops += 2.0 * double(jobs[i].M) * double(jobs[i].N) * double(jobs[i].w[0].K + jobs[i].w[1].K);
+  }
+  trace::OpScope scope("gemm_nt");
+  scope.flops(flops).kernel(cpu::force_ref() ? "ref" : count ? thin_kernel(layout_for(jobs[0].a.dtype, jobs[0].w_dtype)).name : "none");
+  if (scope.active()) scope.args("jobs=" + std::to_string(count));
+  if (cpu::force_ref()) {
+    for (int64_t i = 0; i < count; ++i)
+      if (jobs[i].M > 0 && jobs[i].N > 0) nt_reference(jobs[i]);
+    return;
+  }
+  thread_local std::vector<int64_t> first_tl;
+  std::vector<int64_t>& first = first_tl;  // first unit of each job (workers read the caller's)
+  first.assign(size_t(count) + 1, 0);
+  for (int64_t i = 0; i < count; ++i)
+    first[size_t(i) + 1] = first[size_t(i)] + (jobs[i].M > 0 ? (panels_of(jobs[i].N) + kPB - 1) / kPB : 0);
+  parallel_for_dynamic(first.back(), 1, [&](int64_t b, int64_t e) {
+    for (int64_t u = b; u < e; ++u) {
+      int64_t i = int64_t(std::upper_bound(first.begin(), first.end(), u) - first.begin()) - 1;
+      nt_unit(jobs[i], u - first[size_t(i)]);
+    }
+  });
+}
+
+void grouped_gemm_tn(const TnJob* jobs, int64_t count) {
+  OT_CHECK(count >= 0 && (count == 0 || jobs), "grouped_gemm_tn", "jobs", "an array of count jobs", count);
+  double flops = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    check_tn(jobs[i]);
+    flops += 2.0 * double(jobs[i].M) * double(jobs[i].N) * double(jobs[i].K);
+  }
+  trace::OpScope scope("gemm_tn");
+  scope.flops(flops).kernel(cpu::force_ref() ? "ref" : count ? thin_kernel(layout_for(jobs[0].a_dtype, jobs[0].b_dtype)).name : "none");
+  if (scope.active()) scope.args("jobs=" + std::to_string(count));
+  if (cpu::force_ref()) {
+    for (int64_t i = 0; i < count; ++i)
+      if (jobs[i].M > 0 && jobs[i].N > 0) tn_reference(jobs[i]);
+    return;
+  }
+  thread_local std::vector<TnPlan> plans_tl;
+  thread_local std::vector<int64_t> first_tl;
+  thread_local Buf packed_tl;
+  std::vector<TnPlan>& plans = plans_tl;
+  std::vector<int64_t>& first = first_tl;
+  plans.assign(size_t(count), {});
+  first.assign(size_t(count) + 1, 0);
+  size_t bytes = 64;
+  for (int64_t i = 0; i < count; ++i) {
+    const TnJob& j = jobs[i];
+    TnPlan& pl = plans[size_t(i)];
+    pl.l = layout_for(j.a_dtype, j.b_dtype);
+    pl.Kp = pad_pairs(pl.l, j.K);
+    pl.np = panels_of(j.N);
+    const bool live = j.M > 0 && j.N > 0;
+    pl.nmb = live ? (j.M + kMB - 1) / kMB : 0;
+    pl.nub = (pl.np + kPB - 1) / kPB;
+    const size_t elt = layout_elt(pl.l), kp = size_t(pl.Kp);
+    pl.a_off = bytes;
+    if (live) bytes += (size_t(j.M) * kp * elt + 63) / 64 * 64;
+    pl.b_off = bytes;
+    if (live) bytes += size_t(pl.np) * kp * kNR * elt;
+    first[size_t(i) + 1] = first[size_t(i)] + pl.nmb * pl.nub;
+  }
+  char* base = packed_tl.get(bytes);
+  parallel_for_dynamic(count, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const TnJob& j = jobs[i];
+      const TnPlan& pl = plans[size_t(i)];
+      if (pl.nmb == 0) continue;
+      pack_at(j, pl, base + pl.a_off);
+      Panels g;
+      g.layout = pl.l;
+      g.K = j.K;
+      g.Kp = pl.Kp;
+      g.N = j.N;
+      g.npanels = pl.np;
+      pack_b(j.b, j.b_dtype, j.ldb, 1, g, base + pl.b_off, 0, pl.np);
+    }
+  });
+  parallel_for_dynamic(first.back(), 1, [&](int64_t b, int64_t e) {
+    for (int64_t u = b; u < e; ++u) {
+      int64_t i = int64_t(std::upper_bound(first.begin(), first.end(), u) - first.begin()) - 1;
+      tn_unit(jobs[i], plans[size_t(i)], base, u - first[size_t(i)]);
+    }
+    if (cpu::has(cpu::Isa::avx512)) store_fence_avx512();
+  });
+}
+
+}  // namespace ot::gemm

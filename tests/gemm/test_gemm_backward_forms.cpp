@@ -1,0 +1,194 @@
+// grouped_gemm_nt / grouped_gemm_tn (the backward forms) against the engine's fp64 reference
+// (ref::matmul on transposed views), on every ISA level this machine has, over thin/odd shapes,
+// gathered rows, two K segments, padded strides, accumulate, many jobs at once, and bad inputs.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "gemm_test_util.h"
+#include "ot/error.h"
+#include "ot/parallel.h"
+
+namespace ot::gemm::testing {
+namespace {
+
+// Row-major fp32 matrix with row stride ld (columns beyond `cols` hold NaN: must never be read).
+struct Mat {
+  Tensor t;
+  int64_t rows, cols, ld;
+  Mat(DType dt, int64_t r, int64_t c, int64_t pad, uint32_t seed) : rows(r), cols(c), ld(c + pad) {
+    t = random_tensor(dt, {std::max<int64_t>(r, 1), ld}, seed);
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = c; j < ld; ++j) set_from_double(t, i * ld + j, NAN);
+  }
+  MatView view(int64_t c0 = 0, int64_t nc = -1) const {
+    return {static_cast<const char*>(t.view().data) + c0 * int64_t(dtype_size(t.dtype())), t.dtype(), rows, nc < 0 ? cols : nc, ld, 1};
+  }
+  const void* data() const { return t.view().data; }
+};
+
+double err(const Tensor& fast, const Tensor& ref) { return norm_err(fast, ref); }
+constexpr double kTol = 1e-4;  // exact products (inputs are exact in the kernel dtype), fp32 sums
+
+struct NtCase {
+  int64_t M, N, K0, K1;
+  DType a = DType::bf16, w = DType::bf16;
+  bool gather = false, acc = false;
+};
+
+void run_nt(const NtCase& cs, cpu::Isa isa, uint32_t seed) {
+  cpu::ScopedMaxIsa cap(isa);
+  const int64_t K = cs.K0 + cs.K1, ldc = cs.N + 3;
+  const int64_t src_rows = cs.gather ? cs.M + 5 : cs.M;
+  Mat a(cs.a, src_rows, K, 2, seed), w0(cs.w, cs.N, cs.K0, 1, seed + 1), w1(cs.w, cs.N, cs.K1, 3, seed + 2);
+  std::vector<int32_t> rows(size_t(cs.M));
+  for (int64_t i = 0; i < cs.M; ++i) rows[size_t(i)] = int32_t((i * 7 + 3) % src_rows);
+  Tensor c0 = random_tensor(DType::f32, {std::max<int64_t>(cs.M, 1), ldc}, seed + 3);
+  Tensor fast = Tensor::copy_of(c0), want = Tensor::copy_of(c0);
+  NtJob j;
+  j.M = cs.M;
+  j.N = cs.N;
+  j.a = {a.data(), cs.a, a.ld, cs.gather ? rows.data() : nullptr};
+  j.w_dtype = cs.w;
+  j.w[0] = {w0.data(), cs.K0, w0.ld};
+  j.w[1] = {w1.data(), cs.K1, w1.ld};
+  j.c = fast.ptr<float>();
+  j.ldc = ldc;
+  j.accumulate = cs.acc;
+  grouped_gemm_nt(&j, 1);
+  // Reference: gathered A copy, then A0 W0^T (+ A1 W1^T).
+  Tensor ag = Tensor::empty(cs.a, {std::max<int64_t>(cs.M, 1), a.ld});
+  for (int64_t i = 0; i < cs.M; ++i)
+    std::memcpy(static_cast<char*>(ag.view().data) + i * a.ld * int64_t(dtype_size(cs.a)),
+                static_cast<const char*>(a.data()) + (cs.gather ? rows[size_t(i)] : i) * a.ld * int64_t(dtype_size(cs.a)), size_t(a.ld) * dtype_size(cs.a));
+  auto asub = [&](int64_t c, int64_t n) {
+    return MatView{static_cast<const char*>(ag.view().data) + c * int64_t(dtype_size(cs.a)), cs.a, cs.M, n, a.ld, 1};
+  };
+  MutMatView cw{want.view().data, DType::f32, cs.M, cs.N, ldc, 1};
+  ref::matmul(asub(0, cs.K0), w0.view().t(), cw, 1.f, cs.acc ? 1.f : 0.f);
+  if (cs.K1 > 0) ref::matmul(asub(cs.K0, cs.K1), w1.view().t(), cw, 1.f, 1.f);
+  EXPECT_LE(err(fast, want), kTol) << "isa " << isa_str(isa) << " M" << cs.M << " N" << cs.N << " K" << cs.K0 << "+" << cs.K1 << " a "
+                                   << dtype_name(cs.a) << " w " << dtype_name(cs.w) << " gather " << cs.gather << " acc " << cs.acc;
+}
+
+TEST(GemmNt, MatchesReferenceAcrossIsaAndShapes) {
+  uint32_t seed = 1;
+  for (cpu::Isa isa : isa_paths())
+    for (auto dt : {std::pair{DType::bf16, DType::bf16}, std::pair{DType::f32, DType::f32}, std::pair{DType::f16, DType::bf16},
+                    std::pair{DType::f32, DType::bf16}})
+      for (NtCase cs : {NtCase{1, 97, 130, 0}, NtCase{9, 48, 64, 64}, NtCase{33, 200, 31, 0}, NtCase{17, 47, 2, 3}, NtCase{130, 96, 66, 34},
+                        NtCase{8, 1, 1, 0}, NtCase{5, 50, 0, 0}, NtCase{0, 10, 4, 0}, NtCase{7, 100, 7, 9}})
+        for (bool gather : {false, true})
+          for (bool acc : {false, true}) {
+            cs.a = dt.first;
+            cs.w = dt.second;
+            cs.gather = gather;
+            cs.acc = acc;
+            run_nt(cs, isa, seed++);
+          }
+}
+
+struct TnCase {
+  int64_t K, M, N;
+  DType a = DType::bf16, b = DType::bf16;
+  bool acc = false;
+  int64_t ldc_pad = 0;
+};
+
+void fill_tn(const TnCase& cs, uint32_t seed, Mat& a, Mat& b, Tensor& fast, Tensor& want, TnJob& j) {
+  a = Mat(cs.a, cs.K, cs.M, 3, seed);
+  b = Mat(cs.b, cs.K, cs.N, 1, seed + 1);
+  const int64_t ldc = cs.N + cs.ldc_pad;
+  Tensor c0 = random_tensor(DType::f32, {std::max<int64_t>(cs.M, 1), ldc}, seed + 2);
+  fast = Tensor::copy_of(c0);
+  want = Tensor::copy_of(c0);
+  j = TnJob{cs.K, cs.M, cs.N, a.data(), b.data(), cs.a, cs.b, a.ld, b.ld, fast.ptr<float>(), ldc, cs.acc};
+  ref::matmul(a.view().t(), b.view(), MutMatView{want.view().data, DType::f32, cs.M, cs.N, ldc, 1}, 1.f, cs.acc ? 1.f : 0.f);
+}
+
+TEST(GemmTn, MatchesReferenceAcrossIsaAndShapes) {
+  uint32_t seed = 100;
+  for (cpu::Isa isa : isa_paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (auto dt : {std::pair{DType::bf16, DType::bf16}, std::pair{DType::f32, DType::f32}, std::pair{DType::f16, DType::f32},
+                    std::pair{DType::bf16, DType::f32}})
+      for (TnCase cs : {TnCase{1, 130, 97}, TnCase{2, 7, 48}, TnCase{3, 200, 200}, TnCase{17, 64, 96}, TnCase{64, 9, 1}, TnCase{400, 33, 50},
+                        TnCase{0, 10, 20}, TnCase{5, 0, 4}})
+        for (bool acc : {false, true})
+          for (int64_t pad : {0, 5}) {
+            cs.a = dt.first;
+            cs.b = dt.second;
+            cs.acc = acc;
+            cs.ldc_pad = pad;
+            Mat a(cs.a, 1, 1, 0, 0), b(cs.b, 1, 1, 0, 0);
+            Tensor fast, want;
+            TnJob j;
+            fill_tn(cs, seed, a, b, fast, want, j);
+            seed += 3;
+            grouped_gemm_tn(&j, 1);
+            EXPECT_LE(err(fast, want), kTol) << "isa " << isa_str(isa) << " K" << cs.K << " M" << cs.M << " N" << cs.N << " "
+                                             << dtype_name(cs.a) << "/" << dtype_name(cs.b) << " acc " << acc << " pad " << pad;
+          }
+  }
+}
+
+// Many jobs of different shapes in one call (dynamic units over jobs, both threads), also from
+// inside a parallel region (runs on the calling thread).
+TEST(GemmTn, GroupedJobsAndNestedCalls) {
+  std::vector<TnCase> cases = {{1, 300, 200, DType::bf16, DType::bf16, false, 0}, {33, 129, 97, DType::bf16, DType::bf16, true, 0},
+                               {0, 50, 60, DType::bf16, DType::bf16, false, 0},   {7, 256, 300, DType::bf16, DType::bf16, false, 16},
+                               {2, 1, 1, DType::bf16, DType::bf16, true, 0}};
+  std::vector<Mat> as, bs;
+  std::vector<Tensor> fast(cases.size()), want(cases.size());
+  std::vector<TnJob> jobs(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    as.emplace_back(DType::bf16, 1, 1, 0, 0);
+    bs.emplace_back(DType::bf16, 1, 1, 0, 0);
+  }
+  for (size_t i = 0; i < cases.size(); ++i) fill_tn(cases[i], uint32_t(500 + 7 * i), as[i], bs[i], fast[i], want[i], jobs[i]);
+  grouped_gemm_tn(jobs.data(), int64_t(jobs.size()));
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_LE(err(fast[i], want[i]), kTol) << "job " << i;
+  for (size_t i = 0; i < cases.size(); ++i) fill_tn(cases[i], uint32_t(900 + 7 * i), as[i], bs[i], fast[i], want[i], jobs[i]);
+  parallel_for(int64_t(jobs.size()), [&](int64_t b, int64_t e) { grouped_gemm_tn(jobs.data() + b, e - b); });
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_LE(err(fast[i], want[i]), kTol) << "nested job " << i;
+}
+
+TEST(GemmBackwardForms, ForceRefAgrees) {
+  cpu::ScopedForceRef fr(true);
+  run_nt({9, 50, 6, 4, DType::bf16, DType::bf16, true, true}, cpu::detected_isa(), 77);
+  Mat a(DType::bf16, 1, 1, 0, 0), b(DType::bf16, 1, 1, 0, 0);
+  Tensor fast, want;
+  TnJob j;
+  fill_tn({5, 20, 30, DType::bf16, DType::bf16, true, 0}, 88, a, b, fast, want, j);
+  grouped_gemm_tn(&j, 1);
+  EXPECT_LE(err(fast, want), kTol);
+}
+
+TEST(GemmBackwardForms, BadInputsThrowBeforeWriting) {
+  float c[4] = {1, 2, 3, 4};
+  float a[4] = {0, 0, 0, 0};
+  TnJob t{2, 2, 2, a, a, DType::f32, DType::f32, 1, 2, c, 2, false};  // lda < M
+  EXPECT_THROW(grouped_gemm_tn(&t, 1), Error);
+  t.lda = 2;
+  t.ldc = 1;  // ldc < N
+  EXPECT_THROW(grouped_gemm_tn(&t, 1), Error);
+  t.ldc = 2;
+  t.a_dtype = DType::i32;
+  EXPECT_THROW(grouped_gemm_tn(&t, 1), Error);
+  NtJob n;
+  n.M = 2;
+  n.N = 2;
+  n.a = {a, DType::f32, 1, nullptr};  // ld < K
+  n.w[0] = {a, 2, 2};
+  n.c = c;
+  n.ldc = 2;
+  EXPECT_THROW(grouped_gemm_nt(&n, 1), Error);
+  n.a.ld = 2;
+  n.c = nullptr;
+  EXPECT_THROW(grouped_gemm_nt(&n, 1), Error);
+  EXPECT_EQ(c[0], 1.f);
+  EXPECT_EQ(c[3], 4.f);
+}
+
+}  // namespace
+}  // namespace ot::gemm::testing
