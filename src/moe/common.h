@@ -54,6 +54,7 @@ inline float load1(const TensorView& v, int64_t i) {
     case DType::i32: return float(v.ptr<int32_t>()[i]);
     case DType::i64: return float(v.ptr<int64_t>()[i]);
     case DType::u8: return float(v.ptr<uint8_t>()[i]);
+    case DType::i8: return float(v.ptr<int8_t>()[i]);
   }
   return 0;
 }
