@@ -9,6 +9,7 @@
 #include "ot/error.h"
 #include "ot/gdn.h"
 #include "ot/gemm.h"
+#include "ot/output_pool.h"
 #include "ot/tensor.h"
 #include "ot/workspace.h"
 
@@ -49,10 +50,7 @@ Tok tok_scal(const TensorView& x, Layout l, const char* op, const char* arg);
 // A contiguous output shaped like a token tensor in layout l.
 Tensor new_vec(Layout l, bool packed, DType dt, int64_t B, int64_t T, int64_t H, int64_t D, bool zero = false);
 Tensor new_scal(Layout l, bool packed, DType dt, int64_t B, int64_t T, int64_t H);
-// Tensor::empty for outputs, reusing a large buffer of an earlier call when nothing else holds it.
-Tensor pooled_empty(DType dt, const std::vector<int64_t>& shape);
-// Asks for transparent huge pages on the whole 2 MiB pages of a large fresh output.
-void advise_huge_pages(const Tensor& t);
+using ::ot::pooled_empty;  // ot/output_pool.h
 
 // Shape checks naming the argument.
 void expect_bt(const Tok& x, int64_t B, int64_t T, const char* op, const char* arg);

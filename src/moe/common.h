@@ -9,6 +9,7 @@
 
 #include "ot/error.h"
 #include "ot/numeric.h"
+#include "ot/output_pool.h"
 #include "ot/tensor.h"
 
 namespace ot::moe::impl {

@@ -42,7 +42,7 @@ InitV1Plan plan_init_v1(const TensorView& x, const TensorView& row_idx, const Te
 
 InitRoutingResult alloc_init_v1(const InitV1Plan& p) {
   InitRoutingResult r;
-  r.expanded_x = Tensor::empty(p.x.dtype, {p.active_tokens * p.K, p.H});
+  r.expanded_x = pooled_empty(p.x.dtype, {p.active_tokens * p.K, p.H});
   r.expanded_row_idx = Tensor::empty(DType::i32, {p.N * p.K});
   r.expanded_expert_idx = Tensor::empty(DType::i32, {p.N * p.K});
   return r;
@@ -190,7 +190,7 @@ InitRoutingV2Result init_v2_fast(const InitV2Plan& p) {
     out_rows = p.o.active_num > 0 ? std::min(p.o.active_num, r.available) : r.available;
     r.dropped = r.available - out_rows;
     for (int64_t i = 0; i < out_rows; ++i) dst[size_t(i)] = int32_t(i);
-    r.expanded_x = Tensor::empty(xt, {out_rows, p.H});
+    r.expanded_x = pooled_empty(xt, {out_rows, p.H});
     if (want_scale) r.expanded_scale = Tensor::empty(DType::f32, {out_rows});
     if (p.o.expert_tokens_num_type == 2) {
       r.expert_tokens = Tensor::zeros(DType::i64, {p.E, 2});

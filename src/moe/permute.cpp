@@ -153,7 +153,7 @@ static ReRoutingResult re_routing_run(const TensorView& tokens_in, const TensorV
   if (ref) return re_routing_ref(tokens, cnt, R, El, scales);
   ReRoutingResult r;
   int64_t H = tokens.size(1);
-  r.permute_tokens = Tensor::empty(tokens.dtype, {A, H});
+  r.permute_tokens = pooled_empty(tokens.dtype, {A, H});
   r.permute_token_idx = Tensor::empty(DType::i32, {A});
   r.expert_token_num = Tensor::zeros(DType::i64, {El});
   if (scales.defined()) r.permute_per_token_scales = Tensor::empty(DType::f32, {A});
@@ -190,7 +190,7 @@ static TokenPermuteResult permute_run(const TensorView& tokens, const TensorView
   trace::OpScope scope("moe_token_permute");
   scope.kernel(ref ? "ref" : "counting_sort").args(tokens.shape_str()).bytes(double(p.rows) * double(p.H * int64_t(dtype_size(tokens.dtype))) * 2);
   TokenPermuteResult r;
-  r.permuted_tokens = Tensor::empty(tokens.dtype, {p.rows, p.H});
+  r.permuted_tokens = pooled_empty(tokens.dtype, {p.rows, p.H});
   r.sorted_indices = Tensor::empty(DType::i32, {padded ? p.rows : p.T * p.K});
   if (ref) permute_ref(p, r); else permute_fast(p, r);
   return r;
@@ -200,7 +200,7 @@ static Tensor unpermute_run(const TensorView& permuted, const TensorView& sorted
   UnpermutePlan p = plan_unpermute(permuted, sorted, probs, padded, restore);
   trace::OpScope scope("moe_token_unpermute");
   scope.kernel(ref ? "ref" : "fp32_rows").args(permuted.shape_str()).bytes(double(permuted.nbytes()) + double(p.T * p.H) * double(dtype_size(permuted.dtype)));
-  Tensor out = Tensor::empty(permuted.dtype, {p.T, p.H});
+  Tensor out = pooled_empty(permuted.dtype, {p.T, p.H});
   if (ref) unpermute_ref(p, out); else unpermute_fast(p, out);
   return out;
 }
