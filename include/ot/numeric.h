@@ -32,5 +32,8 @@ float round_to(DType t, float x);
 // Bulk conversions between float dtypes (f32, bf16, f16), vectorised where the ISA allows.
 void convert_to_f32(const void* src, DType src_dtype, float* dst, int64_t n);
 void convert_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n);
+// acc[i] += w * src[i] for a float-dtype row: the weighted combine of routing outputs, converted in
+// registers (no fp32 copy of the row).
+void accumulate_f32(const void* src, DType src_dtype, float w, float* acc, int64_t n);
 
 }  // namespace ot

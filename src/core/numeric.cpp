@@ -9,6 +9,7 @@ namespace ot {
 namespace detail {
 void convert_to_f32_avx512(const uint16_t* s, bool bf16, float* d, int64_t n);
 void convert_from_f32_avx512(const float* s, uint16_t* d, bool bf16, int64_t n);
+void accumulate_f32_avx512(const void* s, DType t, float w, float* acc, int64_t n);
 }  // namespace detail
 
 float f16_to_f32(uint16_t h) {
@@ -56,6 +57,17 @@ float round_to(DType t, float x) {
     case DType::bf16: return bf16_to_f32(f32_to_bf16(x));
     case DType::f16: return f16_to_f32(f32_to_f16(x));
     default: return x;
+  }
+}
+
+void accumulate_f32(const void* src, DType t, float w, float* acc, int64_t n) {
+  if (n >= 16 && cpu::has(cpu::Isa::avx512)) return detail::accumulate_f32_avx512(src, t, w, acc, n);
+  if (t == DType::f32) {
+    auto* s = static_cast<const float*>(src);
+    for (int64_t i = 0; i < n; ++i) acc[i] += w * s[i];
+  } else {
+    auto* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) acc[i] += w * (t == DType::bf16 ? bf16_to_f32(s[i]) : f16_to_f32(s[i]));
   }
 }
 

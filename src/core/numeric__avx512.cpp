@@ -32,4 +32,20 @@ void convert_from_f32_avx512(const float* s, uint16_t* d, bool bf16, int64_t n) 
   }
 }
 
+void accumulate_f32_avx512(const void* src, DType t, float w, float* acc, int64_t n) {
+  const __m512 vw = _mm512_set1_ps(w);
+  auto load = [&](int64_t i, __mmask16 m) {
+    if (t == DType::f32) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(src) + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(src) + i);
+    return t == DType::bf16 ? simd::bf16x16_to_f32(h) : simd::f16x16_to_f32(h);
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(vw, load(i, 0xffff), _mm512_loadu_ps(acc + i)));
+  if (i < n) {
+    __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(acc + i, m, _mm512_fmadd_ps(vw, load(i, m), _mm512_maskz_loadu_ps(m, acc + i)));
+  }
+}
+
 }  // namespace ot::detail

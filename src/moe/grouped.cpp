@@ -156,23 +156,18 @@ static void finalize_fast(const FinalizePlan& p, const TensorView& out) {
   const int32_t* idx = p.idx.ptr<int32_t>();
   bool col = p.mode <= 1;
   parallel_for(p.N, [&](int64_t n0, int64_t n1) {
-    std::vector<float> acc(static_cast<size_t>(p.H)), row(static_cast<size_t>(p.H)), b(static_cast<size_t>(p.H));
+    std::vector<float> acc(static_cast<size_t>(p.H));
     for (int64_t n = n0; n < n1; ++n) {
       std::fill(acc.begin(), acc.end(), 0.f);
       for (const TensorView* s : {&p.x1, &p.x2})
-        if (s->defined()) {
-          load_f32(*s, n * p.H, row.data(), p.H);
-          for (int64_t h = 0; h < p.H; ++h) acc[size_t(h)] += row[size_t(h)];
-        }
+        if (s->defined()) accumulate_f32(row_ptr(*s, n, p.H), s->dtype, 1.f, acc.data(), p.H);
       for (int64_t k = 0; k < p.K; ++k) {
         int32_t d = idx[col ? k * p.N + n : n * p.K + k];
         float w = p.scales.defined() ? load1(p.scales, n * p.K + k) : 1.f;
-        if (d >= 0) load_f32(p.ex, d * p.H, row.data(), p.H); else std::fill(row.begin(), row.end(), 0.f);
-        if (p.bias.defined()) {
-          load_f32(p.bias, int64_t(p.expert_idx.ptr<int32_t>()[n * p.K + k]) * p.H, b.data(), p.H);
-          for (int64_t h = 0; h < p.H; ++h) row[size_t(h)] += b[size_t(h)];
-        }
-        for (int64_t h = 0; h < p.H; ++h) acc[size_t(h)] += w * row[size_t(h)];
+        // w * (row + bias) as two weighted accumulations; a dropped row (d < 0) still adds w * bias.
+        if (d >= 0) accumulate_f32(row_ptr(p.ex, d, p.H), p.ex.dtype, w, acc.data(), p.H);
+        if (p.bias.defined())
+          accumulate_f32(row_ptr(p.bias, p.expert_idx.ptr<int32_t>()[n * p.K + k], p.H), p.bias.dtype, w, acc.data(), p.H);
       }
       store_f32(out, n * p.H, acc.data(), p.H);
     }

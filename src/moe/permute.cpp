@@ -104,15 +104,14 @@ void unpermute_fast(const UnpermutePlan& p, const TensorView& out) {
     return;
   }
   parallel_for(p.T, [&](int64_t t0, int64_t t1) {
-    std::vector<float> acc(static_cast<size_t>(p.H)), row(static_cast<size_t>(p.H));
+    std::vector<float> acc(static_cast<size_t>(p.H));
     for (int64_t t = t0; t < t1; ++t) {
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t k = 0; k < p.K; ++k) {
         int64_t d = idx[t * p.K + k];
         float w = p.probs.defined() ? load1(p.probs, t * p.K + k) : 1.f;
         if (d < 0 || d >= p.P || w == 0.f) continue;
-        load_f32(p.permuted, d * p.H, row.data(), p.H);
-        for (int64_t h = 0; h < p.H; ++h) acc[size_t(h)] += w * row[size_t(h)];
+        accumulate_f32(row_ptr(p.permuted, d, p.H), p.permuted.dtype, w, acc.data(), p.H);
       }
       store_f32(out, t * p.H, acc.data(), p.H);
     }
