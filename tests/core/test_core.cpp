@@ -41,6 +41,24 @@ TEST(Numeric, Fp16RoundTripAndRounding) {
   }
 }
 
+TEST(Numeric, AccumulateMatchesScalarAtEveryLengthAndIsa) {
+  // acc += w * src for f32/bf16/f16 rows; lengths straddle the 16-lane vector and its masked tail.
+  for (cpu::Isa isa : {cpu::Isa::scalar, cpu::Isa::avx512}) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (DType t : {DType::f32, DType::bf16, DType::f16})
+      for (int64_t n : {0, 1, 15, 16, 17, 33, 2048}) {
+        std::vector<float> x(size_t(n) + 1), acc(size_t(n) + 1, 0.5f);
+        for (int64_t i = 0; i <= n; ++i) x[size_t(i)] = round_to(t, 0.25f * float(i % 13) - 1.f);
+        std::vector<uint16_t> h(size_t(n) + 1);
+        if (t != DType::f32) convert_from_f32(x.data(), h.data(), t, n + 1);
+        const void* src = t == DType::f32 ? static_cast<const void*>(x.data()) : h.data();
+        accumulate_f32(src, t, 3.f, acc.data(), n);
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(acc[size_t(i)], 0.5f + 3.f * x[size_t(i)]) << n << " " << i;
+        EXPECT_EQ(acc[size_t(n)], 0.5f) << "wrote past n = " << n;
+      }
+  }
+}
+
 TEST(Tensor, ViewsAndCopies) {
   Tensor t = Tensor::zeros(DType::f32, {3, 4});
   EXPECT_TRUE(t.view().is_contiguous());
