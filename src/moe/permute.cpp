@@ -105,9 +105,14 @@ void unpermute_fast(const UnpermutePlan& p, const TensorView& out) {
   }
   parallel_for(p.T, [&](int64_t t0, int64_t t1) {
     std::vector<float> acc(static_cast<size_t>(p.H));
+    const size_t rb = size_t(p.H) * dtype_size(p.permuted.dtype);
     for (int64_t t = t0; t < t1; ++t) {
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t k = 0; k < p.K; ++k) {
+        if (t * p.K + k + 1 < t1 * p.K) {
+          int64_t nd = idx[t * p.K + k + 1];
+          if (nd >= 0 && nd < p.P) prefetch_row(row_ptr(p.permuted, nd, p.H), rb);
+        }
         int64_t d = idx[t * p.K + k];
         float w = p.probs.defined() ? load1(p.probs, t * p.K + k) : 1.f;
         if (d < 0 || d >= p.P || w == 0.f) continue;
