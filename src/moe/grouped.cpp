@@ -162,6 +162,10 @@ static void finalize_fast(const FinalizePlan& p, const TensorView& out) {
       for (const TensorView* s : {&p.x1, &p.x2})
         if (s->defined()) accumulate_f32(row_ptr(*s, n, p.H), s->dtype, 1.f, acc.data(), p.H);
       for (int64_t k = 0; k < p.K; ++k) {
+        if (k + 1 < p.K) {  // the next gathered row, while this one is summed
+          int32_t nd = idx[col ? (k + 1) * p.N + n : n * p.K + k + 1];
+          if (nd >= 0) prefetch_row(row_ptr(p.ex, nd, p.H), size_t(p.H) * dtype_size(p.ex.dtype));
+        }
         int32_t d = idx[col ? k * p.N + n : n * p.K + k];
         float w = p.scales.defined() ? load1(p.scales, n * p.K + k) : 1.f;
         // w * (row + bias) as two weighted accumulations; a dropped row (d < 0) still adds w * bias.
