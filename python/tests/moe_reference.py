@@ -1,6 +1,7 @@
 """Plain-PyTorch twins for the MoE tests: the HF-style loop over experts and per-op references
 written from specs/moe_ops.md."""
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 
@@ -36,3 +37,17 @@ def stable_sort_ids(expert_idx):
     flat = expert_idx.reshape(-1).long()
     perm = torch.sort(flat, stable=True).indices
     return flat[perm], perm
+
+
+# Expert modules as the HF checkpoints name their Linear layers (Qwen3-MoE and Mixtral).
+class QwenExpert(nn.Module):
+    def __init__(self, H, I):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(H, I, bias=False), nn.Linear(H, I, bias=False)
+        self.down_proj = nn.Linear(I, H, bias=False)
+
+
+class MixtralExpert(nn.Module):
+    def __init__(self, H, I):
+        super().__init__()
+        self.w1, self.w3, self.w2 = nn.Linear(H, I, bias=False), nn.Linear(H, I, bias=False), nn.Linear(I, H, bias=False)

@@ -3,12 +3,11 @@ import math
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import ops_transformer as ot
 from conftest import need, rel_err
-from moe_reference import expert_ffn, hf_moe, stable_sort_ids
+from moe_reference import MixtralExpert, QwenExpert, expert_ffn, hf_moe, stable_sort_ids
 
 moe = ot.moe
 i32 = torch.int32
@@ -326,19 +325,6 @@ def test_bad_inputs_raise_and_name_the_argument():
 
 
 # ---- modules ------------------------------------------------------------------------------------
-
-class QwenExpert(nn.Module):
-    def __init__(self, H, I):
-        super().__init__()
-        self.gate_proj, self.up_proj = nn.Linear(H, I, bias=False), nn.Linear(H, I, bias=False)
-        self.down_proj = nn.Linear(I, H, bias=False)
-
-
-class MixtralExpert(nn.Module):
-    def __init__(self, H, I):
-        super().__init__()
-        self.w1, self.w3, self.w2 = nn.Linear(H, I, bias=False), nn.Linear(H, I, bias=False), nn.Linear(I, H, bias=False)
-
 
 @need("moe_ffn")
 @pytest.mark.parametrize("kind", [QwenExpert, MixtralExpert])

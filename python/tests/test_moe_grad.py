@@ -5,11 +5,10 @@ import math
 
 import pytest
 import torch
-import torch.nn as nn
 
 import ops_transformer as ot
 from conftest import need, rel_err
-from moe_reference import hf_moe
+from moe_reference import MixtralExpert, QwenExpert, hf_moe
 
 moe = ot.moe
 i32 = torch.int32
@@ -132,19 +131,6 @@ def test_moe_ffn_bf16_realistic_grads():
 
 
 # ---- modules vs their plain-PyTorch twins ---------------------------------------------------------
-
-class QwenExpert(nn.Module):
-    def __init__(self, H, I):
-        super().__init__()
-        self.gate_proj, self.up_proj = nn.Linear(H, I, bias=False), nn.Linear(H, I, bias=False)
-        self.down_proj = nn.Linear(I, H, bias=False)
-
-
-class MixtralExpert(nn.Module):
-    def __init__(self, H, I):
-        super().__init__()
-        self.w1, self.w3, self.w2 = nn.Linear(H, I, bias=False), nn.Linear(H, I, bias=False), nn.Linear(I, H, bias=False)
-
 
 @need("moe_ffn_backward")
 @pytest.mark.parametrize("kind,cf", [(QwenExpert, None), (MixtralExpert, 1.0)])

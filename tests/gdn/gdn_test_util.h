@@ -78,6 +78,33 @@ inline Tensor cu_tensor(const std::vector<int64_t>& cu) {
   for (size_t i = 0; i < cu.size(); ++i) t.ptr<int64_t>()[i] = cu[i];
   return t;
 }
+// One chunk-forward case: inputs, options (final state on), optional cu_seqlens and a random
+// initial state. The Tensors the options view live here.
+struct ChunkCase {
+  Inputs in;
+  Tensor cu, S0;
+  gdn::ChunkOptions opt;
+};
+inline ChunkCase make_chunk_case(const Shape& s, DType dt, bool l2, float gmin, const std::vector<int64_t>& cu,
+                                 bool init, uint32_t seed) {
+  ChunkCase c;
+  c.in = make_inputs(s, dt, seed, gmin);
+  c.opt.layout = s.layout;
+  c.opt.use_qk_l2norm_in_kernel = l2;
+  c.opt.output_final_state = true;
+  const int64_t N = cu.empty() ? s.B : int64_t(cu.size()) - 1;
+  if (!cu.empty()) {
+    c.cu = cu_tensor(cu);
+    c.opt.cu_seqlens = c.cu;
+  }
+  if (init) {
+    std::mt19937 rng(seed + 7);
+    c.S0 = rand_tensor(rng, DType::f32, {N, s.HV, s.DK, s.DV}, -0.5f, 0.5f);
+    c.opt.initial_state = c.S0;
+  }
+  return c;
+}
+
 inline Tensor i32_tensor(const std::vector<int32_t>& x) {
   Tensor t = Tensor::empty(DType::i32, {int64_t(x.size())});
   for (size_t i = 0; i < x.size(); ++i) t.ptr<int32_t>()[i] = x[i];

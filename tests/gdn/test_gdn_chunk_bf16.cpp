@@ -26,22 +26,9 @@ struct Bf16Case {
 // rounding included), final state 0.5-3.1e-3 (operands rounded to bf16 every chunk). A wrong
 // term gives O(1) errors; the bounds sit ~3x above the measured values.
 void run_bf16(const Bf16Case& c, uint32_t seed) {
-  Inputs in = make_inputs(c.s, DType::bf16, seed, c.gmin);
-  gdn::ChunkOptions opt;
-  opt.layout = c.s.layout;
-  opt.use_qk_l2norm_in_kernel = c.l2;
-  opt.output_final_state = true;
-  Tensor cu, S0;
-  int64_t N = c.cu.empty() ? c.s.B : int64_t(c.cu.size()) - 1;
-  if (!c.cu.empty()) {
-    cu = cu_tensor(c.cu);
-    opt.cu_seqlens = cu;
-  }
-  if (c.init) {
-    std::mt19937 rng(seed + 7);
-    S0 = rand_tensor(rng, DType::f32, {N, c.s.HV, c.s.DK, c.s.DV}, -0.5f, 0.5f);
-    opt.initial_state = S0;
-  }
+  ChunkCase cc = make_chunk_case(c.s, DType::bf16, c.l2, c.gmin, c.cu, c.init, seed);
+  const Inputs& in = cc.in;
+  gdn::ChunkOptions& opt = cc.opt;  // switched to fp32 compute below
   gdn::ChunkFwd fast = gdn::chunk_gated_delta_rule_fwd(in.q, in.k, in.v, in.g, in.beta, opt);
   gdn::ChunkFwd ref = gdn::ref::recurrence(in.q, in.k, in.v, in.g, in.beta, opt);
   double eo = rel_err(fast.o, ref.o), es = rel_err(fast.final_state, ref.final_state);
