@@ -83,7 +83,7 @@ inline Tensor cu_tensor(const std::vector<int64_t>& cu) {
 struct ChunkCase {
   Inputs in;
   Tensor cu, S0;
-  gdn::ChunkOptions opt;
+  ot::gdn::ChunkOptions opt;
 };
 inline ChunkCase make_chunk_case(const Shape& s, DType dt, bool l2, float gmin, const std::vector<int64_t>& cu,
                                  bool init, uint32_t seed) {
