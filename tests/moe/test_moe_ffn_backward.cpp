@@ -182,6 +182,43 @@ TEST(MoeFfnBackward, FastMatchesReference) {
   fast_case({RouterKind::softmax_topk, 0, 4, 2, -1, 4, DType::f32, false});  // T = 0
 }
 
+TEST(MoeFfnBackward, CallerOwnedGradientBuffers) {
+  // Written in place (the result shares the caller's storage), or added to with accumulate; E 6 with
+  // 3 tokens x top-2 leaves some experts without rows, which accumulate must leave untouched.
+  Layer L(3, 16, 12, 6, 2, 0, DType::f32, 321);
+  MoeFfnOptions o;
+  o.k = 2;
+  auto fr = moe_ffn_forward_train(L.x, L.w(), o);
+  Tensor G = randn(DType::f32, {3, L.H}, 11);
+  auto fresh = moe_ffn_backward(G, L.x, L.w(), fr.saved, o);
+  auto filled = [](const Tensor& like, float v) {
+    Tensor t = Tensor::empty(DType::f32, like.shape());
+    for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = v;
+    return t;
+  };
+  auto plus = [](const Tensor& t, float v) {
+    std::vector<double> r = to_vec(t);
+    for (double& x : r) x += v;
+    return r;
+  };
+  for (bool acc : {false, true}) {
+    SCOPED_TRACE(acc ? "accumulate" : "overwrite");
+    MoeFfnBackwardOptions bo;
+    bo.d_gate_out = filled(fresh.d_gate, 0.5f);
+    bo.d_up_out = filled(fresh.d_up, 0.5f);
+    bo.d_down_out = filled(fresh.d_down, 0.5f);
+    bo.accumulate = acc;
+    auto g = moe_ffn_backward(G, L.x, L.w(), fr.saved, o, bo);
+    EXPECT_EQ(g.d_gate.ptr<float>(), bo.d_gate_out.ptr<float>());
+    EXPECT_EQ(g.d_down.ptr<float>(), bo.d_down_out.ptr<float>());
+    const float base = acc ? 0.5f : 0.f;
+    EXPECT_LT(rel_err(to_vec(bo.d_gate_out), plus(fresh.d_gate, base)), 1e-6);
+    EXPECT_LT(rel_err(to_vec(bo.d_up_out), plus(fresh.d_up, base)), 1e-6);
+    EXPECT_LT(rel_err(to_vec(bo.d_down_out), plus(fresh.d_down, base)), 1e-6);
+    EXPECT_LT(rel_err(g.dx, fresh.dx), 1e-6);
+  }
+}
+
 TEST(MoeFfnBackward, TrainingForwardMatchesMoeFfnReference) {
   for (DType dt : {DType::f32, DType::bf16}) {
     Layer L(19, 16, 12, 5, 2, 0, dt, 300);
