@@ -183,9 +183,9 @@ TEST(MoeFfnBackward, FastMatchesReference) {
 }
 
 TEST(MoeFfnBackward, CallerOwnedGradientBuffers) {
-  // Written in place (the result shares the caller's storage), or added to with accumulate; E 6 with
-  // 3 tokens x top-2 leaves some experts without rows, which accumulate must leave untouched.
-  Layer L(3, 16, 12, 6, 2, 0, DType::f32, 321);
+  // Written in place (the result shares the caller's storage), or added to with accumulate; E 8 with
+  // 3 tokens x top-2 (6 pairs) leaves at least two experts without rows, which must stay untouched.
+  Layer L(3, 16, 12, 8, 2, 0, DType::f32, 321);
   MoeFfnOptions o;
   o.k = 2;
   auto fr = moe_ffn_forward_train(L.x, L.w(), o);
