@@ -31,14 +31,6 @@ namespace {
 constexpr int64_t kMB = 128;  // TN rows per unit
 constexpr int64_t kPB = 4;    // panels per unit
 
-struct Buf {
-  AlignedPtr<char> p;
-  size_t cap = 0;
-  char* get(size_t bytes) {
-    if (bytes > cap) { p = make_aligned<char>(bytes); cap = bytes; }
-    return p.get();
-  }
-};
 struct Scratch { Buf panel, a, tile; };
 Scratch& scratch() {
   thread_local Scratch s;

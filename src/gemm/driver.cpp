@@ -19,15 +19,6 @@ namespace {
 
 constexpr int64_t kMC = 128;  // rows per unit (multiple of 8 and 32)
 
-// Per-thread scratch reused across calls (no allocation per call once warm).
-struct Buf {
-  AlignedPtr<char> p;
-  size_t cap = 0;
-  char* get(size_t bytes) {
-    if (bytes > cap) { p = make_aligned<char>(bytes); cap = bytes; }
-    return p.get();
-  }
-};
 struct Scratch {
   Buf a, c;
   const void* packed_job = nullptr;  // which (call, job, row block) the A buffer holds

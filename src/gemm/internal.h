@@ -13,8 +13,19 @@
 
 #include "ot/cpu.h"
 #include "ot/gemm.h"
+#include "ot/workspace.h"
 
 namespace ot::gemm::detail {
+
+// Grow-only scratch, kept per thread across calls (no allocation per call once warm).
+struct Buf {
+  AlignedPtr<char> p;
+  size_t cap = 0;
+  char* get(size_t bytes) {
+    if (bytes > cap) { p = make_aligned<char>(bytes); cap = bytes; }
+    return p.get();
+  }
+};
 
 inline constexpr int kNR = 48;
 
