@@ -19,6 +19,22 @@ def label(r):
     return f"{r['op']}: {r['name']}"
 
 
+def rows_axis(ax, names, xlabel):
+    """Horizontal bars: one labelled row per case, first case on top, vertical grid lines."""
+    ax.set_yticks(list(range(len(names))))
+    ax.set_yticklabels(names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print("wrote", path)
+
+
 def rate_chart(rows, key, unit, peak, peak_label, path):
     if not rows:
         return
@@ -33,19 +49,12 @@ def rate_chart(rows, key, unit, peak, peak_label, path):
     ax.barh([y + h / 2 for y in ys], ref, h, label="reference path", color="#bbbbbb")
     if peak > 0:
         ax.axvline(peak, color="#d62728", linestyle="--", label=f"{peak_label} {peak:.0f} {unit}")
-    ax.set_yticks(list(ys))
-    ax.set_yticklabels(names, fontsize=8)
-    ax.invert_yaxis()
+    rows_axis(ax, names, unit)
     positive = [v for v in fast + ref + [peak] if v > 0]
     if positive and max(positive) / min(positive) > 50:
         ax.set_xscale("log")
-    ax.set_xlabel(unit)
     ax.legend(fontsize=8, loc="lower right")
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print("wrote", path)
+    save(fig, path)
 
 
 def peak_chart(rows, path):
@@ -57,15 +66,8 @@ def peak_chart(rows, path):
     colors = ["#2ca02c" if "gbps" in r else "#1f77b4" for r in rows]
     ax.barh(list(ys), [100 * r["peak_fraction"] for r in rows], color=colors)
     ax.axvline(100, color="#d62728", linestyle="--")
-    ax.set_yticks(list(ys))
-    ax.set_yticklabels([label(r) for r in rows], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("% of machine peak (blue: matrix GFLOP/s, green: memory GB/s)")
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print("wrote", path)
+    rows_axis(ax, [label(r) for r in rows], "% of machine peak (blue: matrix GFLOP/s, green: memory GB/s)")
+    save(fig, path)
 
 
 def ep_chart(rows, path):
@@ -79,16 +81,9 @@ def ep_chart(rows, path):
     for ax, key, base, unit, scale in ((a1, "ms", "baseline_ms", "ms (slowest rank)", 1), (a2, "bytes_sent", "baseline_bytes_sent", "MB sent (all ranks)", 1e-6)):
         ax.barh([y - h / 2 for y in ys], [r.get(key, 0) * scale for r in rows], h, label="dedup dispatch + combine", color="#1f77b4")
         ax.barh([y + h / 2 for y in ys], [r.get(base, 0) * scale for r in rows], h, label="per-(token, expert) baseline", color="#bbbbbb")
-        ax.set_yticks(list(ys))
-        ax.set_yticklabels(names, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlabel(unit)
-        ax.grid(axis="x", alpha=0.3)
+        rows_axis(ax, names, unit)
     a1.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print("wrote", path)
+    save(fig, path)
 
 
 def main():

@@ -1,27 +1,12 @@
 // Gated DeltaNet backward ops (include/ot/gdn_bwd.h): the composition used by the autograd Function
 // of ops_transformer.gdn.chunk_gated_delta_rule, and the stages under their spec names.
 #include "bridge.h"
+#include "gdn_args.h"
 #include "ops.h"
 #include "ot/gdn_bwd.h"
 
 namespace ot::py {
-namespace {
-
-gdn::Common common(const char* op, c10::string_view layout, const OptTensor& cu_seqlens) {
-  gdn::Common c;
-  if (layout == "BTHD" || layout == "BSND" || layout == "TND") c.layout = gdn::Layout::BTHD;
-  else if (layout == "BHTD" || layout == "BNSD" || layout == "NTD") c.layout = gdn::Layout::BHTD;
-  else throw ot::Error(op, "layout", "\"BTHD\" (or BSND, TND) or \"BNSD\" (or BHTD, NTD)", std::string(layout));
-  c.cu_seqlens = view(cu_seqlens, op, "cu_seqlens");
-  return c;
-}
-
-std::optional<float> opt_float(const c10::optional<double>& d) {
-  if (!d) return std::nullopt;
-  return float(*d);
-}
-
-}  // namespace
+using namespace gdn_args;
 
 GdnChunkBwd chunk_gated_delta_rule_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g_cumsum,
                                        const Tensor& beta, const Tensor& dO, c10::optional<double> scale,
@@ -29,7 +14,7 @@ GdnChunkBwd chunk_gated_delta_rule_bwd(const Tensor& q, const Tensor& k, const T
                                        const OptTensor& A, const OptTensor& cu_seqlens, c10::string_view layout) {
   const char* op = "chunk_gated_delta_rule_bwd";
   gdn::ChunkBwdOptions o;
-  static_cast<gdn::Common&>(o) = common(op, layout, cu_seqlens);
+  set_common(o, op, layout, cu_seqlens);
   o.scale = opt_float(scale);
   o.initial_state = view(initial_state, op, "initial_state");
   o.dht = view(dht, op, "dht");

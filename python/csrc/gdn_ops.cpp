@@ -1,26 +1,32 @@
 // Gated DeltaNet ops (include/ot/gdn.h) with fla's argument names and order. Layout strings:
 // "BTHD" (fla, time-major, default) or "BNSD"/"BHTD" (head-major); head_first=True means BHTD.
 #include "bridge.h"
+#include "gdn_args.h"
 #include "ops.h"
 #include "ot/gdn.h"
 
 namespace ot::py {
+using namespace gdn_args;
 namespace {
 
-gdn::Layout layout_of(c10::string_view s, const char* op) {
-  if (s == "BTHD" || s == "BSND" || s == "TND") return gdn::Layout::BTHD;
-  if (s == "BHTD" || s == "BNSD" || s == "NTD") return gdn::Layout::BHTD;
-  throw ot::Error(op, "layout", "\"BTHD\" (or BSND, TND) or \"BNSD\" (or BHTD, NTD)", std::string(s));
+// The options both recurrent entry points share (fused gates A_log, dt_bias; sigmoid beta).
+gdn::RecurrentOptions recurrent_options(const char* op, c10::string_view layout, const OptTensor& cu_seqlens,
+                                        c10::optional<double> scale, bool use_qk_l2norm_in_kernel, const OptTensor& A_log,
+                                        const OptTensor& dt_bias, bool beta_sigmoid) {
+  gdn::RecurrentOptions o;
+  set_common(o, op, layout, cu_seqlens);
+  o.scale = opt_float(scale);
+  o.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel;
+  o.A_log = view(A_log, op, "A_log");
+  o.dt_bias = view(dt_bias, op, "dt_bias");
+  o.beta_sigmoid = beta_sigmoid;
+  return o;
 }
 
-std::optional<float> opt_float(const c10::optional<double>& d) {
-  if (!d) return std::nullopt;
-  return float(*d);
-}
-
-template <class O> void set_common(O& c, const char* op, c10::string_view layout, const OptTensor& cu_seqlens) {
-  c.layout = layout_of(layout, op);
-  c.cu_seqlens = view(cu_seqlens, op, "cu_seqlens");
+gdn::RecurrentOut run_recurrent(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& g,
+                                const OptTensor& beta, const gdn::RecurrentOptions& o) {
+  return gdn::recurrent_gated_delta_rule(view(q, op, "q"), view(k, op, "k"), view(v, op, "v"), view(g, op, "g"),
+                                         view(beta, op, "beta"), o);
 }
 
 }  // namespace
@@ -56,17 +62,10 @@ std::tuple<Tensor, OptTensor> fused_recurrent_gated_delta_rule(
     const OptTensor& initial_state, bool output_final_state, const OptTensor& cu_seqlens, bool use_qk_l2norm_in_kernel,
     const OptTensor& A_log, const OptTensor& dt_bias, bool beta_sigmoid, c10::string_view layout) {
   const char* op = "fused_recurrent_gated_delta_rule";
-  gdn::RecurrentOptions o;
-  set_common(o, op, layout, cu_seqlens);
-  o.scale = opt_float(scale);
-  o.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel;
+  gdn::RecurrentOptions o = recurrent_options(op, layout, cu_seqlens, scale, use_qk_l2norm_in_kernel, A_log, dt_bias, beta_sigmoid);
   o.initial_state = view(initial_state, op, "initial_state");
   o.output_final_state = output_final_state;
-  o.A_log = view(A_log, op, "A_log");
-  o.dt_bias = view(dt_bias, op, "dt_bias");
-  o.beta_sigmoid = beta_sigmoid;
-  auto r = gdn::recurrent_gated_delta_rule(view(q, op, "q"), view(k, op, "k"), view(v, op, "v"), view(g, op, "g"),
-                                           view(beta, op, "beta"), o);
+  auto r = run_recurrent(op, q, k, v, g, beta, o);
   return {wrap(r.o), wrap_opt(r.final_state)};
 }
 
@@ -75,19 +74,11 @@ Tensor recurrent_gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor
                                   const OptTensor& cu_seqlens, const OptTensor& num_accepted_tokens, bool use_qk_l2norm_in_kernel,
                                   const OptTensor& A_log, const OptTensor& dt_bias, bool beta_sigmoid, c10::string_view layout) {
   const char* op = "recurrent_gated_delta_rule";
-  gdn::RecurrentOptions o;
-  set_common(o, op, layout, cu_seqlens);
-  o.scale = opt_float(scale);
-  o.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel;
+  gdn::RecurrentOptions o = recurrent_options(op, layout, cu_seqlens, scale, use_qk_l2norm_in_kernel, A_log, dt_bias, beta_sigmoid);
   o.state_cache = view(state_cache, op, "state_cache");
   o.state_indices = view(state_indices, op, "state_indices");
   o.num_accepted_tokens = view(num_accepted_tokens, op, "num_accepted_tokens");
-  o.A_log = view(A_log, op, "A_log");
-  o.dt_bias = view(dt_bias, op, "dt_bias");
-  o.beta_sigmoid = beta_sigmoid;
-  auto r = gdn::recurrent_gated_delta_rule(view(q, op, "q"), view(k, op, "k"), view(v, op, "v"), view(g, op, "g"),
-                                           view(beta, op, "beta"), o);
-  return wrap(r.o);
+  return wrap(run_recurrent(op, q, k, v, g, beta, o).o);
 }
 
 // ---- stages ---------------------------------------------------------------------------------
@@ -115,22 +106,19 @@ Tensor l2norm_bwd(const Tensor& y, const Tensor& rstd, const Tensor& dy) {
 Tensor chunk_scaled_dot_kkt_fwd(const Tensor& k, const Tensor& g_cumsum, const Tensor& beta, const OptTensor& cu_seqlens,
                                 c10::string_view layout) {
   const char* op = "chunk_scaled_dot_kkt_fwd";
-  gdn::Common c;
-  set_common(c, op, layout, cu_seqlens);
+  const gdn::Common c = common(op, layout, cu_seqlens);
   return wrap(gdn::chunk_scaled_dot_kkt_fwd(view(k, op, "k"), view(g_cumsum, op, "g_cumsum"), view(beta, op, "beta"), c));
 }
 
 Tensor solve_tril(const Tensor& A, const OptTensor& cu_seqlens, c10::string_view layout) {
-  gdn::Common c;
-  set_common(c, "solve_tril", layout, cu_seqlens);
+  const gdn::Common c = common("solve_tril", layout, cu_seqlens);
   return wrap(gdn::solve_tril(view(A, "solve_tril", "A"), c));
 }
 
 std::tuple<Tensor, Tensor> recompute_w_u_fwd(const Tensor& k, const Tensor& v, const Tensor& beta, const Tensor& A,
                                              const Tensor& g_cumsum, const OptTensor& cu_seqlens, c10::string_view layout) {
   const char* op = "recompute_w_u_fwd";
-  gdn::Common c;
-  set_common(c, op, layout, cu_seqlens);
+  const gdn::Common c = common(op, layout, cu_seqlens);
   auto r = gdn::recompute_w_u_fwd(view(k, op, "k"), view(v, op, "v"), view(beta, op, "beta"), view(A, op, "A"),
                                   view(g_cumsum, op, "g_cumsum"), c);
   return {wrap(r.w), wrap(r.u)};
@@ -141,8 +129,7 @@ std::tuple<Tensor, Tensor, OptTensor> chunk_gated_delta_rule_fwd_h(const Tensor&
                                                                    bool output_final_state, const OptTensor& cu_seqlens,
                                                                    c10::string_view layout) {
   const char* op = "chunk_gated_delta_rule_fwd_h";
-  gdn::Common c;
-  set_common(c, op, layout, cu_seqlens);
+  const gdn::Common c = common(op, layout, cu_seqlens);
   auto r = gdn::chunk_gated_delta_rule_fwd_h(view(k, op, "k"), view(w, op, "w"), view(u, op, "u"), view(g, op, "g"),
                                              view(initial_state, op, "initial_state"), output_final_state, c);
   return {wrap(r.h), wrap(r.v_new), wrap_opt(r.final_state)};
@@ -151,8 +138,7 @@ std::tuple<Tensor, Tensor, OptTensor> chunk_gated_delta_rule_fwd_h(const Tensor&
 Tensor chunk_fwd_o(const Tensor& q, const Tensor& k, const Tensor& v_new, const Tensor& h, const Tensor& g,
                    c10::optional<double> scale, const OptTensor& cu_seqlens, c10::string_view layout) {
   const char* op = "chunk_fwd_o";
-  gdn::Common c;
-  set_common(c, op, layout, cu_seqlens);
+  const gdn::Common c = common(op, layout, cu_seqlens);
   return wrap(gdn::chunk_fwd_o(view(q, op, "q"), view(k, op, "k"), view(v_new, op, "v_new"), view(h, op, "h"),
                                view(g, op, "g"), opt_float(scale), c));
 }

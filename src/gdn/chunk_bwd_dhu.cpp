@@ -20,13 +20,9 @@ BwdDhu chunk_gated_delta_rule_bwd_dhu(const TensorView& q, const TensorView& k, 
   trace::OpScope scope(op);
   Tok qt = tok_vec(q, c.layout, op, "q"), kt = tok_vec(k, c.layout, op, "k"), wt = tok_vec(w, c.layout, op, "w");
   Tok Gt = tok_scal(g_cumsum, c.layout, op, "g_cumsum"), dOt = tok_vec(dO, c.layout, op, "dO"), dlt = tok_vec(dv_local, c.layout, op, "dv_local");
-  OT_CHECK(k.shape() == q.shape(), op, "k", ::ot::detail::cat("the shape of q ", q.shape_str()), k.shape_str());
+  expect_like_q(k, q, op);
   const int64_t HV = dOt.H, DK = qt.D, DV = dOt.D;
-  expect_groups(HV, qt.H, op);
-  for (auto [t, name] : {std::pair{&wt, "w"}, {&Gt, "g_cumsum"}, {&dOt, "dO"}, {&dlt, "dv_local"}}) {
-    expect_bt(*t, qt.B, qt.T, op, name);
-    expect_heads(*t, HV, op, name);
-  }
+  expect_value_heads({{&wt, "w"}, {&Gt, "g_cumsum"}, {&dOt, "dO"}, {&dlt, "dv_local"}}, qt.B, qt.T, HV, qt.H, op);
   expect_dim(wt, DK, op, "w");
   expect_dim(dlt, DV, op, "dv_local");
   SeqInfo st;
@@ -59,15 +55,15 @@ BwdDhu chunk_gated_delta_rule_bwd_dhu(const TensorView& q, const TensorView& k, 
       for (int64_t cc = nc - 1; cc >= 0; --cc) {
         ChunkSpan sp = chunk_span(s, n, cc);
         std::memcpy(dh + (s.chunk_id(n, cc) * HV + hv) * DK * DV, dH, sizeof(float) * size_t(DK * DV));
-        load_rows(qt, sp.b, sp.t0, sp.L, hv / group, bq, DK);
-        load_rows(kt, sp.b, sp.t0, sp.L, hv / group, bk, DK);
-        load_rows(wt, sp.b, sp.t0, sp.L, hv, bw, DK);
-        load_rows(dOt, sp.b, sp.t0, sp.L, hv, bo, DV);
-        load_rows(dlt, sp.b, sp.t0, sp.L, hv, bd, DV);
-        load_scal(Gt, sp.b, sp.t0, sp.L, hv, G);
+        load_rows(qt, sp, hv / group, bq, DK);
+        load_rows(kt, sp, hv / group, bk, DK);
+        load_rows(wt, sp, hv, bw, DK);
+        load_rows(dOt, sp, hv, bo, DV);
+        load_rows(dlt, sp, hv, bd, DV);
+        load_scal(Gt, sp, hv, G);
         BwdChunk bc{sp.L, DK, DV, sc, bq, bk, nullptr, bo, G, nullptr, nullptr};
         dv2_chunk(bc, dH, bd, bd, t);
-        store_rows(bd, DV, d2, sp.b, sp.t0, sp.L, hv);
+        store_rows(bd, DV, d2, sp, hv);
         dh_update_chunk(bc, dH, bw, bd, t);
       }
       if (D0.defined()) std::memcpy(D0.f32(n, hv), dH, sizeof(float) * size_t(DK * DV));

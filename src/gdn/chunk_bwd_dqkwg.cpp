@@ -19,13 +19,9 @@ BwdDqkwg chunk_bwd_dqkwg(const TensorView& q, const TensorView& k, const TensorV
   trace::OpScope scope(op);
   Tok qt = tok_vec(q, c.layout, op, "q"), kt = tok_vec(k, c.layout, op, "k"), vt = tok_vec(v_new, c.layout, op, "v_new");
   Tok Gt = tok_scal(g_cumsum, c.layout, op, "g_cumsum"), d2 = tok_vec(dv2, c.layout, op, "dv2"), dOt = tok_vec(dO, c.layout, op, "dO");
-  OT_CHECK(k.shape() == q.shape(), op, "k", ::ot::detail::cat("the shape of q ", q.shape_str()), k.shape_str());
+  expect_like_q(k, q, op);
   const int64_t HV = vt.H, DK = qt.D, DV = vt.D;
-  expect_groups(HV, qt.H, op);
-  for (auto [t, name] : {std::pair{&vt, "v_new"}, {&Gt, "g_cumsum"}, {&d2, "dv2"}, {&dOt, "dO"}}) {
-    expect_bt(*t, qt.B, qt.T, op, name);
-    expect_heads(*t, HV, op, name);
-  }
+  expect_value_heads({{&vt, "v_new"}, {&Gt, "g_cumsum"}, {&d2, "dv2"}, {&dOt, "dO"}}, qt.B, qt.T, HV, qt.H, op);
   expect_dim(d2, DV, op, "dv2");
   expect_dim(dOt, DV, op, "dO");
   SeqInfo st;
@@ -46,28 +42,23 @@ BwdDqkwg chunk_bwd_dqkwg(const TensorView& q, const TensorView& k, const TensorV
   }
   const int64_t group = HV / qt.H;
   StageScratch scr(9, 2, 2, std::max(DK, DV), 0);
-  parallel_for_dynamic(s.num_chunks() * HV, 0, [&](int64_t i0, int64_t i1) {
-    const int tid = thread_id();
+  for_chunk_heads(s, HV, [&](int tid, const ChunkSpan& sp, int64_t id, int64_t hv) {
     float *bq = scr.row(tid, 0), *bk = scr.row(tid, 1), *bv = scr.row(tid, 2), *b2 = scr.row(tid, 3), *bo = scr.row(tid, 4);
     float *rq = scr.row(tid, 5), *rk = scr.row(tid, 6), *rw = scr.row(tid, 7), *t = scr.row(tid, 8);
     float *E = scr.mat(tid, 0), *P = scr.mat(tid, 1), *G = scr.vec(tid, 0), *rg = scr.vec(tid, 1);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t id = i / HV, hv = i % HV;
-      ChunkSpan sp = chunk_span_global(s, id);
-      load_rows(qt, sp.b, sp.t0, sp.L, hv / group, bq, DK);
-      load_rows(kt, sp.b, sp.t0, sp.L, hv / group, bk, DK);
-      load_rows(vt, sp.b, sp.t0, sp.L, hv, bv, DV);
-      load_rows(d2, sp.b, sp.t0, sp.L, hv, b2, DV);
-      load_rows(dOt, sp.b, sp.t0, sp.L, hv, bo, DV);
-      load_scal(Gt, sp.b, sp.t0, sp.L, hv, G);
-      decay_matrix(G, sp.L, E);
-      const size_t off = size_t((id * HV + hv) * DK * DV);
-      dqkwg_chunk(BwdChunk{sp.L, DK, DV, sc, bq, bk, nullptr, bo, G, nullptr, E}, bv, hp + off, dhp + off, b2, rq, rk, rw, rg, P, t);
-      store_rows(rq, DK, dq, sp.b, sp.t0, sp.L, hv);
-      store_rows(rk, DK, dk, sp.b, sp.t0, sp.L, hv);
-      store_rows(rw, DK, dw, sp.b, sp.t0, sp.L, hv);
-      store_scal(rg, dg, sp.b, sp.t0, sp.L, hv);
-    }
+    load_rows(qt, sp, hv / group, bq, DK);
+    load_rows(kt, sp, hv / group, bk, DK);
+    load_rows(vt, sp, hv, bv, DV);
+    load_rows(d2, sp, hv, b2, DV);
+    load_rows(dOt, sp, hv, bo, DV);
+    load_scal(Gt, sp, hv, G);
+    decay_matrix(G, sp.L, E);
+    const size_t off = size_t((id * HV + hv) * DK * DV);
+    dqkwg_chunk(BwdChunk{sp.L, DK, DV, sc, bq, bk, nullptr, bo, G, nullptr, E}, bv, hp + off, dhp + off, b2, rq, rk, rw, rg, P, t);
+    store_rows(rq, DK, dq, sp, hv);
+    store_rows(rk, DK, dk, sp, hv);
+    store_rows(rw, DK, dw, sp, hv);
+    store_scal(rg, dg, sp, hv);
   });
   return r;
 }

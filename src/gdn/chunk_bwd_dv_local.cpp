@@ -18,12 +18,9 @@ Tensor chunk_bwd_dv_local(const TensorView& q, const TensorView& k, const Tensor
   trace::OpScope scope(op);
   Tok qt = tok_vec(q, c.layout, op, "q"), kt = tok_vec(k, c.layout, op, "k"), Gt = tok_scal(g_cumsum, c.layout, op, "g_cumsum");
   Tok dOt = tok_vec(dO, c.layout, op, "dO");
-  OT_CHECK(k.shape() == q.shape(), op, "k", ::ot::detail::cat("the shape of q ", q.shape_str()), k.shape_str());
+  expect_like_q(k, q, op);
   const int64_t HV = dOt.H, DK = qt.D, DV = dOt.D;
-  expect_bt(dOt, qt.B, qt.T, op, "dO");
-  expect_groups(HV, qt.H, op);
-  expect_bt(Gt, qt.B, qt.T, op, "g_cumsum");
-  expect_heads(Gt, HV, op, "g_cumsum");
+  expect_value_heads({{&dOt, "dO"}, {&Gt, "g_cumsum"}}, qt.B, qt.T, HV, qt.H, op);
   SeqInfo st;
   const SeqInfo& s = resolve_seq(c, qt.B, qt.T, st, op);
   const float sc = scale ? *scale : 1.f / std::sqrt(float(DK));
@@ -36,21 +33,16 @@ Tensor chunk_bwd_dv_local(const TensorView& q, const TensorView& k, const Tensor
   }
   const int64_t group = HV / qt.H;
   StageScratch scr(4, 2, 1, std::max(DK, DV), 0);
-  parallel_for_dynamic(s.num_chunks() * HV, 0, [&](int64_t i0, int64_t i1) {
-    const int tid = thread_id();
+  for_chunk_heads(s, HV, [&](int tid, const ChunkSpan& sp, int64_t, int64_t hv) {
     float *bq = scr.row(tid, 0), *bk = scr.row(tid, 1), *bo = scr.row(tid, 2), *res = scr.row(tid, 3);
     float *E = scr.mat(tid, 0), *P = scr.mat(tid, 1), *G = scr.vec(tid, 0);
-    for (int64_t i = i0; i < i1; ++i) {
-      ChunkSpan sp = chunk_span_global(s, i / HV);
-      const int64_t hv = i % HV;
-      load_rows(qt, sp.b, sp.t0, sp.L, hv / group, bq, DK);
-      load_rows(kt, sp.b, sp.t0, sp.L, hv / group, bk, DK);
-      load_rows(dOt, sp.b, sp.t0, sp.L, hv, bo, DV);
-      load_scal(Gt, sp.b, sp.t0, sp.L, hv, G);
-      decay_matrix(G, sp.L, E);
-      dv_local_chunk(BwdChunk{sp.L, DK, DV, sc, bq, bk, nullptr, bo, G, nullptr, E}, res, P);
-      store_rows(res, DV, ot, sp.b, sp.t0, sp.L, hv);
-    }
+    load_rows(qt, sp, hv / group, bq, DK);
+    load_rows(kt, sp, hv / group, bk, DK);
+    load_rows(dOt, sp, hv, bo, DV);
+    load_scal(Gt, sp, hv, G);
+    decay_matrix(G, sp.L, E);
+    dv_local_chunk(BwdChunk{sp.L, DK, DV, sc, bq, bk, nullptr, bo, G, nullptr, E}, res, P);
+    store_rows(res, DV, ot, sp, hv);
   });
   return out;
 }

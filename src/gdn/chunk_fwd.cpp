@@ -30,22 +30,9 @@ Args check(const TensorView& q, const TensorView& k, const TensorView& v, const 
   a.k = tok_vec(k, l, op, "k");
   a.v = tok_vec(v, l, op, "v");
   a.B = a.q.B, a.T = a.q.T, a.HK = a.q.H, a.DK = a.q.D, a.HV = a.v.H, a.DV = a.v.D;
-  OT_CHECK(k.shape() == q.shape(), op, "k", ::ot::detail::cat("the shape of q ", q.shape_str()), k.shape_str());
-  expect_bt(a.v, a.B, a.T, op, "v");
-  OT_CHECK(v.ndim == q.ndim, op, "v", "the rank of q", v.ndim);
-  expect_groups(a.HV, a.HK, op);
-  OT_CHECK(a.DK >= 1 && a.DK <= 256, op, "q", "a key head dim in [1, 256]", a.DK);
-  OT_CHECK(a.DV >= 1 && a.DV <= 256, op, "v", "a value head dim in [1, 256]", a.DV);
-  if (g.defined()) {
-    a.g = tok_scal(g, l, op, "g");
-    expect_bt(a.g, a.B, a.T, op, "g");
-    expect_heads(a.g, a.HV, op, "g");
-  }
-  if (beta.defined()) {
-    a.beta = tok_scal(beta, l, op, "beta");
-    expect_bt(a.beta, a.B, a.T, op, "beta");
-    expect_heads(a.beta, a.HV, op, "beta");
-  }
+  expect_qkv(q, k, v, a.q, a.v, op);
+  a.g = opt_scal(g, l, a.B, a.T, a.HV, op, "g");
+  a.beta = opt_scal(beta, l, a.B, a.T, a.HV, op, "beta");
   a.scale = scale ? *scale : 1.f / std::sqrt(float(a.DK));
   return a;
 }

@@ -7,22 +7,19 @@
 #include "src/gdn/chunk_kernels.h"
 
 namespace ot::gdn::detail {
+// The AVX-512 build of chunk_kernels.inc (chunk_kernels__avx512.cpp): the same signatures.
 namespace avx512 {
-void fused_chunk_kkq(const FusedBufs& b, int64_t L, int64_t DK);
-void fused_chunk_fwd(const FusedBufs& b, int64_t L, int64_t DK, int64_t DV, float scale);
-void cumsum_chunk(const float* g, int64_t L, float* G, bool reverse, float scale);
-void decay_matrix(const float* G, int64_t L, float* E);
-void kkt_chunk(const float* K, int64_t ldk, int64_t L, int64_t DK, const float* beta, const float* E, float* M);
-void solve_tril_chunk(const float* M, int64_t ldm, int64_t L, float* A, int64_t lda);
-void wu_chunk(const float* A, int64_t lda, const float* K, int64_t ldk, const float* V, int64_t ldv, const float* beta, const float* G,
-              int64_t L, int64_t DK, int64_t DV, float* W, int64_t ldw, float* U, int64_t ldu, float* scratch);
-void vnew_chunk(const float* W, int64_t ldw, const float* U, int64_t ldu, const float* S, int64_t L, int64_t DK, int64_t DV, float* Dn,
-                int64_t ldd);
-void state_update_chunk(float* S, const float* K, int64_t ldk, const float* Dn, int64_t ldd, const float* G, int64_t L, int64_t DK,
-                        int64_t DV, float* scratch);
-void out_chunk(const float* Q, int64_t ldq, const float* K, int64_t ldk, const float* Dn, int64_t ldd, const float* S, const float* E,
-               const float* G, float s, int64_t L, int64_t DK, int64_t DV, float* O, int64_t ldo, float* scratch, float* P);
-void l2norm_rows(float* x, int64_t ld, int64_t L, int64_t D, float eps, float* rstd);
+decltype(detail::fused_chunk_kkq) fused_chunk_kkq;
+decltype(detail::fused_chunk_fwd) fused_chunk_fwd;
+decltype(detail::cumsum_chunk) cumsum_chunk;
+decltype(detail::decay_matrix) decay_matrix;
+decltype(detail::kkt_chunk) kkt_chunk;
+decltype(detail::solve_tril_chunk) solve_tril_chunk;
+decltype(detail::wu_chunk) wu_chunk;
+decltype(detail::vnew_chunk) vnew_chunk;
+decltype(detail::state_update_chunk) state_update_chunk;
+decltype(detail::out_chunk) out_chunk;
+decltype(detail::l2norm_rows) l2norm_rows;
 }  // namespace avx512
 
 namespace {

@@ -18,11 +18,7 @@ FwdH chunk_gated_delta_rule_fwd_h(const TensorView& k, const TensorView& w, cons
   Tok kt = tok_vec(k, c.layout, op, "k"), wt = tok_vec(w, c.layout, op, "w"), ut = tok_vec(u, c.layout, op, "u");
   Tok Gt = tok_scal(g_cumsum, c.layout, op, "g_cumsum");
   int64_t HV = ut.H, DK = kt.D, DV = ut.D;
-  expect_groups(HV, kt.H, op);
-  for (auto [t, name] : {std::pair{&wt, "w"}, {&ut, "u"}, {&Gt, "g_cumsum"}}) {
-    expect_bt(*t, kt.B, kt.T, op, name);
-    expect_heads(*t, HV, op, name);
-  }
+  expect_value_heads({{&wt, "w"}, {&ut, "u"}, {&Gt, "g_cumsum"}}, kt.B, kt.T, HV, kt.H, op);
   expect_dim(wt, DK, op, "w");
   SeqInfo st;
   const SeqInfo& s = resolve_seq(c, kt.B, kt.T, st, op);
@@ -52,12 +48,12 @@ FwdH chunk_gated_delta_rule_fwd_h(const TensorView& k, const TensorView& w, cons
       for (int64_t cc = 0; cc < nc; ++cc) {
         ChunkSpan sp = chunk_span(s, n, cc);
         std::memcpy(h + (s.chunk_id(n, cc) * HV + hv) * DK * DV, b.S, sizeof(float) * size_t(DK * DV));
-        load_rows(kt, sp.b, sp.t0, sp.L, hv / group, b.k, DK);
-        load_rows(wt, sp.b, sp.t0, sp.L, hv, b.w, DK);
-        load_rows(ut, sp.b, sp.t0, sp.L, hv, b.u, DV);
-        load_scal(Gt, sp.b, sp.t0, sp.L, hv, b.G);
+        load_rows(kt, sp, hv / group, b.k, DK);
+        load_rows(wt, sp, hv, b.w, DK);
+        load_rows(ut, sp, hv, b.u, DV);
+        load_scal(Gt, sp, hv, b.G);
         vnew_chunk(b.w, DK, b.u, DV, b.S, sp.L, DK, DV, b.u, DV);
-        store_rows(b.u, DV, vn, sp.b, sp.t0, sp.L, hv);
+        store_rows(b.u, DV, vn, sp, hv);
         state_update_chunk(b.S, b.k, DK, b.u, DV, b.G, sp.L, DK, DV, b.t);
       }
       if (fin.defined()) std::memcpy(fin.f32(n, hv), b.S, sizeof(float) * size_t(DK * DV));

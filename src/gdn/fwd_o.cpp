@@ -20,11 +20,7 @@ Tensor chunk_fwd_o(const TensorView& q, const TensorView& k, const TensorView& v
   expect_bt(kt, qt.B, qt.T, op, "k");
   expect_heads(kt, qt.H, op, "k");
   expect_dim(kt, DK, op, "k");
-  expect_groups(HV, qt.H, op);
-  for (auto [t, name] : {std::pair{&vt, "v_new"}, {&Gt, "g_cumsum"}}) {
-    expect_bt(*t, qt.B, qt.T, op, name);
-    expect_heads(*t, HV, op, name);
-  }
+  expect_value_heads({{&vt, "v_new"}, {&Gt, "g_cumsum"}}, qt.B, qt.T, HV, qt.H, op);
   SeqInfo st;
   const SeqInfo& s = resolve_seq(c, qt.B, qt.T, st, op);
   OT_CHECK(h.defined() && h.dtype == DType::f32 && h.is_contiguous() && h.numel() == s.num_chunks() * HV * DK * DV && h.ndim == 5, op, "h",
@@ -40,19 +36,15 @@ Tensor chunk_fwd_o(const TensorView& q, const TensorView& k, const TensorView& v
     return out;
   }
   ChunkScratch scr(DK, DV);
-  parallel_for_dynamic(s.num_chunks() * HV, 0, [&](int64_t i0, int64_t i1) {
-    ChunkBufs b = scr.get(thread_id());
-    for (int64_t i = i0; i < i1; ++i) {
-      int64_t id = i / HV, hv = i % HV;
-      ChunkSpan sp = chunk_span_global(s, id);
-      load_rows(qt, sp.b, sp.t0, sp.L, hv / group, b.q, DK);
-      load_rows(kt, sp.b, sp.t0, sp.L, hv / group, b.k, DK);
-      load_rows(vt, sp.b, sp.t0, sp.L, hv, b.u, DV);
-      load_scal(Gt, sp.b, sp.t0, sp.L, hv, b.G);
-      decay_matrix(b.G, sp.L, b.E);
-      out_chunk(b.q, DK, b.k, DK, b.u, DV, hp + (id * HV + hv) * DK * DV, b.E, b.G, sc, sp.L, DK, DV, b.o, DV, b.t, b.M);
-      store_rows(b.o, DV, ot, sp.b, sp.t0, sp.L, hv);
-    }
+  for_chunk_heads(s, HV, [&](int tid, const ChunkSpan& sp, int64_t id, int64_t hv) {
+    ChunkBufs b = scr.get(tid);
+    load_rows(qt, sp, hv / group, b.q, DK);
+    load_rows(kt, sp, hv / group, b.k, DK);
+    load_rows(vt, sp, hv, b.u, DV);
+    load_scal(Gt, sp, hv, b.G);
+    decay_matrix(b.G, sp.L, b.E);
+    out_chunk(b.q, DK, b.k, DK, b.u, DV, hp + (id * HV + hv) * DK * DV, b.E, b.G, sc, sp.L, DK, DV, b.o, DV, b.t, b.M);
+    store_rows(b.o, DV, ot, sp, hv);
   });
   return out;
 }

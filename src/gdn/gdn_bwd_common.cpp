@@ -13,33 +13,19 @@ void check_bwd(BwdArgs& a, const TensorView& q, const TensorView& k, const Tenso
   a.v = tok_vec(v, l, op, "v");
   a.dO = tok_vec(dO, l, op, "dO");
   a.B = a.q.B, a.T = a.q.T, a.HK = a.q.H, a.DK = a.q.D, a.HV = a.v.H, a.DV = a.v.D;
-  OT_CHECK(k.shape() == q.shape(), op, "k", ::ot::detail::cat("the shape of q ", q.shape_str()), k.shape_str());
-  OT_CHECK(v.ndim == q.ndim, op, "v", "the rank of q", v.ndim);
-  expect_bt(a.v, a.B, a.T, op, "v");
-  expect_groups(a.HV, a.HK, op);
-  OT_CHECK(a.DK >= 1 && a.DK <= 256, op, "q", "a key head dim in [1, 256]", a.DK);
-  OT_CHECK(a.DV >= 1 && a.DV <= 256, op, "v", "a value head dim in [1, 256]", a.DV);
+  expect_qkv(q, k, v, a.q, a.v, op);
   OT_CHECK(dO.shape() == v.shape(), op, "dO", ::ot::detail::cat("the shape of o (= v) ", v.shape_str()), dO.shape_str());
   OT_CHECK(!gate_required || g.defined(), op, "g_cumsum", "the forward's chunk-local cumulative gate", "undefined");
-  if (g.defined()) {
-    a.g = tok_scal(g, l, op, gate_required ? "g_cumsum" : "g");
-    expect_bt(a.g, a.B, a.T, op, gate_required ? "g_cumsum" : "g");
-    expect_heads(a.g, a.HV, op, gate_required ? "g_cumsum" : "g");
-  }
+  a.g = opt_scal(g, l, a.B, a.T, a.HV, op, gate_required ? "g_cumsum" : "g");
   OT_CHECK(beta.defined() || !gate_required, op, "beta", "a beta tensor", "undefined");
-  if (beta.defined()) {
-    a.beta = tok_scal(beta, l, op, "beta");
-    expect_bt(a.beta, a.B, a.T, op, "beta");
-    expect_heads(a.beta, a.HV, op, "beta");
-  }
+  a.beta = opt_scal(beta, l, a.B, a.T, a.HV, op, "beta");
   a.seq = &resolve_seq(opt, a.B, a.T, a.storage, op);
   const int64_t N = a.seq->num_seqs();
   if (opt.initial_state.defined()) expect_state(opt.initial_state, N, a.HV, a.DK, a.DV, false, op, "initial_state");
   if (opt.dht.defined()) expect_state(opt.dht, N, a.HV, a.DK, a.DV, false, op, "dht");
   if (opt.A.defined()) {
     a.A = tok_vec(opt.A, l, op, "A");
-    expect_bt(a.A, a.B, a.T, op, "A");
-    expect_heads(a.A, a.HV, op, "A");
+    expect_value_heads({{&a.A, "A"}}, a.B, a.T, a.HV, a.HK, op);
     expect_dim(a.A, kChunk, op, "A");
   }
   a.scale = opt.scale ? *opt.scale : 1.f / std::sqrt(float(a.DK));

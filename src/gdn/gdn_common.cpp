@@ -151,6 +151,31 @@ void expect_float(DType t, const char* op, const char* arg) {
 void expect_groups(int64_t HV, int64_t HK, const char* op) {
   OT_CHECK(HK > 0 && HV > 0 && HV % HK == 0, op, "v", ::ot::detail::cat("a number of value heads that is a multiple of HK = ", HK), "HV = ", HV);
 }
+void expect_value_heads(std::initializer_list<NamedTok> ts, int64_t B, int64_t T, int64_t HV, int64_t HK, const char* op) {
+  expect_groups(HV, HK, op);
+  for (auto [t, name] : ts) {
+    expect_bt(*t, B, T, op, name);
+    expect_heads(*t, HV, op, name);
+  }
+}
+void expect_like_q(const TensorView& k, const TensorView& q, const char* op) {
+  OT_CHECK(k.shape() == q.shape(), op, "k", ::ot::detail::cat("the shape of q ", q.shape_str()), k.shape_str());
+}
+void expect_qkv(const TensorView& q, const TensorView& k, const TensorView& v, const Tok& qt, const Tok& vt, const char* op) {
+  expect_like_q(k, q, op);
+  OT_CHECK(v.ndim == q.ndim, op, "v", "the rank of q", v.ndim);
+  expect_bt(vt, qt.B, qt.T, op, "v");
+  expect_groups(vt.H, qt.H, op);
+  OT_CHECK(qt.D >= 1 && qt.D <= 256, op, "q", "a key head dim in [1, 256]", qt.D);
+  OT_CHECK(vt.D >= 1 && vt.D <= 256, op, "v", "a value head dim in [1, 256]", vt.D);
+}
+Tok opt_scal(const TensorView& x, Layout l, int64_t B, int64_t T, int64_t H, const char* op, const char* arg) {
+  if (!x.defined()) return {};
+  Tok t = tok_scal(x, l, op, arg);
+  expect_bt(t, B, T, op, arg);
+  expect_heads(t, H, op, arg);
+  return t;
+}
 
 namespace avx512 {
 bool any_exp_all_ones16(const uint16_t* p, int64_t n, uint16_t mask);

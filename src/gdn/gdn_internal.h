@@ -3,13 +3,16 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ot/error.h"
 #include "ot/gdn.h"
 #include "ot/gemm.h"
 #include "ot/output_pool.h"
+#include "ot/parallel.h"
 #include "ot/tensor.h"
 #include "ot/workspace.h"
 
@@ -59,6 +62,17 @@ void expect_dim(const Tok& x, int64_t D, const char* op, const char* arg);
 void expect_float(DType t, const char* op, const char* arg);
 // HV % HK == 0 and both > 0.
 void expect_groups(int64_t HV, int64_t HK, const char* op);
+// HV a multiple of HK, then every listed tensor with batch B, T tokens and HV heads.
+using NamedTok = std::pair<const Tok*, const char*>;
+void expect_value_heads(std::initializer_list<NamedTok> ts, int64_t B, int64_t T, int64_t HV, int64_t HK, const char* op);
+// k shaped exactly like q.
+void expect_like_q(const TensorView& k, const TensorView& q, const char* op);
+// The checks every composed operator makes of q, k, v (views qt of q, vt of v): k like q, v of
+// q's rank, batch and tokens, HV a multiple of HK, head dims in [1, 256].
+void expect_qkv(const TensorView& q, const TensorView& k, const TensorView& v, const Tok& qt, const Tok& vt, const char* op);
+// An optional scalar-per-token tensor (g, beta): undefined stays undefined, else checked to have
+// batch B, T tokens and H heads.
+Tok opt_scal(const TensorView& x, Layout l, int64_t B, int64_t T, int64_t H, const char* op, const char* arg);
 // Reports NaN/Inf anywhere in the tensor.
 void expect_finite(const Tok& x, const char* op, const char* arg);
 void expect_finite(const TensorView& x, const char* op, const char* arg);
@@ -83,10 +97,22 @@ inline ChunkSpan chunk_span(const SeqInfo& s, int64_t n, int64_t c) {
 inline ChunkSpan chunk_span_global(const SeqInfo& s, int64_t id) {
   return chunk_span(s, s.chunk_seq[size_t(id)], s.chunk_pos[size_t(id)]);
 }
+// Row transfers of one chunk span.
+inline void load_rows(const Tok& x, const ChunkSpan& sp, int64_t h, float* dst, int64_t ld) { load_rows(x, sp.b, sp.t0, sp.L, h, dst, ld); }
+inline void store_rows(const float* src, int64_t ld, const Tok& x, const ChunkSpan& sp, int64_t h) { store_rows(src, ld, x, sp.b, sp.t0, sp.L, h); }
+inline void load_scal(const Tok& x, const ChunkSpan& sp, int64_t h, float* dst) { load_scal(x, sp.b, sp.t0, sp.L, h, dst); }
+// f(thread id, span, chunk id, head) for every (chunk, head) pair, dynamically scheduled.
+template <class F> void for_chunk_heads(const SeqInfo& s, int64_t H, F&& f) {
+  parallel_for_dynamic(s.num_chunks() * H, 0, [&](int64_t i0, int64_t i1) {
+    const int tid = thread_id();
+    for (int64_t i = i0; i < i1; ++i) f(tid, chunk_span_global(s, i / H), i / H, i % H);
+  });
+}
 // Per-chunk state h: index [B, NT, HV, DK, DV] of the chunk (row b, chunk c of the row's sequence).
 int64_t h_index(const SeqInfo& s, int64_t n, int64_t c);
 
 void store_scal(const float* src, const Tok& x, int64_t b, int64_t t0, int64_t L, int64_t h);
+inline void store_scal(const float* src, const Tok& x, const ChunkSpan& sp, int64_t h) { store_scal(src, x, sp.b, sp.t0, sp.L, h); }
 
 // Per-thread fp32 scratch for one chunk of one value head (about 350 KiB at DK = DV = 128: stays
 // in L2 for the whole chunk).

@@ -27,18 +27,14 @@ Tensor chunk_scaled_dot_kkt_fwd(const TensorView& k, const TensorView& g_cumsum,
     return out;
   }
   ChunkScratch scr(DK, 1);
-  parallel_for_dynamic(s.num_chunks() * HV, 0, [&](int64_t i0, int64_t i1) {
-    ChunkBufs w = scr.get(thread_id());
-    for (int64_t i = i0; i < i1; ++i) {
-      ChunkSpan sp = chunk_span_global(s, i / HV);
-      int64_t h = i % HV;
-      load_rows(kt, sp.b, sp.t0, sp.L, h / group, w.k, DK);
-      load_scal(Gt, sp.b, sp.t0, sp.L, h, w.G);
-      load_scal(bt, sp.b, sp.t0, sp.L, h, w.beta);
-      decay_matrix(w.G, sp.L, w.E);
-      kkt_chunk(w.k, DK, sp.L, DK, w.beta, w.E, w.M);
-      store_rows(w.M, kChunk, Mt, sp.b, sp.t0, sp.L, h);
-    }
+  for_chunk_heads(s, HV, [&](int tid, const ChunkSpan& sp, int64_t, int64_t h) {
+    ChunkBufs w = scr.get(tid);
+    load_rows(kt, sp, h / group, w.k, DK);
+    load_scal(Gt, sp, h, w.G);
+    load_scal(bt, sp, h, w.beta);
+    decay_matrix(w.G, sp.L, w.E);
+    kkt_chunk(w.k, DK, sp.L, DK, w.beta, w.E, w.M);
+    store_rows(w.M, kChunk, Mt, sp, h);
   });
   return out;
 }

@@ -65,16 +65,9 @@ RecurrentOut recurrent_gated_delta_rule(const TensorView& q, const TensorView& k
   trace::OpScope scope(op);
   Layout l = opt.layout;
   Tok qt = tok_vec(q, l, op, "q"), kt = tok_vec(k, l, op, "k"), vt = tok_vec(v, l, op, "v");
-  OT_CHECK(k.shape() == q.shape(), op, "k", ::ot::detail::cat("the shape of q ", q.shape_str()), k.shape_str());
-  OT_CHECK(v.ndim == q.ndim, op, "v", "the rank of q", v.ndim);
-  expect_bt(vt, qt.B, qt.T, op, "v");
+  expect_qkv(q, k, v, qt, vt, op);
   int64_t B = qt.B, T = qt.T, HK = qt.H, HV = vt.H, DK = qt.D, DV = vt.D;
-  expect_groups(HV, HK, op);
-  OT_CHECK(DK >= 1 && DK <= 256, op, "q", "a key head dim in [1, 256]", DK);
-  OT_CHECK(DV >= 1 && DV <= 256, op, "v", "a value head dim in [1, 256]", DV);
-  Tok gt, bt;
-  if (g.defined()) gt = tok_scal(g, l, op, "g"), expect_bt(gt, B, T, op, "g"), expect_heads(gt, HV, op, "g");
-  if (beta.defined()) bt = tok_scal(beta, l, op, "beta"), expect_bt(bt, B, T, op, "beta"), expect_heads(bt, HV, op, "beta");
+  Tok gt = opt_scal(g, l, B, T, HV, op, "g"), bt = opt_scal(beta, l, B, T, HV, op, "beta");
   bool fused_gate = opt.A_log.defined() || opt.dt_bias.defined();
   if (fused_gate) {
     for (auto [x, name] : {std::pair{&opt.A_log, "A_log"}, {&opt.dt_bias, "dt_bias"}})

@@ -23,15 +23,11 @@ Tensor solve_tril(const TensorView& M, const Common& c) {
     return out;
   }
   ChunkScratch scr(1, 1);
-  parallel_for_dynamic(s.num_chunks() * Mt.H, 0, [&](int64_t i0, int64_t i1) {
-    ChunkBufs w = scr.get(thread_id());
-    for (int64_t i = i0; i < i1; ++i) {
-      ChunkSpan sp = chunk_span_global(s, i / Mt.H);
-      int64_t h = i % Mt.H;
-      load_rows(Mt, sp.b, sp.t0, sp.L, h, w.M, kChunk);
-      solve_tril_chunk(w.M, kChunk, sp.L, w.A, kChunk);
-      store_rows(w.A, kChunk, At, sp.b, sp.t0, sp.L, h);
-    }
+  for_chunk_heads(s, Mt.H, [&](int tid, const ChunkSpan& sp, int64_t, int64_t h) {
+    ChunkBufs w = scr.get(tid);
+    load_rows(Mt, sp, h, w.M, kChunk);
+    solve_tril_chunk(w.M, kChunk, sp.L, w.A, kChunk);
+    store_rows(w.A, kChunk, At, sp, h);
   });
   return out;
 }

@@ -15,12 +15,7 @@ WU recompute_w_u_fwd(const TensorView& k, const TensorView& v, const TensorView&
   Tok kt = tok_vec(k, c.layout, op, "k"), vt = tok_vec(v, c.layout, op, "v"), bt = tok_scal(beta, c.layout, op, "beta");
   Tok At = tok_vec(A, c.layout, op, "A"), Gt = tok_scal(g_cumsum, c.layout, op, "g_cumsum");
   int64_t HV = vt.H, DK = kt.D, DV = vt.D;
-  expect_bt(vt, kt.B, kt.T, op, "v");
-  expect_groups(HV, kt.H, op);
-  for (auto [t, name] : {std::pair{&bt, "beta"}, {&At, "A"}, {&Gt, "g_cumsum"}}) {
-    expect_bt(*t, kt.B, kt.T, op, name);
-    expect_heads(*t, HV, op, name);
-  }
+  expect_value_heads({{&vt, "v"}, {&bt, "beta"}, {&At, "A"}, {&Gt, "g_cumsum"}}, kt.B, kt.T, HV, kt.H, op);
   expect_dim(At, kChunk, op, "A");
   SeqInfo st;
   const SeqInfo& s = resolve_seq(c, kt.B, kt.T, st, op);
@@ -33,20 +28,16 @@ WU recompute_w_u_fwd(const TensorView& k, const TensorView& v, const TensorView&
     return r;
   }
   ChunkScratch scr(DK, DV);
-  parallel_for_dynamic(s.num_chunks() * HV, 0, [&](int64_t i0, int64_t i1) {
-    ChunkBufs w = scr.get(thread_id());
-    for (int64_t i = i0; i < i1; ++i) {
-      ChunkSpan sp = chunk_span_global(s, i / HV);
-      int64_t h = i % HV;
-      load_rows(kt, sp.b, sp.t0, sp.L, h / group, w.k, DK);
-      load_rows(vt, sp.b, sp.t0, sp.L, h, w.v, DV);
-      load_rows(At, sp.b, sp.t0, sp.L, h, w.A, kChunk);
-      load_scal(Gt, sp.b, sp.t0, sp.L, h, w.G);
-      load_scal(bt, sp.b, sp.t0, sp.L, h, w.beta);
-      wu_chunk(w.A, kChunk, w.k, DK, w.v, DV, w.beta, w.G, sp.L, DK, DV, w.w, DK, w.u, DV, w.t);
-      store_rows(w.w, DK, wt, sp.b, sp.t0, sp.L, h);
-      store_rows(w.u, DV, ut, sp.b, sp.t0, sp.L, h);
-    }
+  for_chunk_heads(s, HV, [&](int tid, const ChunkSpan& sp, int64_t, int64_t h) {
+    ChunkBufs w = scr.get(tid);
+    load_rows(kt, sp, h / group, w.k, DK);
+    load_rows(vt, sp, h, w.v, DV);
+    load_rows(At, sp, h, w.A, kChunk);
+    load_scal(Gt, sp, h, w.G);
+    load_scal(bt, sp, h, w.beta);
+    wu_chunk(w.A, kChunk, w.k, DK, w.v, DV, w.beta, w.G, sp.L, DK, DV, w.w, DK, w.u, DV, w.t);
+    store_rows(w.w, DK, wt, sp, h);
+    store_rows(w.u, DV, ut, sp, h);
   });
   return r;
 }

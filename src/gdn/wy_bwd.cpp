@@ -30,19 +30,15 @@ WyArgs check(const TensorView& k, const TensorView& v, const TensorView& beta, c
   a.A = tok_vec(A, c.layout, op, "A"), a.dw = tok_vec(dw, c.layout, op, "dw"), a.du = tok_vec(du, c.layout, op, "du");
   a.G = tok_scal(g_cumsum, c.layout, op, "g_cumsum");
   a.HV = a.v.H, a.DK = a.k.D, a.DV = a.v.D;
-  expect_groups(a.HV, a.k.H, op);
+  expect_value_heads({{&a.v, "v"}, {&a.beta, "beta"}, {&a.A, "A"}, {&a.dw, "dw"}, {&a.du, "du"}, {&a.G, "g_cumsum"}}, a.k.B, a.k.T, a.HV,
+                     a.k.H, op);
   a.group = a.HV / a.k.H;
-  for (auto [t, name] : {std::pair{&a.v, "v"}, {&a.beta, "beta"}, {&a.A, "A"}, {&a.dw, "dw"}, {&a.du, "du"}, {&a.G, "g_cumsum"}}) {
-    expect_bt(*t, a.k.B, a.k.T, op, name);
-    expect_heads(*t, a.HV, op, name);
-  }
   expect_dim(a.A, kChunk, op, "A");
   expect_dim(a.dw, a.DK, op, "dw");
   expect_dim(a.du, a.DV, op, "du");
   if (dP) {
     a.dP = tok_vec(*dP, c.layout, op, "dP");
-    expect_bt(a.dP, a.k.B, a.k.T, op, "dP");
-    expect_heads(a.dP, a.HV, op, "dP");
+    expect_value_heads({{&a.dP, "dP"}}, a.k.B, a.k.T, a.HV, a.k.H, op);
     expect_dim(a.dP, kChunk, op, "dP");
   }
   a.s = &resolve_seq(c, a.k.B, a.k.T, a.st, op);
@@ -68,39 +64,35 @@ void run(const WyArgs& a, bool da, bool full, const Tok& dP_out, const WyBwd* r,
     db = tok_scal(r->dbeta, c.layout, op, "dbeta"), dg = tok_scal(r->dg, c.layout, op, "dg");
   }
   StageScratch scr(11, 6, 5, std::max(DK, DV), 0);
-  parallel_for_dynamic(a.s->num_chunks() * HV, 0, [&](int64_t i0, int64_t i1) {
-    const int tid = thread_id();
+  for_chunk_heads(*a.s, HV, [&](int tid, const ChunkSpan& sp, int64_t, int64_t hv) {
     float *bk = scr.row(tid, 0), *bv = scr.row(tid, 1), *bw = scr.row(tid, 2), *bu = scr.row(tid, 3), *t = scr.row(tid, 4);
     float *X = scr.row(tid, 5), *Y = scr.row(tid, 6), *rk = scr.row(tid, 7), *rv = scr.row(tid, 8);
     float *E = scr.mat(tid, 0), *A = scr.mat(tid, 1), *P = scr.mat(tid, 2), *T1 = scr.mat(tid, 3), *T2 = scr.mat(tid, 4), *Gram = scr.mat(tid, 5);
     float *G = scr.vec(tid, 0), *beta = scr.vec(tid, 1), *rb = scr.vec(tid, 2), *rg = scr.vec(tid, 3);
-    for (int64_t i = i0; i < i1; ++i) {
-      ChunkSpan sp = chunk_span_global(*a.s, i / HV);
-      const int64_t hv = i % HV, L = sp.L;
-      load_rows(a.k, sp.b, sp.t0, L, hv / a.group, bk, DK);
-      load_rows(a.v, sp.b, sp.t0, L, hv, bv, DV);
-      load_rows(a.dw, sp.b, sp.t0, L, hv, bw, DK);
-      load_rows(a.du, sp.b, sp.t0, L, hv, bu, DV);
-      load_rows(a.A, sp.b, sp.t0, L, hv, A, kChunk);
-      load_scal(a.G, sp.b, sp.t0, L, hv, G);
-      load_scal(a.beta, sp.b, sp.t0, L, hv, beta);
-      decay_matrix(G, L, E);
-      BwdChunk bc{L, DK, DV, 1.f, nullptr, bk, bv, nullptr, G, beta, E};
-      if (da) {
-        wy_bwd_da_chunk(bc, A, bw, bu, P, T1, T2, t);
-        if (dP_out.defined()) store_rows(P, kChunk, dP_out, sp.b, sp.t0, L, hv);
-      } else {
-        load_rows(a.dP, sp.b, sp.t0, L, hv, P, kChunk);
-        for (int64_t x = 0; x < L; ++x)  // only the strictly lower part is dP
-          for (int64_t y = x; y < kChunk; ++y) P[x * kChunk + y] = 0.f;
-      }
-      if (!full) continue;
-      wy_bwd_full_chunk(bc, A, P, bw, bu, rk, rv, rb, rg, Gram, X, Y, t);
-      store_rows(rk, DK, dk, sp.b, sp.t0, L, hv);
-      store_rows(rv, DV, dv, sp.b, sp.t0, L, hv);
-      store_scal(rb, db, sp.b, sp.t0, L, hv);
-      store_scal(rg, dg, sp.b, sp.t0, L, hv);
+    const int64_t L = sp.L;
+    load_rows(a.k, sp, hv / a.group, bk, DK);
+    load_rows(a.v, sp, hv, bv, DV);
+    load_rows(a.dw, sp, hv, bw, DK);
+    load_rows(a.du, sp, hv, bu, DV);
+    load_rows(a.A, sp, hv, A, kChunk);
+    load_scal(a.G, sp, hv, G);
+    load_scal(a.beta, sp, hv, beta);
+    decay_matrix(G, L, E);
+    BwdChunk bc{L, DK, DV, 1.f, nullptr, bk, bv, nullptr, G, beta, E};
+    if (da) {
+      wy_bwd_da_chunk(bc, A, bw, bu, P, T1, T2, t);
+      if (dP_out.defined()) store_rows(P, kChunk, dP_out, sp, hv);
+    } else {
+      load_rows(a.dP, sp, hv, P, kChunk);
+      for (int64_t x = 0; x < L; ++x)  // only the strictly lower part is dP
+        for (int64_t y = x; y < kChunk; ++y) P[x * kChunk + y] = 0.f;
     }
+    if (!full) return;
+    wy_bwd_full_chunk(bc, A, P, bw, bu, rk, rv, rb, rg, Gram, X, Y, t);
+    store_rows(rk, DK, dk, sp, hv);
+    store_rows(rv, DV, dv, sp, hv);
+    store_scal(rb, db, sp, hv);
+    store_scal(rg, dg, sp, hv);
   });
 }
 

@@ -105,6 +105,22 @@ inline ChunkCase make_chunk_case(const Shape& s, DType dt, bool l2, float gmin, 
   return c;
 }
 
+// The recurrent form with its final state out, and the fp64 recurrence of the same inputs.
+inline ot::gdn::RecurrentOptions recurrent_opts(bool l2, const TensorView& S0 = {}) {
+  ot::gdn::RecurrentOptions ro;
+  ro.use_qk_l2norm_in_kernel = l2;
+  ro.initial_state = S0;
+  ro.output_final_state = true;
+  return ro;
+}
+inline ot::gdn::ChunkFwd recurrence_truth(const Inputs& in, bool l2, const TensorView& S0 = {}) {
+  ot::gdn::ChunkOptions co;
+  co.use_qk_l2norm_in_kernel = l2;
+  co.initial_state = S0;
+  co.output_final_state = true;
+  return ot::gdn::ref::recurrence(in.q, in.k, in.v, in.g, in.beta, co);
+}
+
 inline Tensor i32_tensor(const std::vector<int32_t>& x) {
   Tensor t = Tensor::empty(DType::i32, {int64_t(x.size())});
   for (size_t i = 0; i < x.size(); ++i) t.ptr<int32_t>()[i] = x[i];

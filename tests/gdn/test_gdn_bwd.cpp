@@ -80,22 +80,24 @@ Inputs make_inputs(const Case& c, unsigned seed) {
   return in;
 }
 
-ChunkBwdOptions bwd_options(const Case& c, const Inputs& in) {
-  ChunkBwdOptions o;
+// What the forward and backward options share: layout, cu_seqlens, initial state, l2norm.
+template <class O> O options(const Case& c, const Inputs& in) {
+  O o;
   o.layout = c.layout;
   if (in.cu.defined()) o.cu_seqlens = in.cu;
   if (in.h0.defined()) o.initial_state = in.h0;
-  if (in.dht.defined()) o.dht = in.dht;
   o.use_qk_l2norm_in_kernel = c.l2;
   return o;
 }
 
+ChunkBwdOptions bwd_options(const Case& c, const Inputs& in) {
+  auto o = options<ChunkBwdOptions>(c, in);
+  if (in.dht.defined()) o.dht = in.dht;
+  return o;
+}
+
 ChunkFwd run_fwd(const Case& c, const Inputs& in) {
-  ChunkOptions f;
-  f.layout = c.layout;
-  if (in.cu.defined()) f.cu_seqlens = in.cu;
-  if (in.h0.defined()) f.initial_state = in.h0;
-  f.use_qk_l2norm_in_kernel = c.l2;
+  auto f = options<ChunkOptions>(c, in);
   f.save_for_backward = true;
   return chunk_gated_delta_rule_fwd(in.q, in.k, in.v, in.g, in.beta, f);
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <tuple>
 
 #include "ot/cpu.h"
 #include "ot/error.h"
@@ -137,24 +138,36 @@ TEST(GdnBwdStages, ReferenceChainEqualsGroundTruth) {
   expect_close(chain(s, f.g_cumsum, f.A), truth, 1e-5, "stage references");
 }
 
-TEST(GdnBwdStages, SplitWyEqualsFused) {
+// The forward of make(false) and the stage inputs w, u its backward recomputes.
+struct Staged {
   Problem s = make(false);
   ChunkFwd f = forward(s);
   Common c;
-  c.cu_seqlens = s.cu;
-  WU wu = recompute_w_u_fwd(s.k, s.v, s.beta, f.A, f.g_cumsum, c);
+  WU wu;
+  Staged() {
+    c.cu_seqlens = s.cu;
+    wu = recompute_w_u_fwd(s.k, s.v, s.beta, f.A, f.g_cumsum, c);
+  }
+};
+
+void expect_wy_close(const WyBwd& a, const WyBwd& b, double tol) {
+  for (auto [x, y, name] : {std::tuple{&a.dk, &b.dk, "dk"}, {&a.dv, &b.dv, "dv"}, {&a.dbeta, &b.dbeta, "dbeta"}, {&a.dg, &b.dg, "dg"}})
+    EXPECT_LT(rel_rms(*x, *y), tol) << name;
+}
+
+TEST(GdnBwdStages, SplitWyEqualsFused) {
+  Staged st;
+  auto& [s, f, c, wu] = st;
   // Any dW, dU exercise the WY backward; reuse w and u as stand-ins.
   Tensor dP = prepare_wy_repr_bwd_da(s.k, s.v, s.beta, f.A, wu.w, wu.u, f.g_cumsum, c);
   WyBwd split = prepare_wy_repr_bwd_full(s.k, s.v, s.beta, f.A, dP, wu.w, wu.u, f.g_cumsum, c);
   WyBwd fused = prepare_wy_repr_bwd(s.k, s.v, s.beta, f.A, wu.w, wu.u, f.g_cumsum, c);
-  for (auto [a, b] : {std::pair{&split.dk, &fused.dk}, {&split.dv, &fused.dv}, {&split.dbeta, &fused.dbeta}, {&split.dg, &fused.dg}})
-    EXPECT_LT(rel_rms(*a, *b), 1e-6);
+  expect_wy_close(split, fused, 1e-6);
   cpu::ScopedForceRef force(true);
   Tensor dPr = prepare_wy_repr_bwd_da(s.k, s.v, s.beta, f.A, wu.w, wu.u, f.g_cumsum, c);
   EXPECT_LT(rel_rms(dP, dPr), 1e-5);
   WyBwd ref = prepare_wy_repr_bwd_full(s.k, s.v, s.beta, f.A, dPr, wu.w, wu.u, f.g_cumsum, c);
-  for (auto [a, b] : {std::pair{&split.dk, &ref.dk}, {&split.dv, &ref.dv}, {&split.dbeta, &ref.dbeta}, {&split.dg, &ref.dg}})
-    EXPECT_LT(rel_rms(*a, *b), 1e-5);
+  expect_wy_close(split, ref, 1e-5);
 }
 
 void expect_error(const std::function<void()>& fn, const std::string& op, const std::string& arg) {
@@ -168,11 +181,8 @@ void expect_error(const std::function<void()>& fn, const std::string& op, const 
 }
 
 TEST(GdnBwdStages, BadInput) {
-  Problem s = make(false);
-  ChunkFwd f = forward(s);
-  Common c;
-  c.cu_seqlens = s.cu;
-  WU wu = recompute_w_u_fwd(s.k, s.v, s.beta, f.A, f.g_cumsum, c);
+  Staged st;
+  auto& [s, f, c, wu] = st;
   FwdH fh = chunk_gated_delta_rule_fwd_h(s.k, wu.w, wu.u, f.g_cumsum, s.h0, false, c);
   Tensor dvl = chunk_bwd_dv_local(s.q, s.k, f.g_cumsum, s.dO, std::nullopt, c);
   BwdDhu dhu = chunk_gated_delta_rule_bwd_dhu(s.q, s.k, wu.w, f.g_cumsum, s.dht, s.dO, dvl, true, std::nullopt, c);

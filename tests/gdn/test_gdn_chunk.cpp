@@ -201,14 +201,8 @@ TEST(GdnChunkFwd, LargestHeadDims) {
   s.T = 66, s.HK = 1, s.HV = 1, s.DK = 256, s.DV = 200;
   run_case({s, DType::f32, true, -1.f, {}, true}, 90);
   Inputs in = make_inputs(s, DType::f32, 91);
-  gdn::RecurrentOptions ro;
-  ro.use_qk_l2norm_in_kernel = true;
-  ro.output_final_state = true;
-  gdn::RecurrentOut f = gdn::recurrent_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, ro);
-  gdn::ChunkOptions co;
-  co.use_qk_l2norm_in_kernel = true;
-  co.output_final_state = true;
-  gdn::ChunkFwd r = gdn::ref::recurrence(in.q, in.k, in.v, in.g, in.beta, co);
+  gdn::RecurrentOut f = gdn::recurrent_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, recurrent_opts(true));
+  gdn::ChunkFwd r = recurrence_truth(in, true);
   EXPECT_LT(rel_err(f.o, r.o), 1e-5);
   EXPECT_LT(rel_err(f.final_state, r.final_state), 1e-5);
 }

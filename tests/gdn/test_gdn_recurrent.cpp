@@ -17,16 +17,9 @@ TEST(GdnRecurrent, MatchesRecurrenceReference) {
       Inputs in = make_inputs(s, dt, 40);
       std::mt19937 rng(41);
       Tensor S0 = rand_tensor(rng, DType::f32, {3, 4, 32, 48}, -0.5f, 0.5f);
-      gdn::RecurrentOptions ro;
-      ro.use_qk_l2norm_in_kernel = l2;
-      ro.initial_state = S0;
-      ro.output_final_state = true;
+      gdn::RecurrentOptions ro = recurrent_opts(l2, S0);
       gdn::RecurrentOut f = gdn::recurrent_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, ro);
-      gdn::ChunkOptions co;
-      co.use_qk_l2norm_in_kernel = l2;
-      co.initial_state = S0;
-      co.output_final_state = true;
-      gdn::ChunkFwd r = gdn::ref::recurrence(in.q, in.k, in.v, in.g, in.beta, co);
+      gdn::ChunkFwd r = recurrence_truth(in, l2, S0);
       EXPECT_LT(rel_err(f.o, r.o), dt == DType::f32 ? 1e-5 : 1e-2);
       EXPECT_LT(rel_err(f.final_state, r.final_state), 1e-5);
       ot::cpu::ScopedForceRef force(true);

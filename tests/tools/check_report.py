@@ -11,18 +11,13 @@ import shutil
 import subprocess
 import sys
 
+from checks import check, failures, finish
+
 ot, out = sys.argv[1], sys.argv[2]
 shutil.rmtree(out, ignore_errors=True)
 r = subprocess.run([ot, "report", "--quick", "--out", out], capture_output=True, text=True, timeout=900)
 print(r.stdout)
 print(r.stderr, file=sys.stderr)
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAIL:", msg)
 
 
 check(r.returncode == 0, f"ot report exited {r.returncode}")
@@ -45,7 +40,4 @@ if not failures:
         data = open(os.path.join(out, f), "rb").read()
         check(data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000, f"{f} is not a real PNG")
         check(f"]({f})" in md, f"{f} not linked from report.md")
-if failures:
-    print(f"{len(failures)} check(s) failed")
-    sys.exit(1)
-print("report smoke test passed")
+finish("report smoke test passed")

@@ -24,12 +24,7 @@ class Obj {
     return it == j_.end() ? nullptr : &*it;
   }
   void integer(const std::string& key, int64_t& out, int64_t lo, int64_t hi) {
-    if (auto* v = get(key)) {
-      OT_CHECK(v->is_number_integer(), kOp, field(key), "an integer", v->dump());
-      int64_t x = v->get<int64_t>();
-      OT_CHECK(x >= lo && x <= hi, kOp, field(key), detail::cat("an integer in [", lo, ", ", hi, "]"), x);
-      out = x;
-    }
+    ranged(key, out, lo, hi, &nlohmann::json::is_number_integer, "an integer");
   }
   void integer(const std::string& key, int& out, int lo, int hi) {
     int64_t x = out;
@@ -37,12 +32,7 @@ class Obj {
     out = int(x);
   }
   void number(const std::string& key, double& out, double lo, double hi) {
-    if (auto* v = get(key)) {
-      OT_CHECK(v->is_number(), kOp, field(key), "a number", v->dump());
-      double x = v->get<double>();
-      OT_CHECK(x >= lo && x <= hi, kOp, field(key), detail::cat("a number in [", lo, ", ", hi, "]"), x);
-      out = x;
-    }
+    ranged(key, out, lo, hi, &nlohmann::json::is_number, "a number");
   }
   void boolean(const std::string& key, bool& out) {
     if (auto* v = get(key)) {
@@ -76,6 +66,16 @@ class Obj {
   }
 
  private:
+  // key, when present, must pass `is` (the JSON type, named by `what`) and lie in [lo, hi].
+  template <class T>
+  void ranged(const std::string& key, T& out, T lo, T hi, bool (nlohmann::json::*is)() const noexcept, const char* what) {
+    if (auto* v = get(key)) {
+      OT_CHECK(((*v).*is)(), kOp, field(key), what, v->dump());
+      T x = v->get<T>();
+      OT_CHECK(x >= lo && x <= hi, kOp, field(key), detail::cat(what, " in [", lo, ", ", hi, "]"), x);
+      out = x;
+    }
+  }
   const nlohmann::json& j_;
   std::string path_;
   std::set<std::string> seen_;
