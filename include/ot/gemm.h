@@ -66,14 +66,20 @@ class PackedB {
 PackedB prepack(const TensorView& b, BLayout layout);
 
 // A operand: row i of the logical A is at data + (rows ? rows[i] : i) * ld (gather through rows).
+// Quantised A (int8 with a per-row scale, e.g. the EP dispatch's dynamic int8 quantisation): dtype
+// DType::i8 and scale set; source row r stands for q[r, :] * scale[r] (scale is indexed like data,
+// i.e. through rows). The pack converts i8 to bf16/fp32 exactly and the epilogue multiplies the
+// accumulator by the row's scale before bias and activation (both halves of a SwiGLU). scale is
+// required for i8 and allowed for float A too.
 struct AOperand {
   const void* data = nullptr;
   DType dtype = DType::f32;
   int64_t ld = 0;
   const int32_t* rows = nullptr;
+  const float* scale = nullptr;  // [source rows], required when dtype == i8
 };
 
-// Output and epilogue. Order: acc -> + bias[n] -> activation -> * row_scale[m] -> store
+// Output and epilogue. Order: acc (* a.scale[row]) -> + bias[n] -> activation -> * row_scale[m] -> store
 // (to C row `scatter_rows ? scatter_rows[m] : m`), adding to C instead when accumulate.
 struct COperand {
   void* data = nullptr;

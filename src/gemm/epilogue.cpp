@@ -24,10 +24,10 @@ void epilogue_scalar(const EpiArgs& e, const EpiBlock& b) {
   for (int r = 0; r < b.rows; ++r) {
     int64_t m = b.m0 + r;
     int64_t crow = e.scatter_rows ? e.scatter_rows[m] : m;
-    float rs = e.row_scale ? e.row_scale[m] : 1.f;
+    float rs = e.row_scale ? e.row_scale[m] : 1.f, alpha = acc_scale(e, m);
     for (int j = 0; j < b.width; ++j) {
-      float v = e.alpha * b.t[r * b.ldt + j] + (e.bias ? e.bias[b.bcol + j] : 0.f);
-      if (b.u) v = silu(v) * (e.alpha * b.u[r * b.ldt + j] + (e.bias ? e.bias[b.ucol + j] : 0.f));
+      float v = alpha * b.t[r * b.ldt + j] + (e.bias ? e.bias[b.bcol + j] : 0.f);
+      if (b.u) v = silu(v) * (alpha * b.u[r * b.ldt + j] + (e.bias ? e.bias[b.ucol + j] : 0.f));
       else v = activate(e.act, v);
       v *= rs;
       int64_t off = crow * e.ldc + (b.col0 + j) * e.csc;

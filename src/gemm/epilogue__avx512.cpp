@@ -24,9 +24,10 @@ static inline void store_c(DType t, void* p, __mmask16 m, __m512 v) {
 
 void epilogue_avx512(const EpiArgs& e, const EpiBlock& b) {
   const size_t es = e.c_dtype == DType::f32 ? 4 : 2;
-  const __m512 alpha = _mm512_set1_ps(e.alpha), beta = _mm512_set1_ps(e.beta);
+  const __m512 beta = _mm512_set1_ps(e.beta);
   for (int r = 0; r < b.rows; ++r) {
     int64_t m = b.m0 + r;
+    const __m512 alpha = _mm512_set1_ps(acc_scale(e, m));
     int64_t crow = e.scatter_rows ? e.scatter_rows[m] : m;
     __m512 rs = _mm512_set1_ps(e.row_scale ? e.row_scale[m] : 1.f);
     char* crow_p = static_cast<char*>(e.c) + size_t(crow * e.ldc + b.col0) * es;

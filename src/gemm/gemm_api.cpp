@@ -82,8 +82,10 @@ PackedB prepack(const TensorView& b, BLayout layout) {
   return p;
 }
 
-static EpiArgs epi_args(const COperand& c, const Epilogue& ep) {
+static EpiArgs epi_args(const AOperand& a, const COperand& c, const Epilogue& ep) {
   EpiArgs e;
+  e.a_scale = a.scale;
+  e.a_rows = a.rows;
   e.bias = ep.bias;
   e.act = ep.act;
   e.row_scale = ep.row_scale;
@@ -98,7 +100,8 @@ static EpiArgs epi_args(const COperand& c, const Epilogue& ep) {
 static void check_gemm(int64_t M, const AOperand& a, const PackedB& b, const COperand& c, const Epilogue& ep, const char* op) {
   OT_CHECK(M >= 0, op, "M", ">= 0", M);
   OT_CHECK(!b.empty(), op, "b", "a prepacked weight", "empty PackedB");
-  OT_CHECK(is_float(a.dtype), op, "a", "bf16, fp16 or fp32", dtype_name(a.dtype));
+  OT_CHECK(is_float(a.dtype) || a.dtype == DType::i8, op, "a", "bf16, fp16, fp32 or i8 (with a.scale)", dtype_name(a.dtype));
+  OT_CHECK(a.dtype != DType::i8 || a.scale != nullptr || M == 0, op, "a.scale", "per-row scales for an i8 A", "nullptr");
   OT_CHECK(out_dtype_ok(c.dtype), op, "c", "fp32, bf16 or fp16 output", dtype_name(c.dtype));
   int64_t N = b.N(), K = b.K();
   OT_CHECK(ep.act != Act::swiglu || N % 2 == 0, op, "b", "an even N ([gate | up]) for swiglu", N);
@@ -115,7 +118,7 @@ static detail::Job make_job(int64_t M, const AOperand& a, const PackedB& b, cons
   j.M = M;
   j.a = {a.data, a.dtype, a.ld, 1, a.rows};
   j.b = b.impl()->geom;
-  j.epi = epi_args(c, ep);
+  j.epi = epi_args(a, c, ep);
   j.swiglu = ep.act == Act::swiglu;
   return j;
 }
@@ -170,7 +173,8 @@ void grouped_gemm(const Group* groups, int64_t count) {
 }
 
 void matmul(const MatView& a, const MatView& b, const MutMatView& c, float alpha, float beta) {
-  OT_CHECK(is_float(a.dtype) && is_float(b.dtype), "matmul", "a/b", "bf16, fp16 or fp32", std::string(dtype_name(a.dtype)) + "/" + dtype_name(b.dtype));
+  OT_CHECK(is_float(a.dtype), "matmul", "a", "bf16, fp16 or fp32", dtype_name(a.dtype));
+  OT_CHECK(is_float(b.dtype), "matmul", "b", "bf16, fp16 or fp32", dtype_name(b.dtype));
   OT_CHECK(out_dtype_ok(c.dtype), "matmul", "c", "fp32, bf16 or fp16", dtype_name(c.dtype));
   OT_CHECK(a.cols == b.rows, "matmul", "b", "rows == a.cols = " + std::to_string(a.cols), b.rows);
   OT_CHECK(c.rows == a.rows && c.cols == b.cols, "matmul", "c", "[" + std::to_string(a.rows) + ", " + std::to_string(b.cols) + "]",
@@ -211,7 +215,7 @@ void matmul(const MatView& a, const MatView& b, const MutMatView& c, float alpha
 
 const char* kernel_name(DType a, DType b, int64_t M) {
   if (cpu::force_ref()) return "ref";
-  return select_kernel(layout_for(a == DType::bf16 || a == DType::f32 ? DType::bf16 : a, b), M).name;
+  return select_kernel(layout_for(a == DType::bf16 || a == DType::f32 || a == DType::i8 ? DType::bf16 : a, b), M).name;
 }
 
 }  // namespace ot::gemm

@@ -80,8 +80,10 @@ void kernel_avx512_f32(int mr, int64_t kc, const void* a, int64_t lda, const voi
 void kernel_avx512_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_amx_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 
-// Everything the epilogue needs: out = alpha*acc (+bias) -> act -> *row_scale -> (+ beta*C).
+// Everything the epilogue needs: out = alpha*a_scale*acc (+bias) -> act -> *row_scale -> (+ beta*C).
 struct EpiArgs {
+  const float* a_scale = nullptr;  // quantised A: acc of logical row m is scaled by a_scale[a_rows ? a_rows[m] : m]
+  const int32_t* a_rows = nullptr;
   const float* bias = nullptr;
   Act act = Act::none;
   const float* row_scale = nullptr;
@@ -102,11 +104,16 @@ struct EpiBlock {
   int64_t col0 = 0, bcol = 0, ucol = 0;
   int width = 0;
 };
+// The accumulator multiplier of logical row m: alpha times the quantised A row's scale.
+inline float acc_scale(const EpiArgs& e, int64_t m) {
+  return e.a_scale ? e.alpha * e.a_scale[e.a_rows ? e.a_rows[m] : m] : e.alpha;
+}
 void epilogue_scalar(const EpiArgs& e, const EpiBlock& b);
 void epilogue_avx512(const EpiArgs& e, const EpiBlock& b);
 
 // Packs rows [m0, m0+mc) of the logical A (row i at a.data + (rows ? rows[i] : i)*rs, columns by cs)
 // into row-major fp32 or bf16 with row stride lda (>= K, zero padding up to lda; rows up to mc_pad).
+// i8 sources convert exactly (every int8 is a bf16); their scale is applied by the epilogue.
 struct ASource {
   const void* data = nullptr;
   DType dtype = DType::f32;

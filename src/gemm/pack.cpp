@@ -85,6 +85,22 @@ void unpack_b(const Panels& g, float* dst) {
   }
 }
 
+// int8 -> fp32 or bf16, exact (|q| <= 128 needs 8 significant bits: the low half of the fp32 is 0).
+static void convert_i8(const int8_t* src, int64_t cs, int64_t K, Layout layout, void* dst) {
+  if (layout == Layout::f32) {
+    float* d = static_cast<float*>(dst);
+    for (int64_t k = 0; k < K; ++k) d[k] = float(src[k * cs]);
+    return;
+  }
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  for (int64_t k = 0; k < K; ++k) {
+    float f = float(src[k * cs]);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    d[k] = uint16_t(bits >> 16);
+  }
+}
+
 void pack_a(const ASource& a, int64_t m0, int64_t mc, int64_t mc_pad, int64_t K, Layout layout, void* dst, int64_t lda) {
   size_t es = dtype_size(a.dtype), de = layout_elt(layout);
   thread_local std::vector<float> tmp;
@@ -93,7 +109,9 @@ void pack_a(const ASource& a, int64_t m0, int64_t mc, int64_t mc_pad, int64_t K,
     if (i >= mc) { std::memset(d, 0, size_t(lda) * de); continue; }
     int64_t r = a.rows ? a.rows[m0 + i] : m0 + i;
     const char* src = static_cast<const char*>(a.data) + size_t(r * a.rs) * es;
-    if (a.cs != 1) {
+    if (a.dtype == DType::i8) {
+      convert_i8(reinterpret_cast<const int8_t*>(src), a.cs, K, layout, d);
+    } else if (a.cs != 1) {
       tmp.resize(size_t(K));
       for (int64_t k = 0; k < K; ++k) tmp[size_t(k)] = elem_f32(src, a.dtype, k * a.cs);
       if (layout == Layout::f32) std::memcpy(d, tmp.data(), size_t(K) * 4);

@@ -65,10 +65,19 @@ RoutingPlan moe_routing_plan(const TensorView& ids_in, const TensorView& w_in, i
   return p;
 }
 
-void moe_expert_ffn(const TensorView& x, const MoeExperts& ex, const ExpertRows& rows, const TensorView& out, bool accumulate) {
+void moe_expert_ffn(const TensorView& x, const MoeExperts& ex, const ExpertRows& rows, const TensorView& out, bool accumulate,
+                    const TensorView& x_scale) {
   const char* op = "moe_expert_ffn";
   impl::check_ndim(op, "x", x, 2);
-  OT_CHECK(x.dtype == ex.dtype(), op, "x", detail::cat("the experts' dtype ", dtype_name(ex.dtype())), dtype_name(x.dtype));
+  const bool quant = x.dtype == DType::i8;
+  OT_CHECK(x.dtype == ex.dtype() || quant, op, "x", detail::cat("the experts' dtype ", dtype_name(ex.dtype()), " or i8 with x_scale"), dtype_name(x.dtype));
+  if (quant) {
+    OT_CHECK(x_scale.defined() && x_scale.ndim == 1 && x_scale.dtype == DType::f32 && x_scale.is_contiguous() && x_scale.size(0) == x.size(0), op,
+             "x_scale", detail::cat("a contiguous f32 [", x.size(0), "] (one scale per int8 row of x)"),
+             x_scale.defined() ? x_scale.shape_str() : std::string("undefined"));
+  } else {
+    OT_CHECK(!x_scale.defined(), op, "x_scale", "undefined unless x is i8", x_scale.shape_str());
+  }
   OT_CHECK(x.size(1) == ex.hidden(), op, "x", detail::cat("[*, H] with H = ", ex.hidden()), x.shape_str());
   OT_CHECK(x.is_contiguous(), op, "x", "a contiguous tensor", "strided");
   impl::check_ndim(op, "out", out, 2);
@@ -87,8 +96,10 @@ void moe_expert_ffn(const TensorView& x, const MoeExperts& ex, const ExpertRows&
     OT_CHECK(!rows.scatter || (rows.scatter[i] >= 0 && rows.scatter[i] < out.size(0)), op, "rows.scatter", "row ids of out", rows.scatter[i]);
   }
   if (A == 0) return;
-  TensorView h(impl::scratch(0, size_t(A * I) * dtype_size(x.dtype)), x.dtype, {A, I});
-  size_t xs = dtype_size(x.dtype), os = dtype_size(out.dtype);
+  const DType hdt = ex.dtype();  // the intermediate is stored in the experts' dtype (x's unless x is i8)
+  TensorView h(impl::scratch(0, size_t(A * I) * dtype_size(hdt)), hdt, {A, I});
+  const float* xsc = quant ? x_scale.ptr<float>() : nullptr;
+  size_t xs = dtype_size(x.dtype), hs = dtype_size(hdt), os = dtype_size(out.dtype);
   std::vector<gemm::Group> up, down;
   for (int64_t e = 0; e < EL; ++e) {
     int64_t off = rows.offsets[size_t(e)], M = rows.offsets[size_t(e + 1)] - off;
@@ -96,15 +107,15 @@ void moe_expert_ffn(const TensorView& x, const MoeExperts& ex, const ExpertRows&
     int64_t eid = rows.first_expert + e;
     gemm::Group g;
     g.M = M;
-    g.a = rows.gather ? gemm::AOperand{x.data, x.dtype, H, rows.gather + off}
-                      : gemm::AOperand{static_cast<const char*>(x.data) + size_t(off * H) * xs, x.dtype, H, nullptr};
+    g.a = rows.gather ? gemm::AOperand{x.data, x.dtype, H, rows.gather + off, xsc}
+                      : gemm::AOperand{static_cast<const char*>(x.data) + size_t(off * H) * xs, x.dtype, H, nullptr, xsc ? xsc + off : nullptr};
     g.b = &ex.gate_up(eid);
-    g.c = {static_cast<char*>(h.data) + size_t(off * I) * xs, x.dtype, I};
+    g.c = {static_cast<char*>(h.data) + size_t(off * I) * hs, hdt, I};
     g.ep.act = gemm::Act::swiglu;
     up.push_back(g);
     gemm::Group d;
     d.M = M;
-    d.a = {static_cast<const char*>(h.data) + size_t(off * I) * xs, x.dtype, I, nullptr};
+    d.a = {static_cast<const char*>(h.data) + size_t(off * I) * hs, hdt, I, nullptr};
     d.b = &ex.down(eid);
     d.c = rows.scatter ? gemm::COperand{out.data, out.dtype, H}
                        : gemm::COperand{static_cast<char*>(out.data) + size_t(off * H) * os, out.dtype, H};

@@ -13,6 +13,7 @@ static double load(const void* p, DType t, int64_t off) {
     case DType::f32: return static_cast<const float*>(p)[off];
     case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[off]);
     case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[off]);
+    case DType::i8: return static_cast<const int8_t*>(p)[off];
     default: return 0;
   }
 }
@@ -38,6 +39,7 @@ void gemm(int64_t M, const AOperand& a, const TensorView& b, BLayout layout, con
         int64_t boff = layout == BLayout::KN ? k * b.stride(0) + n * b.stride(1) : n * b.stride(0) + k * b.stride(1);
         s += load(a.data, a.dtype, arow * a.ld + k) * load(b.data, b.dtype, boff);
       }
+      if (a.scale) s *= a.scale[arow];  // quantised A: row arow is q * scale
       acc[size_t(n)] = s + (ep.bias ? ep.bias[n] : 0.0);
     }
     int64_t crow = ep.scatter_rows ? ep.scatter_rows[m] : m;

@@ -194,3 +194,92 @@ TEST(BulkConvert, VectorMatchesScalar) {
     }
   }
 }
+
+namespace {
+// The arg() of the ot::Error that stmt throws ("" when nothing is thrown).
+template <class F> std::string error_arg(F&& stmt) {
+  try { stmt(); } catch (const Error& e) { return e.arg(); }
+  return "";
+}
+}  // namespace
+
+// Quantised A (int8 rows + per-row fp32 scale, the EP dispatch's dynamic quantisation) against
+// dequantise-then-GEMM in fp32: i8 -> bf16 is exact and the scale is applied to the fp32
+// accumulator, so even with bf16 weights the result agrees to fp32 accumulation error.
+TEST(GroupedGemm, Int8RowsWithScaleMatchDequantisedGemm) {
+  const int64_t K = 130, rows_x = 120;  // >= the 105 rows the groups read in place
+  const std::vector<int64_t> Ms = {0, 7, 33, 1, 64};
+  std::mt19937 rng(5);
+  Tensor q = Tensor::empty(DType::i8, {rows_x, K});
+  for (int64_t i = 0; i < q.numel(); ++i) q.ptr<int8_t>()[i] = int8_t(int(rng() % 256) - 128);  // -128..127: every code
+  std::vector<float> scale(static_cast<size_t>(rows_x));
+  for (auto& s : scale) s = std::ldexp(1.f + float(rng() % 1000) / 1000.f, -int(rng() % 8) - 3);
+  Tensor xf = Tensor::empty(DType::f32, {rows_x, K});  // dequantised
+  for (int64_t r = 0; r < rows_x; ++r)
+    for (int64_t k = 0; k < K; ++k) xf.ptr<float>()[r * K + k] = float(q.ptr<int8_t>()[r * K + k]) * scale[size_t(r)];
+  for (cpu::Isa isa : isa_paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (DType wt : {DType::bf16, DType::f32}) {
+      for (Act act : {Act::none, Act::swiglu}) {
+        const int64_t N = 2 * 53, n_out = act == Act::swiglu ? N / 2 : N;
+        std::vector<Tensor> w;
+        std::vector<PackedB> pw;
+        std::vector<std::vector<int32_t>> gather(Ms.size());
+        std::vector<float> bias = to_f32(random_tensor(DType::f32, {N}, 17));
+        int64_t total = 0;
+        for (size_t g = 0; g < Ms.size(); ++g) {
+          w.push_back(random_tensor(wt, {N, K}, uint32_t(30 + g)));
+          pw.push_back(prepack(w.back(), BLayout::NK));
+          for (int64_t i = 0; i < Ms[g]; ++i) gather[g].push_back(int32_t(rng() % rows_x));
+          total += Ms[g];
+        }
+        Tensor cf = Tensor::zeros(DType::f32, {total, n_out}), cr = Tensor::zeros(DType::f32, {total, n_out});
+        Tensor cq = Tensor::zeros(DType::f32, {total, n_out});
+        std::vector<Group> groups;
+        int64_t off = 0;
+        for (size_t g = 0; g < Ms.size(); ++g) {
+          Group gr;
+          gr.M = Ms[g];
+          // Odd groups gather through rows (scale indexed by source row), even ones read rows in place.
+          if (g % 2) gr.a = {q.view().data, DType::i8, K, gather[g].data(), scale.data()};
+          else gr.a = {q.ptr<int8_t>() + off * K, DType::i8, K, nullptr, scale.data() + off};
+          gr.b = &pw[g];
+          gr.c = {cf.ptr<float>() + off * n_out, DType::f32, n_out};
+          gr.ep.act = act;
+          gr.ep.bias = bias.data();
+          groups.push_back(gr);
+          Group rg = gr;  // the same GEMM on the dequantised fp32 rows
+          rg.a = g % 2 ? AOperand{xf.view().data, DType::f32, K, gather[g].data()} : AOperand{xf.ptr<float>() + off * K, DType::f32, K};
+          rg.c.data = cr.ptr<float>() + off * n_out;
+          ref::gemm(rg.M, rg.a, w[g], BLayout::NK, rg.c, rg.ep);
+          Group qg = gr;  // the i8 reference (what OT_FORCE_REF runs)
+          qg.c.data = cq.ptr<float>() + off * n_out;
+          ref::gemm(qg.M, qg.a, w[g], BLayout::NK, qg.c, qg.ep);
+          off += Ms[g];
+        }
+        grouped_gemm(groups.data(), int64_t(groups.size()));
+        EXPECT_LE(norm_err(cf, cr), 2e-5) << "isa=" << isa_str(isa) << " w=" << dtype_name(wt) << " act=" << act_name(act);
+        EXPECT_LE(norm_err(cq, cr), 1e-6);
+      }
+    }
+  }
+}
+
+TEST(GroupedGemm, Int8WithoutScaleAndIntMatmulOperandsAreErrors) {
+  Tensor b = random_tensor(DType::bf16, {8, 6}, 1), c = Tensor::zeros(DType::f32, {4, 6});
+  Tensor q = Tensor::zeros(DType::i8, {4, 8});
+  PackedB pb = prepack(b, BLayout::KN);
+  Group g;
+  g.M = 4;
+  g.a = {q.view().data, DType::i8, 8};
+  g.b = &pb;
+  g.c = {c.view().data, DType::f32, 6};
+  EXPECT_EQ(error_arg([&] { grouped_gemm(&g, 1); }), "a.scale");
+  EXPECT_EQ(error_arg([&] { ot::gemm::gemm(4, g.a, pb, g.c); }), "a.scale");
+  Tensor ai = Tensor::zeros(DType::i32, {4, 8}), bi = Tensor::zeros(DType::i32, {8, 6}), af = random_tensor(DType::f32, {4, 8}, 2);
+  EXPECT_EQ(error_arg([&] { matmul(MatView::of(ai), MatView::of(b), MutMatView::of(c)); }), "a");
+  EXPECT_EQ(error_arg([&] { matmul(MatView::of(af), MatView::of(bi), MutMatView::of(c)); }), "b");
+  Tensor a8 = Tensor::zeros(DType::i8, {4, 8});
+  EXPECT_EQ(error_arg([&] { matmul(MatView::of(a8), MatView::of(b), MutMatView::of(c)); }), "a");  // i8 only with a scale, in the grouped form
+  for (int64_t k = 0; k < c.numel(); ++k) ASSERT_EQ(get_as_double(c, k), 0.0);
+}

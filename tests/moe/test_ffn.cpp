@@ -220,6 +220,51 @@ TEST(MoeFfn, StagesComposeForExpertParallelism) {
   EXPECT_LE(nerr(y2, full.y), 1e-5);
 }
 
+// EP dispatch delivers int8 rows with a per-row scale: the grouped FFN takes them as they are and
+// must equal the FFN of the dequantised rows (fp32 rows through an fp32 copy of the same weights;
+// the int8 route stores the SwiGLU intermediate in bf16, hence the bf16 tolerance).
+TEST(MoeFfn, ExpertFfnOnInt8RowsWithScales) {
+  Layer L(DType::bf16, 6, 64, 40, 71);
+  MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+  auto f32 = [](const Tensor& t) { Tensor r = Tensor::empty(DType::f32, t.shape()); copy_into(t, r); return r; };
+  MoeExperts exf = MoeExperts::from_stacked(f32(L.gate), f32(L.up), f32(L.down), WeightLayout::EHI);
+  const int64_t T = 37;
+  std::mt19937 rng(9);
+  Tensor q = Tensor::empty(DType::i8, {T, 64}), xs = Tensor::empty(DType::f32, {T}), xf = Tensor::empty(DType::f32, {T, 64});
+  for (int64_t t = 0; t < T; ++t) {
+    xs.ptr<float>()[t] = 0.002f + 0.03f * float(rng() % 100) / 100.f;  // scales differ per row
+    for (int64_t h = 0; h < 64; ++h) {
+      int8_t v = int8_t(int(rng() % 255) - 127);
+      q.ptr<int8_t>()[t * 64 + h] = v;
+      xf.ptr<float>()[t * 64 + h] = float(v) * xs.ptr<float>()[t];
+    }
+  }
+  RoutingPlan p = moe_routing_plan(rand_ids(T, 3, 6, 4), randn(DType::f32, {T, 3}, 5), 6);
+  // Routed: gather x rows (scale indexed through the gather), weighted scatter-add into tokens.
+  Tensor y = Tensor::zeros(DType::f32, {T, 64}), yr = Tensor::zeros(DType::f32, {T, 64});
+  moe_expert_ffn(q, ex, p.rows(), y, true, xs);
+  moe_expert_ffn(xf, exf, p.rows(), yr, true);
+  EXPECT_LE(nerr(y, yr), tol(DType::bf16));
+  // Already-permuted rows (no gather / scatter): scale i belongs to row i.
+  ExpertRows plain;
+  plain.offsets = {0, 10, 10, 30, T, T, T};
+  Tensor yp = Tensor::empty(DType::bf16, {T, 64}), ypr = Tensor::empty(DType::f32, {T, 64});
+  moe_expert_ffn(q, ex, plain, yp, false, xs);
+  moe_expert_ffn(xf, exf, plain, ypr, false);
+  EXPECT_LE(nerr(yp, ypr), tol(DType::bf16));
+  // A dropped scale changes the result (the test can fail).
+  Tensor ones = Tensor::empty(DType::f32, {T});
+  for (int64_t t = 0; t < T; ++t) ones.ptr<float>()[t] = 1.f;
+  moe_expert_ffn(q, ex, plain, yp, false, ones);
+  EXPECT_GT(nerr(yp, ypr), 0.5);
+  // Errors: int8 without or with a wrong x_scale, x_scale with float rows.
+  EXPECT_OT_ERROR(moe_expert_ffn(q, ex, plain, yp, false), "x_scale");
+  EXPECT_OT_ERROR(moe_expert_ffn(q, ex, plain, yp, false, Tensor::empty(DType::f32, {T - 1})), "x_scale");
+  EXPECT_OT_ERROR(moe_expert_ffn(q, ex, plain, yp, false, Tensor::empty(DType::bf16, {T})), "x_scale");
+  EXPECT_OT_ERROR(moe_expert_ffn(randn(DType::bf16, {T, 64}, 3), ex, plain, yp, false, xs), "x_scale");
+  EXPECT_OT_ERROR(moe_expert_ffn(Tensor::zeros(DType::i32, {T, 64}), ex, plain, yp, false, xs), "x");
+}
+
 TEST(MoeFfn, BadInput) {
   Layer L(DType::bf16, 4, 16, 8, 61);
   gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);

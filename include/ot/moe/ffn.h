@@ -66,8 +66,12 @@ struct ExpertRows {
   int64_t rows() const { return offsets.empty() ? 0 : offsets.back(); }
 };
 // out [*, H] (f32/bf16/f16): with accumulate, out[scatter[i]] += scale[i] * ffn(x[gather[i]]) for all
-// i; without, out[scatter[i]] = ... (rows must then be distinct). x [*, H] in the experts' dtype.
-void moe_expert_ffn(const TensorView& x, const MoeExperts& experts, const ExpertRows& rows, const TensorView& out, bool accumulate);
+// i; without, out[scatter[i]] = ... (rows must then be distinct). x [*, H] in the experts' dtype, or
+// int8 with x_scale [x rows] fp32 (the dispatch's dynamic quantisation: row r of x is
+// x[r, :] * x_scale[r]); the int8 rows go into the GEMM as they are (exact i8 -> bf16 in the A pack,
+// the scale applied to the gate and up accumulators before the SwiGLU), never dequantised in memory.
+void moe_expert_ffn(const TensorView& x, const MoeExperts& experts, const ExpertRows& rows, const TensorView& out, bool accumulate,
+                    const TensorView& x_scale = {});
 
 // The plan of a routed batch: (token, k) pairs sorted stably by expert, restricted to experts in
 // [expert_begin, expert_end) (EP: this rank's experts), at most expert_capacity per expert (later
