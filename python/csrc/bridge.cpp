@@ -12,11 +12,12 @@ ot::DType to_ot(c10::ScalarType t, const char* op, const char* arg) {
     case c10::ScalarType::Half: return ot::DType::f16;
     case c10::ScalarType::Int: return ot::DType::i32;
     case c10::ScalarType::Long: return ot::DType::i64;
+    case c10::ScalarType::Char: return ot::DType::i8;
     case c10::ScalarType::Byte:
     case c10::ScalarType::Bool: return ot::DType::u8;
     default: break;
   }
-  throw ot::Error(op, arg, "dtype float32, bfloat16, float16, int32, int64, uint8 or bool", c10::toString(t));
+  throw ot::Error(op, arg, "dtype float32, bfloat16, float16, int32, int64, int8, uint8 or bool", c10::toString(t));
 }
 
 c10::ScalarType to_torch(ot::DType t) {
@@ -27,7 +28,7 @@ c10::ScalarType to_torch(ot::DType t) {
     case ot::DType::i32: return c10::ScalarType::Int;
     case ot::DType::i64: return c10::ScalarType::Long;
     case ot::DType::u8: return c10::ScalarType::Byte;
-    case ot::DType::i8: return c10::ScalarType::Char;  // int8 expand_x of quantised EP dispatch
+    case ot::DType::i8: return c10::ScalarType::Char;  // int8: quantised expanded_x (init routing, EP dispatch)
   }
   return c10::ScalarType::Undefined;
 }

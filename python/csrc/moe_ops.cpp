@@ -16,9 +16,6 @@ moe::WeightLayout weight_layout(const std::string& s, const char* op) {
   throw ot::Error(op, "layout", "\"torch\" (nn.Linear [E, I, H] / [E, H, I]) or \"EHI\"", s);
 }
 
-// int8 results are stored in u8 tensors by the library: show them as torch.int8.
-Tensor as_int8(const Tensor& t) { return t.defined() ? t.view(c10::ScalarType::Char) : t; }
-
 }  // namespace
 
 // ---- custom classes ----------------------------------------------------------------------------
@@ -129,9 +126,7 @@ std::tuple<Tensor, Tensor, Tensor, OptTensor> moe_init_routing_v2(
   }
   o.row_idx_type = int(row_idx_type);
   auto r = moe::moe_init_routing_v2(view(x, op, "x"), view(expert_idx, op, "expert_idx"), o);
-  Tensor ex = wrap(r.expanded_x);
-  if (quant_mode >= 0) ex = as_int8(ex);
-  return {ex, wrap(r.expanded_row_idx), wrap(r.expert_tokens), wrap_opt(r.expanded_scale)};
+  return {wrap(r.expanded_x), wrap(r.expanded_row_idx), wrap(r.expert_tokens), wrap_opt(r.expanded_scale)};
 }
 
 Tensor moe_compute_expert_tokens(const Tensor& sorted_expert_for_source_row, int64_t num_expert) {

@@ -3,9 +3,27 @@
 #include <algorithm>
 #include <numeric>
 
+#include "ot/cpu.h"
 #include "ot/workspace.h"
 
 namespace ot::moe::impl {
+
+void combine_rows_avx512(const WeightedRow* rows, int n, DType t, int64_t H, void* out, DType out_t, const WeightedRow* next,
+                         int n_next, bool stream);
+void stream_fence_avx512();
+
+void combine_rows(const WeightedRow* rows, int n, DType t, int64_t H, void* out, DType out_t, const WeightedRow* next, int n_next,
+                  bool stream) {
+  if (cpu::has(cpu::Isa::avx512)) return combine_rows_avx512(rows, n, t, H, out, out_t, next, n_next, stream);
+  float* acc = static_cast<float*>(scratch(3, size_t(H) * 4));
+  std::fill(acc, acc + H, 0.f);
+  for (int j = 0; j < n; ++j) accumulate_f32(rows[j].p, t, rows[j].w, acc, H);
+  convert_from_f32(acc, out, out_t, H);
+}
+void stream_fence() {
+  if (cpu::has(cpu::Isa::avx512)) stream_fence_avx512();
+}
+bool stream_output(size_t bytes) { return bytes >= (size_t(16) << 20); }
 
 void check_ids(const char* op, const char* arg, const TensorView& ids, int64_t lo, int64_t hi) {
   check_dtype(op, arg, ids, DType::i32);

@@ -68,6 +68,21 @@ inline const char* row_ptr(const TensorView& v, int64_t row, int64_t row_elems) 
   return static_cast<const char*>(v.data) + row * row_elems * int64_t(dtype_size(v.dtype));
 }
 
+// The weighted combine of gathered rows (unpermute, finalize routing): out = sum_j w_j * rows_j, in
+// fp32 registers, cast (RNE) to out's dtype. All rows share one float dtype; n = 0 writes zeros.
+// `next` (optional) are the rows of the following output, prefetched while this one is summed.
+// stream: non-temporal stores of whole 64-byte lines (call stream_fence() before the results are
+// read by another thread); for outputs far larger than the caches.
+struct WeightedRow {
+  const void* p;
+  float w;
+};
+void combine_rows(const WeightedRow* rows, int n, DType t, int64_t H, void* out, DType out_t, const WeightedRow* next = nullptr,
+                  int n_next = 0, bool stream = false);
+void stream_fence();
+// Whether non-temporal stores pay off for an output of this many bytes.
+bool stream_output(size_t bytes);
+
 // Stable sort of flat expert keys: perm[i] = source index placed at i. Counting sort when keys are
 // dense, std::stable_sort otherwise. Keys must be >= 0.
 std::vector<int32_t> stable_argsort(const int32_t* keys, int64_t n);
@@ -77,11 +92,11 @@ std::vector<int32_t> stable_argsort(const int32_t* keys, int64_t n);
 // the same slot on the same thread.
 void* scratch(int slot, size_t bytes);
 
-// int8 quantisation with round-half-even and saturation, stored as two's complement in a u8.
-inline uint8_t quant_i8(float v) {
+// int8 quantisation with round-half-even and saturation.
+inline int8_t quant_i8(float v) {
   float r = std::nearbyint(v);
   r = r < -128.f ? -128.f : (r > 127.f ? 127.f : r);
-  return uint8_t(int8_t(r));
+  return int8_t(r);
 }
 
 }  // namespace ot::moe::impl

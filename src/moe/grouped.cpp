@@ -154,27 +154,32 @@ FinalizePlan plan_finalize(const char* op, const TensorView& ex, const TensorVie
 
 static void finalize_fast(const FinalizePlan& p, const TensorView& out) {
   const int32_t* idx = p.idx.ptr<int32_t>();
-  bool col = p.mode <= 1;
+  const bool col = p.mode <= 1;
+  const size_t ob = size_t(p.H) * dtype_size(out.dtype);
+  const bool stream = stream_output(size_t(p.N) * ob);
   parallel_for(p.N, [&](int64_t n0, int64_t n1) {
-    std::vector<float> acc(static_cast<size_t>(p.H));
-    for (int64_t n = n0; n < n1; ++n) {
-      std::fill(acc.begin(), acc.end(), 0.f);
+    // Terms of token n: x1, x2, then per k w * row (a dropped row, d < 0, adds nothing) and w * bias.
+    std::vector<WeightedRow> buf[2];
+    auto gather = [&](int64_t n, std::vector<WeightedRow>& w) {
+      w.clear();
       for (const TensorView* s : {&p.x1, &p.x2})
-        if (s->defined()) accumulate_f32(row_ptr(*s, n, p.H), s->dtype, 1.f, acc.data(), p.H);
+        if (s->defined()) w.push_back({row_ptr(*s, n, p.H), 1.f});
       for (int64_t k = 0; k < p.K; ++k) {
-        if (k + 1 < p.K) {  // the next gathered row, while this one is summed
-          int32_t nd = idx[col ? (k + 1) * p.N + n : n * p.K + k + 1];
-          if (nd >= 0) prefetch_row(row_ptr(p.ex, nd, p.H), size_t(p.H) * dtype_size(p.ex.dtype));
-        }
         int32_t d = idx[col ? k * p.N + n : n * p.K + k];
-        float w = p.scales.defined() ? load1(p.scales, n * p.K + k) : 1.f;
-        // w * (row + bias) as two weighted accumulations; a dropped row (d < 0) still adds w * bias.
-        if (d >= 0) accumulate_f32(row_ptr(p.ex, d, p.H), p.ex.dtype, w, acc.data(), p.H);
-        if (p.bias.defined())
-          accumulate_f32(row_ptr(p.bias, p.expert_idx.ptr<int32_t>()[n * p.K + k], p.H), p.bias.dtype, w, acc.data(), p.H);
+        float wt = p.scales.defined() ? load1(p.scales, n * p.K + k) : 1.f;
+        if (d >= 0) w.push_back({row_ptr(p.ex, d, p.H), wt});
+        if (p.bias.defined()) w.push_back({row_ptr(p.bias, p.expert_idx.ptr<int32_t>()[n * p.K + k], p.H), wt});
       }
-      store_f32(out, n * p.H, acc.data(), p.H);
+    };
+    gather(n0, buf[0]);
+    for (int64_t n = n0; n < n1; ++n) {
+      std::vector<WeightedRow>& cur = buf[(n - n0) & 1];
+      std::vector<WeightedRow>& nxt = buf[(n - n0 + 1) & 1];
+      if (n + 1 < n1) gather(n + 1, nxt); else nxt.clear();
+      combine_rows(cur.data(), int(cur.size()), p.ex.dtype, p.H, static_cast<char*>(out.data) + size_t(n) * ob, out.dtype, nxt.data(),
+                   int(nxt.size()), stream);
     }
+    if (stream) stream_fence();
   });
 }
 
@@ -184,7 +189,7 @@ static Tensor finalize_entry(const char* op, const TensorView& ex, const TensorV
   trace::OpScope scope(op);
   double es = double(dtype_size(ex.dtype));
   scope.kernel(ref ? "ref" : "fp32_rows").args(ex.shape_str()).bytes(es * double(p.N * p.H) * double(p.K + 1 + (x1.defined()) + (x2.defined())));
-  Tensor out = Tensor::empty(ex.dtype, {p.N, p.H});
+  Tensor out = pooled_empty(ex.dtype, {p.N, p.H});
   if (ref) finalize_ref(p, out); else finalize_fast(p, out);
   return out;
 }

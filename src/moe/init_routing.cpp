@@ -128,7 +128,7 @@ InitV2Plan plan_init_v2(const TensorView& x, const TensorView& expert_idx, const
   return p;
 }
 
-float quant_dynamic_row(const float* xs, int64_t H, uint8_t* q) {
+float quant_dynamic_row(const float* xs, int64_t H, int8_t* q) {
   float amax = 0;
   for (int64_t h = 0; h < H; ++h) amax = std::max(amax, std::fabs(xs[h]));
   float d = amax / 127.f;
@@ -145,7 +145,7 @@ static void emit_row(const InitV2Plan& p, int64_t n, int64_t e, char* dst, float
     return;
   }
   load_f32(p.x, n * p.H, buf, p.H);
-  uint8_t* q = reinterpret_cast<uint8_t*>(dst);
+  int8_t* q = reinterpret_cast<int8_t*>(dst);
   if (p.o.quant_mode == 0) {
     for (int64_t h = 0; h < p.H; ++h) q[h] = quant_i8(buf[h] * p.static_scale + p.static_offset);
     return;
@@ -168,7 +168,7 @@ InitRoutingV2Result init_v2_fast(const InitV2Plan& p) {
   for (int64_t j = 0; j < NK; ++j) if (key[size_t(j)] < ER) ++counts[size_t(key[size_t(j)])];
   InitRoutingV2Result r;
   for (int64_t c : counts) r.available += c;
-  DType xt = p.o.quant_mode >= 0 ? DType::u8 : p.x.dtype;
+  DType xt = p.o.quant_mode >= 0 ? DType::i8 : p.x.dtype;
   bool want_scale = p.o.quant_mode == 1 || p.scale == InitV2Plan::Scale::per_token;
   r.expanded_row_idx = Tensor::empty(DType::i32, {NK});
   int32_t* eri = r.expanded_row_idx.ptr<int32_t>();

@@ -17,7 +17,7 @@ PermutePlan plan_permute(const TensorView& tokens, const TensorView& indices, in
   const char* op = "moe_token_permute";
   PermutePlan p;
   check_ndim(op, "tokens", tokens, 2);
-  OT_CHECK(is_float(tokens.dtype) || tokens.dtype == DType::u8, op, "tokens", "bf16, fp16, fp32 or int8 (u8)", dtype_name(tokens.dtype));
+  OT_CHECK(is_float(tokens.dtype) || tokens.dtype == DType::i8, op, "tokens", "bf16, fp16, fp32 or int8", dtype_name(tokens.dtype));
   check_dtype(op, "indices", indices, DType::i32);
   p.T = tokens.size(0); p.H = tokens.size(1); p.padded = padded;
   if (padded) {
@@ -93,33 +93,51 @@ UnpermutePlan plan_unpermute(const TensorView& permuted, const TensorView& sorte
 void unpermute_fast(const UnpermutePlan& p, const TensorView& out) {
   const int32_t* idx = p.sorted.ptr<int32_t>();
   if (p.padded) {  // scatter-add: several rows may hit one token, so accumulate serially in fp32
-    std::vector<float> acc(static_cast<size_t>(p.T * p.H), 0.f), row(static_cast<size_t>(p.H));
+    std::vector<float> acc(static_cast<size_t>(p.T * p.H), 0.f);
     for (int64_t i = 0; i < p.P; ++i) {
       float w = p.probs.defined() ? load1(p.probs, i) : 1.f;
-      load_f32(p.permuted, i * p.H, row.data(), p.H);
-      float* a = acc.data() + idx[i] * p.H;
-      for (int64_t h = 0; h < p.H; ++h) a[h] += w * row[size_t(h)];
+      accumulate_f32(row_ptr(p.permuted, i, p.H), p.permuted.dtype, w, acc.data() + idx[i] * p.H, p.H);
     }
     store_f32(out, 0, acc.data(), p.T * p.H);
     return;
   }
+  const size_t ob = size_t(p.H) * dtype_size(out.dtype);
+  const bool stream = stream_output(size_t(p.T) * ob);
   parallel_for(p.T, [&](int64_t t0, int64_t t1) {
-    std::vector<float> acc(static_cast<size_t>(p.H));
-    const size_t rb = size_t(p.H) * dtype_size(p.permuted.dtype);
-    for (int64_t t = t0; t < t1; ++t) {
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t k = 0; k < p.K; ++k) {
-        if (t * p.K + k + 1 < t1 * p.K) {
-          int64_t nd = idx[t * p.K + k + 1];
-          if (nd >= 0 && nd < p.P) prefetch_row(row_ptr(p.permuted, nd, p.H), rb);
-        }
+    WeightedRow buf[2][64];  // this token's rows and the next one's (K <= 64 per batch)
+    auto gather = [&](int64_t t, int64_t k0, WeightedRow* w) {
+      int n = 0;
+      for (int64_t k = k0; k < std::min(p.K, k0 + 64); ++k) {
         int64_t d = idx[t * p.K + k];
-        float w = p.probs.defined() ? load1(p.probs, t * p.K + k) : 1.f;
-        if (d < 0 || d >= p.P || w == 0.f) continue;
-        accumulate_f32(row_ptr(p.permuted, d, p.H), p.permuted.dtype, w, acc.data(), p.H);
+        float wt = p.probs.defined() ? load1(p.probs, t * p.K + k) : 1.f;
+        if (d < 0 || d >= p.P || wt == 0.f) continue;
+        w[n++] = {row_ptr(p.permuted, d, p.H), wt};
       }
-      store_f32(out, t * p.H, acc.data(), p.H);
+      return n;
+    };
+    char* o = static_cast<char*>(out.data);
+    if (p.K > 64) {  // rare: sum in batches of 64 through an fp32 row
+      std::vector<float> acc(static_cast<size_t>(p.H)), part(static_cast<size_t>(p.H));
+      for (int64_t t = t0; t < t1; ++t) {
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t k0 = 0; k0 < p.K; k0 += 64) {
+          int n = gather(t, k0, buf[0]);
+          combine_rows(buf[0], n, p.permuted.dtype, p.H, part.data(), DType::f32);
+          accumulate_f32(part.data(), DType::f32, 1.f, acc.data(), p.H);
+        }
+        store_f32(out, t * p.H, acc.data(), p.H);
+      }
+      return;
     }
+    int n = gather(t0, 0, buf[0]);
+    for (int64_t t = t0; t < t1; ++t) {
+      WeightedRow* cur = buf[(t - t0) & 1];
+      WeightedRow* nxt = buf[(t - t0 + 1) & 1];
+      int nn = t + 1 < t1 ? gather(t + 1, 0, nxt) : 0;
+      combine_rows(cur, n, p.permuted.dtype, p.H, o + size_t(t) * ob, out.dtype, nxt, nn, stream);
+      n = nn;
+    }
+    if (stream) stream_fence();
   });
 }
 
@@ -140,7 +158,7 @@ ReRoutingResult re_routing_ref(const TensorView& tokens, const std::vector<int64
 static ReRoutingResult re_routing_run(const TensorView& tokens_in, const TensorView& counts, const TensorView& scales_in, bool ref) {
   const char* op = "moe_re_routing";
   check_ndim(op, "tokens", tokens_in, 2);
-  OT_CHECK(is_float(tokens_in.dtype) || tokens_in.dtype == DType::u8, op, "tokens", "bf16, fp16, fp32 or int8 (u8)", dtype_name(tokens_in.dtype));
+  OT_CHECK(is_float(tokens_in.dtype) || tokens_in.dtype == DType::i8, op, "tokens", "bf16, fp16, fp32 or int8", dtype_name(tokens_in.dtype));
   check_ndim(op, "expert_token_num_per_rank", counts, 2);
   std::vector<int64_t> cnt = read_ints(op, "expert_token_num_per_rank", counts);
   int64_t A = tokens_in.size(0), R = counts.size(0), El = counts.size(1), total = 0;

@@ -1,12 +1,15 @@
-// Routers, fast path: one pass per token row in fp32, rows split over threads; top-k by insertion
-// into a k-long sorted buffer (strict '>' keeps the lower expert id on ties).
+// Routers, fast path: rows split over threads; each row in fp32 through the AVX-512 kernel
+// (router__avx512.cpp) when the ISA allows and k <= 16, else the scalar row below, whose top-k is an
+// insertion into a k-long sorted buffer (strict '>' keeps the lower expert id on ties).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 
 #include "ot/cpu.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
+#include "ot/workspace.h"
 #include "src/moe/common.h"
 #include "src/moe/router_plan.h"
 
@@ -14,6 +17,20 @@ namespace ot::moe {
 namespace impl {
 
 static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+RouterScratch::RouterScratch(const RouterSpec& s) {
+  size_t ep = size_t((s.E + 15) / 16 * 16), kp = size_t(std::max<int64_t>(s.k, 16)), g = size_t(s.groups);
+  size_t n = 5 * ep + g + 3 * kp + 3 * 80 + ep / 2 + 12 * 16;  // floats, each piece rounded up to 16
+  mem = aligned_alloc64(n * 4);
+  float* f = static_cast<float*>(mem);
+  auto take = [&](size_t n) { float* p = f; f += (n + 15) / 16 * 16; return p; };
+  xr = take(ep); sc = take(ep); key = take(ep); gs = take(g); kv = take(kp); vals = take(kp); cand = take(ep + 80);
+  ki = reinterpret_cast<int32_t*>(take(kp));
+  cand_id = reinterpret_cast<int32_t*>(take(ep + 80));
+  rank = reinterpret_cast<int32_t*>(take(80));
+  amask = reinterpret_cast<uint16_t*>(take(ep / 2));
+}
+RouterScratch::~RouterScratch() { aligned_free(mem); }
 
 // Keeps the k largest (value, id) pairs, descending; equal values keep the earlier (lower) id first.
 static void topk_insert(const float* key, int64_t E, int64_t k, float* kv, int32_t* ki) {
@@ -31,7 +48,6 @@ static void topk_insert(const float* key, int64_t E, int64_t k, float* kv, int32
 
 // Masks every expert outside the k_group best groups (group score: max, or sum of the top 2).
 static void limit_groups(const RouterSpec& s, float* key, float* gscore) {
-  if (s.groups <= 1 || s.k_group >= s.groups) return;
   int64_t gsz = s.E / s.groups;
   for (int64_t g = 0; g < s.groups; ++g) {
     float a = kNegInf, b = kNegInf;  // best and second best
@@ -52,63 +68,92 @@ static void limit_groups(const RouterSpec& s, float* key, float* gscore) {
       for (int64_t e = g * gsz; e < (g + 1) * gsz; ++e) key[e] = kNegInf;
 }
 
-void route_fast(const RouterSpec& s, GatingResult& r) {
+void write_row(const RouterSpec& s, GatingResult& r, int64_t row, const int32_t* ids, const float* vals) {
+  const int64_t k = s.k;
+  bool fin = s.finished && s.finished[row];
+  int32_t* out = r.expert_idx.ptr<int32_t>() + row * k;
+  for (int64_t j = 0; j < k; ++j) out[j] = fin ? int32_t(s.E) : ids[j];
+  store_f32(r.y.view(), row * k, vals, k);
+  if (s.row_idx) {
+    int32_t* p = r.row_idx.ptr<int32_t>() + row * k;
+    for (int64_t j = 0; j < k; ++j) p[j] = int32_t(j * s.R + row);
+  }
+}
+
+bool route_row_scalar(const RouterSpec& s, GatingResult& r, int64_t row, RouterScratch& b) {
   const int64_t E = s.E, k = s.k;
-  parallel_for(s.R, [&](int64_t r0, int64_t r1) {
-    std::vector<float> xr(static_cast<size_t>(E)), sc(static_cast<size_t>(E)), key(static_cast<size_t>(E));
-    std::vector<float> gs(static_cast<size_t>(s.groups)), kv(static_cast<size_t>(k)), vals(static_cast<size_t>(k));
-    std::vector<int32_t> ki(static_cast<size_t>(k));
-    for (int64_t row = r0; row < r1; ++row) {
-      load_f32(s.x, row * E, xr.data(), E);
-      const uint8_t* al = s.allowed ? s.allowed + row * E : nullptr;
-      if (s.select == Select::topk_softmax) {
-        for (int64_t e = 0; e < E; ++e) key[size_t(e)] = !al || al[e] ? xr[size_t(e)] : kNegInf;
-      } else {
-        if (s.sigmoid) {
-          for (int64_t e = 0; e < E; ++e) sc[size_t(e)] = 1.f / (1.f + std::exp(-xr[size_t(e)]));
-        } else {
-          float m = kNegInf, sum = 0;
-          for (int64_t e = 0; e < E; ++e) if (!al || al[e]) m = std::max(m, xr[size_t(e)]);
-          for (int64_t e = 0; e < E; ++e) { sc[size_t(e)] = !al || al[e] ? std::exp(xr[size_t(e)] - m) : 0.f; sum += sc[size_t(e)]; }
-          float inv = 1.f / sum;
-          for (int64_t e = 0; e < E; ++e) sc[size_t(e)] *= inv;
-        }
-        for (int64_t e = 0; e < E; ++e)
-          key[size_t(e)] = !al || al[e] ? sc[size_t(e)] + (s.bias.empty() ? 0.f : s.bias[size_t(e)]) : kNegInf;
-        if (s.select == Select::gating) limit_groups(s, key.data(), gs.data());
-      }
-      topk_insert(key.data(), E, k, kv.data(), ki.data());
-      if (s.select == Select::topk_softmax) {
-        float m = kv[0], sum = 0;
-        for (int64_t j = 0; j < k; ++j) { vals[size_t(j)] = std::exp(kv[size_t(j)] - m); sum += vals[size_t(j)]; }
-        for (int64_t j = 0; j < k; ++j) vals[size_t(j)] /= sum;
-      } else {
-        float sum = 0;
-        for (int64_t j = 0; j < k; ++j) {
-          int32_t e = ki[size_t(j)];
-          vals[size_t(j)] = !al || al[e] ? sc[size_t(e)] : 0.f;
-          sum += vals[size_t(j)];
-        }
-        if (s.select == Select::gating) {
-          float mul = s.sigmoid ? s.scale / (sum + s.eps) : s.scale;
-          for (int64_t j = 0; j < k; ++j) vals[size_t(j)] *= mul;
-        }
-      }
-      bool fin = s.finished && s.finished[row];
-      int32_t* ids = r.expert_idx.ptr<int32_t>() + row * k;
-      for (int64_t j = 0; j < k; ++j) ids[j] = fin ? int32_t(E) : ki[size_t(j)];
-      store_f32(r.y.view(), row * k, vals.data(), k);
-      if (s.scores) std::copy(sc.begin(), sc.end(), r.scores.ptr<float>() + row * E);
+  float *xr = b.xr, *sc = b.sc, *key = b.key, *kv = b.kv, *vals = b.vals;
+  load_f32(s.x, row * E, xr, E);
+  bool finite = true;
+  for (int64_t e = 0; e < E; ++e) finite &= std::isfinite(xr[e]);
+  if (!finite) return false;
+  const uint8_t* al = s.allowed ? s.allowed + row * E : nullptr;
+  if (s.select != Select::topk_softmax) {
+    if (s.sigmoid) {
+      for (int64_t e = 0; e < E; ++e) sc[e] = 1.f / (1.f + std::exp(-xr[e]));
+    } else {
+      float m = kNegInf, sum = 0;
+      for (int64_t e = 0; e < E; ++e) if (!al || al[e]) m = std::max(m, xr[e]);
+      for (int64_t e = 0; e < E; ++e) { sc[e] = !al || al[e] ? std::exp(xr[e] - m) : 0.f; sum += sc[e]; }
+      float inv = 1.f / sum;
+      for (int64_t e = 0; e < E; ++e) sc[e] *= inv;
     }
+  }
+  const bool on_x = select_on_logits(s);
+  for (int64_t e = 0; e < E; ++e)
+    key[e] = al && !al[e] ? kNegInf : on_x ? xr[e] : sc[e] + (s.bias.empty() ? 0.f : s.bias[size_t(e)]);
+  if (limits_groups(s)) limit_groups(s, key, b.gs);
+  topk_insert(key, E, k, kv, b.ki);
+  if (s.select == Select::topk_softmax) {
+    float m = kv[0], sum = 0;
+    for (int64_t j = 0; j < k; ++j) { vals[j] = std::exp(kv[j] - m); sum += vals[j]; }
+    for (int64_t j = 0; j < k; ++j) vals[j] /= sum;
+  } else {
+    float sum = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t e = b.ki[j];
+      vals[j] = !al || al[e] ? sc[e] : 0.f;
+      sum += vals[j];
+    }
+    if (s.select == Select::gating) {
+      float mul = s.sigmoid ? s.scale / (sum + s.eps) : s.scale;
+      for (int64_t j = 0; j < k; ++j) vals[j] *= mul;
+    }
+  }
+  write_row(s, r, row, b.ki, vals);
+  if (s.scores) std::copy(sc, sc + E, r.scores.ptr<float>() + row * E);
+  return true;
+}
+
+bool route_fast(const RouterSpec& s, GatingResult& r) {
+  const bool vec = s.k <= 16 && cpu::has(cpu::Isa::avx512);
+  // About 16 KiB of logits per task: enough to amortise the hand-out, small enough to balance.
+  int64_t chunk = std::max<int64_t>(16, 4096 / std::max<int64_t>(s.E, 1));
+  int64_t nt = num_threads();
+  if (s.R <= chunk * nt) chunk = std::max<int64_t>(1, (s.R + nt - 1) / nt);
+  std::atomic<bool> finite{true};
+  parallel_for_dynamic((s.R + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
+    RouterScratch b(s);
+    int64_t r0 = c0 * chunk, r1 = std::min(s.R, c1 * chunk);
+    bool ok = true;
+    if (vec) ok = route_rows_avx512(s, r, r0, r1, b);
+    else for (int64_t row = r0; row < r1; ++row) ok &= route_row_scalar(s, r, row, b);
+    if (!ok) finite.store(false, std::memory_order_relaxed);
   });
+  return finite.load();
 }
 
 static GatingResult run(const char* op, RouterSpec& s, const TensorView& x, bool force_ref) {
   trace::OpScope scope(op);
-  scope.kernel(force_ref ? "ref" : "fp32_rows").args(x.shape_str()).bytes(double(x.nbytes()));
+  scope.kernel(force_ref ? "ref" : s.k <= 16 && cpu::has(cpu::Isa::avx512) ? "avx512_rows" : "fp32_rows").args(x.shape_str()).bytes(double(x.nbytes()));
   GatingResult r = alloc_outputs(s, x);
-  if (force_ref) route_ref(s, r); else route_fast(s, r);
-  fill_row_idx(s, r);
+  if (force_ref) {
+    check_finite(op, "x", s.x);
+    route_ref(s, r);
+    fill_row_idx(s, r);
+  } else if (!route_fast(s, r)) {
+    check_finite(op, "x", s.x);  // throws, naming the first non-finite element
+  }
   return r;
 }
 

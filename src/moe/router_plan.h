@@ -21,7 +21,10 @@ struct RouterSpec {
   const uint8_t* allowed = nullptr;   // [R, E]
   bool row_idx = false, scores = false;
   Tensor hold_x, hold_fin, hold_allowed;  // contiguous copies of strided inputs
-  TensorView x;                        // contiguous [R, E]
+  // Contiguous [R, E]. It must be finite: the reference checks that first; the fast executor checks
+  // each row as it loads it (no second pass over x) and, when a row is not, the entry point calls
+  // check_finite, which throws naming the index (only the call's own fresh outputs were written).
+  TensorView x;
 };
 
 RouterSpec plan_softmax(const char* op, const TensorView& x, int64_t k, const TensorView& finished, const TensorView& allowed);
@@ -31,8 +34,40 @@ GatingResult alloc_outputs(const RouterSpec& s, const TensorView& x);
 // Fills the k-major row_idx (v1).
 void fill_row_idx(const RouterSpec& s, GatingResult& r);
 
-// Executors: fast (parallel, fp32) and reference (plain, fp64).
-void route_fast(const RouterSpec& s, GatingResult& r);
+// Executors: fast (parallel, fp32; false when some row of x is not finite) and reference (plain, fp64).
+bool route_fast(const RouterSpec& s, GatingResult& r);
 void route_ref(const RouterSpec& s, GatingResult& r);
+
+// ---- what the fast executors (router.cpp scalar, router__avx512.cpp) share.
+// Group-limited selection is on (some groups are masked out).
+inline bool limits_groups(const RouterSpec& s) { return s.select == Select::gating && s.groups > 1 && s.k_group < s.groups; }
+// Selection may run on the raw logits: softmax and sigmoid are strictly increasing, so without a bias
+// and without the top-2-sum group score the order of x is the order of the scores (and exactly the
+// fp64 reference's order, with no fp32 rounding of exp in between).
+inline bool select_on_logits(const RouterSpec& s) {
+  return s.select == Select::topk_softmax || (s.bias.empty() && !(limits_groups(s) && s.group_mode == 1));
+}
+// Per-thread row buffers of the fast executors (rows padded to a multiple of 16 floats).
+struct RouterScratch {
+  explicit RouterScratch(const RouterSpec& s);
+  ~RouterScratch();
+  RouterScratch(const RouterScratch&) = delete;
+  RouterScratch& operator=(const RouterScratch&) = delete;
+  float *xr, *sc, *key, *gs, *kv, *vals;
+  int32_t* ki;
+  float* cand;       // [E + 80]: candidates of the vector top-k, then (at E + 16) the chosen by rank
+  int32_t* cand_id;  // [E + 80]: their expert ids, likewise
+  int32_t* rank;     // [80]
+  uint16_t* amask;  // allowed lanes of each 16-expert block
+  void* mem;
+};
+// One row, scalar: the fallback of the vector kernel and the path of non-AVX-512 machines.
+// False (nothing written) when the row is not finite.
+bool route_row_scalar(const RouterSpec& s, GatingResult& r, int64_t row, RouterScratch& b);
+// Writes ids (E for finished rows), y (cast to x's dtype) and the v1 row_idx of one row.
+void write_row(const RouterSpec& s, GatingResult& r, int64_t row, const int32_t* ids, const float* vals);
+// Rows [r0, r1) with AVX-512 (k <= 16); rows it cannot decide exactly go to route_row_scalar.
+// False when some row is not finite.
+bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 
 }  // namespace ot::moe::impl

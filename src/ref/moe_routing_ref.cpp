@@ -45,7 +45,7 @@ InitRoutingV2Result init_v2_ref(const InitV2Plan& p) {
   InitRoutingV2Result r;
   r.available = available;
   bool quant = p.o.quant_mode >= 0, want_scale = p.o.quant_mode == 1 || p.scale == InitV2Plan::Scale::per_token;
-  DType xt = quant ? DType::u8 : p.x.dtype;
+  DType xt = quant ? DType::i8 : p.x.dtype;
   std::vector<int64_t> counts(static_cast<size_t>(e_ - s), 0);
   for (int64_t i = 0; i < available; ++i) ++counts[size_t(key[size_t(perm[size_t(i)])] - s)];
   std::vector<int64_t> dst(static_cast<size_t>(NK), -1);
@@ -100,7 +100,7 @@ InitRoutingV2Result init_v2_ref(const InitV2Plan& p) {
       if (p.scale == InitV2Plan::Scale::per_token) r.expanded_scale.ptr<float>()[d] = p.smooth.ptr<float>()[n];
       continue;
     }
-    uint8_t* q = r.expanded_x.ptr<uint8_t>() + d * p.H;
+    int8_t* q = r.expanded_x.ptr<int8_t>() + d * p.H;
     for (int64_t h = 0; h < p.H; ++h) xs[size_t(h)] = float(get_as_double(p.x, n * p.H + h));
     if (p.o.quant_mode == 0) {
       for (int64_t h = 0; h < p.H; ++h) q[h] = quant_i8(xs[size_t(h)] * p.static_scale + p.static_offset);

@@ -122,10 +122,12 @@ TEST(MoeInitRouting, DynamicQuantRoundTrips) {
   InitRoutingV2Options po;
   po.expert_num = 4;
   InitRoutingV2Result plain = moe_init_routing_v2(x, ids, po);
+  EXPECT_EQ(r.expanded_x.dtype(), DType::i8);
+  EXPECT_EQ(ref::moe_init_routing_v2(x, ids, o).expanded_x.dtype(), DType::i8);
   for (int64_t i = 0; i < 18; ++i) {
     float d = r.expanded_scale.ptr<float>()[i];
     for (int64_t h = 0; h < 64; ++h) {
-      float q = float(int8_t(r.expanded_x.ptr<uint8_t>()[i * 64 + h]));
+      float q = float(r.expanded_x.ptr<int8_t>()[i * 64 + h]);
       EXPECT_NEAR(q * d, get_as_double(plain.expanded_x, i * 64 + h), 0.51 * d + 1e-6);
     }
   }

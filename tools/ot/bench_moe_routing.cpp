@@ -1,12 +1,15 @@
 // `ot bench moe_routing`: the memory-bound routing operators (routers, init routing, permute,
-// unpermute, finalize) at a prefill batch (T 1024, H 2048, K 8, E 128), in GB/s of the bytes each
-// must read and write at least, against the memory peak; the reference runs once per case.
+// unpermute, finalize) at prefill batches (H 2048, K 8, E 128), in GB/s of the bytes each must read
+// and write at least, against the memory peak; the reference runs once per case.
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench_gemm_common.h"
 #include "bench_harness.h"
+#include "ot/cpu.h"
 #include "ot/moe.h"
 #include "ot/numeric.h"
 #include "ot/parallel.h"
@@ -14,7 +17,7 @@
 namespace ot::cli {
 namespace {
 
-constexpr int64_t T = 1024, H = 2048, K = 8, E = 128;
+constexpr int64_t H = 2048, K = 8, E = 128;
 
 Tensor rnd(DType dt, const std::vector<int64_t>& shape, uint32_t seed) {
   std::mt19937 g(seed);
@@ -31,53 +34,102 @@ struct Case {
   std::string name, shape;
   double bytes;
   std::function<void()> fast, ref;
+  std::string kernel;
 };
 
-int run(const BenchOptions& opt) {
-  Tensor logits = rnd(DType::f32, {T, E}, 1), logits256 = rnd(DType::f32, {T, 256}, 2), bias = rnd(DType::f32, {256}, 3);
-  Tensor x = rnd(DType::bf16, {T, H}, 4);
-  moe::GatingResult g = moe::moe_gating_top_k_softmax(logits, K);
+// Inputs of one batch size; the cases capture them by reference.
+struct Batch {
+  int64_t T;
+  Tensor logits, logits256, bias, x, scales;
+  moe::GatingResult g;
   moe::InitRoutingV2Options io;
-  io.expert_num = E; io.expert_tokens_num_type = 1;
-  moe::InitRoutingV2Result ir = moe::moe_init_routing_v2(x, g.expert_idx, io);
-  moe::TokenPermuteResult pr = moe::moe_token_permute(x, g.expert_idx);
-  Tensor scales = Tensor::empty(DType::bf16, {T, K});
-  convert_from_f32(g.y.ptr<float>(), scales.view().data, DType::bf16, T * K);
+  moe::InitRoutingV2Result ir;
+  moe::TokenPermuteResult pr;
   moe::GatingTopKOptions go;
-  go.k = K; go.bias = bias; go.group_count = 8; go.k_group = 4; go.group_select_mode = 1; go.norm_type = 1; go.routed_scaling_factor = 2.5f;
+  explicit Batch(int64_t t) : T(t) {}
+  void init(bool rows) {
+    uint32_t s = uint32_t(T);
+    logits = rnd(DType::f32, {T, E}, s + 1); logits256 = rnd(DType::f32, {T, 256}, s + 2); bias = rnd(DType::f32, {256}, 3);
+    go.k = K; go.bias = bias; go.group_count = 8; go.k_group = 4; go.group_select_mode = 1; go.norm_type = 1; go.routed_scaling_factor = 2.5f;
+    g = moe::moe_gating_top_k_softmax(logits, K);
+    if (!rows) return;
+    x = rnd(DType::bf16, {T, H}, s + 4);
+    io.expert_num = E; io.expert_tokens_num_type = 1;
+    ir = moe::moe_init_routing_v2(x, g.expert_idx, io);
+    pr = moe::moe_token_permute(x, g.expert_idx);
+    scales = Tensor::empty(DType::bf16, {T, K});
+    convert_from_f32(g.y.ptr<float>(), scales.view().data, DType::bf16, T * K);
+  }
+};
+
+// Routers at T 1024 (the input is 0.5 MiB, in cache: this measures per-token work and dispatch) and
+// T 16384 (a prefill batch, 8 MiB); the row-moving operators at T 1024 (36+ MiB) and 4096.
+void add_cases(Batch& b, bool routers, bool rows, std::vector<Case>& cases) {
+  const int64_t T = b.T;
+  const std::string t = "-t" + std::to_string(T);
   const double xb = double(T * H * 2), eb = double(T * K * H * 2), ib = double(T * K * 4);
-  std::vector<Case> cases = {
-      {"gating-softmax-t1024-e128-k8", "[1024, 128] fp32 k8", double(T * E * 4) + 3 * ib,
-       [&] { moe::moe_gating_top_k_softmax(logits, K); }, [&] { moe::ref::moe_gating_top_k_softmax(logits, K); }},
-      {"gating-top-k-sigmoid-t1024-e256-k8", "[1024, 256] fp32 g8/4", double(T * 256 * 4) + 2 * ib,
-       [&] { moe::moe_gating_top_k(logits256, go); }, [&] { moe::ref::moe_gating_top_k(logits256, go); }},
-      {"init-routing-v2-t1024-h2048-k8", "[1024, 2048] bf16 k8", xb + eb + 2 * ib,
-       [&] { moe::moe_init_routing_v2(x, g.expert_idx, io); }, [&] { moe::ref::moe_init_routing_v2(x, g.expert_idx, io); }},
-      {"token-permute-t1024-h2048-k8", "[1024, 2048] bf16 k8", xb + eb + 2 * ib,
-       [&] { moe::moe_token_permute(x, g.expert_idx); }, [&] { moe::ref::moe_token_permute(x, g.expert_idx); }},
-      {"token-unpermute-t1024-h2048-k8", "[8192, 2048] bf16", eb + xb + 2 * ib,
-       [&] { moe::moe_token_unpermute(pr.permuted_tokens, pr.sorted_indices, g.y); },
-       [&] { moe::ref::moe_token_unpermute(pr.permuted_tokens, pr.sorted_indices, g.y); }},
-      {"finalize-routing-t1024-h2048-k8", "[8192, 2048] bf16 +skip", eb + 2 * xb + 2 * ib,
-       [&] { moe::moe_finalize_routing_v2(ir.expanded_x, ir.expanded_row_idx, x, {}, {}, scales, {}, 2); },
-       [&] { moe::ref::moe_finalize_routing_v2(ir.expanded_x, ir.expanded_row_idx, x, {}, {}, scales, {}, 2); }},
-  };
+  if (routers) {
+    cases.push_back({"gating-softmax" + t + "-e128-k8", "[" + std::to_string(T) + ", 128] fp32 k8", double(T * E * 4) + 3 * ib,
+                     [&b] { moe::moe_gating_top_k_softmax(b.logits, K); }, [&b] { moe::ref::moe_gating_top_k_softmax(b.logits, K); }, "router"});
+    cases.push_back({"gating-top-k-sigmoid" + t + "-e256-k8", "[" + std::to_string(T) + ", 256] fp32 g8/4", double(T * 256 * 4) + 2 * ib,
+                     [&b] { moe::moe_gating_top_k(b.logits256, b.go); }, [&b] { moe::ref::moe_gating_top_k(b.logits256, b.go); }, "router"});
+  }
+  if (!rows) return;
+  const std::string sh = "[" + std::to_string(T) + ", 2048] bf16 k8", ex = "[" + std::to_string(T * K) + ", 2048] bf16";
+  cases.push_back({"init-routing-v2" + t + "-h2048-k8", sh, xb + eb + 2 * ib, [&b] { moe::moe_init_routing_v2(b.x, b.g.expert_idx, b.io); },
+                   [&b] { moe::ref::moe_init_routing_v2(b.x, b.g.expert_idx, b.io); }, "counting_sort"});
+  cases.push_back({"token-permute" + t + "-h2048-k8", sh, xb + eb + 2 * ib, [&b] { moe::moe_token_permute(b.x, b.g.expert_idx); },
+                   [&b] { moe::ref::moe_token_permute(b.x, b.g.expert_idx); }, "counting_sort"});
+  cases.push_back({"token-unpermute" + t + "-h2048-k8", ex, eb + xb + 2 * ib,
+                   [&b] { moe::moe_token_unpermute(b.pr.permuted_tokens, b.pr.sorted_indices, b.g.y); },
+                   [&b] { moe::ref::moe_token_unpermute(b.pr.permuted_tokens, b.pr.sorted_indices, b.g.y); }, "combine"});
+  cases.push_back({"finalize-routing" + t + "-h2048-k8", ex + " +skip", eb + 2 * xb + 2 * ib,
+                   [&b] { moe::moe_finalize_routing_v2(b.ir.expanded_x, b.ir.expanded_row_idx, b.x, {}, {}, b.scales, {}, 2); },
+                   [&b] { moe::ref::moe_finalize_routing_v2(b.ir.expanded_x, b.ir.expanded_row_idx, b.x, {}, {}, b.scales, {}, 2); }, "combine"});
+}
+
+int run(const BenchOptions& opt) {
+  std::vector<std::unique_ptr<Batch>> batches;
+  std::vector<Case> cases;
+  for (auto [T, routers, rows] : {std::tuple{int64_t(1024), true, true}, {int64_t(16384), true, false}, {int64_t(4096), false, true}}) {
+    std::vector<Case> mine;
+    auto b = std::make_unique<Batch>(T);
+    add_cases(*b, routers, rows, mine);
+    bool any = false, any_rows = false;
+    for (Case& c : mine)
+      if (opt.selected(c.name)) {
+        any = true;
+        any_rows |= c.kernel != "router";
+        cases.push_back(std::move(c));
+      }
+    if (!any) continue;  // nothing selected: the inputs are never made
+    b->init(any_rows);
+    batches.push_back(std::move(b));
+  }
   for (const Case& c : cases) {
-    if (!opt.selected(c.name)) continue;
     Timing tm = time_interleaved(c.fast, opt.no_ref ? std::function<void()>() : c.ref, opt.repeats > 0 ? opt.repeats : 20, opt.no_ref ? 0 : 1);
     BenchResult r;
     r.name = c.name;
     r.shape = c.shape;
-    r.dtype = "bf16";
+    r.dtype = c.kernel == "router" ? "fp32" : "bf16";
     r.threads = num_threads();
     r.ms = tm.fast_ms;
     r.ref_ms = tm.ref_ms;
     r.gbps = c.bytes / (r.ms * 1e6);
     double peak = memory_peak_gbps(r.threads);
     r.peak_fraction = peak > 0 ? r.gbps / peak : 0;
-    r.kernel = "fp32_rows";
+    r.kernel = c.kernel == "router" ? (cpu::has(cpu::Isa::avx512) ? "avx512_rows" : "fp32_rows") : c.kernel;
     r.extra["bytes"] = c.bytes;
+    // Idle-machine estimate from process CPU time (the machine is shared; spinning OpenMP workers
+    // are counted, so it errs slow).
+    const double cpu_ms = gemmbench::cpu_ms_per_call(c.fast, 3), est_ms = cpu_ms / r.threads, est = c.bytes / (est_ms * 1e6);
+    r.extra["cpu_ms"] = cpu_ms;
+    r.extra["idle_estimate_ms"] = est_ms;
+    r.extra["cpu_gbps"] = est;
     report(opt, r);
+    if (!opt.json)
+      std::printf("  %-26s cpu %.3f ms/call -> idle estimate %.3f ms: %.1f GB/s (%.1f%% of peak)\n", "", cpu_ms, est_ms, est,
+                  peak > 0 ? 100 * est / peak : 0.0);
   }
   return 0;
 }

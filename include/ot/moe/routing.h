@@ -1,6 +1,6 @@
 // Token permutation by expert (spec sections 4, 5, 8). All sorts are the canonical stable sort of
 // the token-major flattened expert ids (ties keep token order). Index tensors are int32.
-// int8 outputs (quantised expanded_x) are stored in u8 tensors holding two's-complement int8.
+// int8 outputs (quantised expanded_x) are DType::i8 tensors, as the EP dispatch's.
 #pragma once
 #include <cstdint>
 
@@ -32,7 +32,7 @@ struct InitRoutingV2Options {
   int row_idx_type = 0;           // 0 gather (src->dst, token-major), 1 scatter (dst->src)
 };
 struct InitRoutingV2Result {
-  Tensor expanded_x;          // dropless [rows, H]; drop/pad [E, C, H] (zeros in empty slots); u8=int8 when quantised
+  Tensor expanded_x;          // dropless [rows, H]; drop/pad [E, C, H] (zeros in empty slots); i8 when quantised
   Tensor expanded_row_idx;    // [N*K] int32
   Tensor expert_tokens;       // int64: [end-start] cumsum/count, or [expert_num, 2] key_value; drop/pad: counts before capacity [E]
   Tensor expanded_scale;      // [rows] (or [E*C]) fp32 when quant 1 or a per-token scale was given

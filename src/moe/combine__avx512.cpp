@@ -1,0 +1,82 @@
+// Weighted combine of gathered rows, AVX-512: the output row is built 128 lanes at a time in eight
+// fp32 registers (no accumulator round trip through memory per input row), the next output's rows
+// are prefetched block by block, and whole output lines may be stored non-temporally.
+#include <cstdint>
+
+#include "src/core/cvt_avx512.h"
+#include "src/moe/common.h"
+
+namespace ot::moe::impl {
+namespace {
+
+inline __m512 load16(const void* p, DType t, int64_t i, __mmask16 m) {
+  if (t == DType::f32) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+  __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
+  return t == DType::bf16 ? simd::bf16x16_to_f32(h) : simd::f16x16_to_f32(h);
+}
+inline __m512 load16(const void* p, DType t, int64_t i) {
+  if (t == DType::f32) return _mm512_loadu_ps(static_cast<const float*>(p) + i);
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i));
+  return t == DType::bf16 ? simd::bf16x16_to_f32(h) : simd::f16x16_to_f32(h);
+}
+
+// Stores 16 lanes; `nt`: non-temporal (16-bit outputs pair two vectors into one 64-byte line).
+inline void store16(void* p, DType t, int64_t i, __m512 v, __mmask16 m) {
+  if (t == DType::f32) return _mm512_mask_storeu_ps(static_cast<float*>(p) + i, m, v);
+  __m256i h = t == DType::bf16 ? simd::f32_to_bf16x16(v) : simd::f32_to_f16x16(v);
+  _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p) + i, m, h);
+}
+inline void store32(void* p, DType t, int64_t i, __m512 a, __m512 b, bool nt) {
+  if (t == DType::f32) {
+    float* q = static_cast<float*>(p) + i;
+    if (nt) { _mm512_stream_ps(q, a); _mm512_stream_ps(q + 16, b); }
+    else { _mm512_storeu_ps(q, a); _mm512_storeu_ps(q + 16, b); }
+    return;
+  }
+  bool bf = t == DType::bf16;
+  __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(bf ? simd::f32_to_bf16x16(a) : simd::f32_to_f16x16(a)),
+                                 bf ? simd::f32_to_bf16x16(b) : simd::f32_to_f16x16(b), 1);
+  void* q = static_cast<uint16_t*>(p) + i;
+  if (nt) _mm512_stream_si512(static_cast<__m512i*>(q), h);
+  else _mm512_storeu_si512(q, h);
+}
+
+}  // namespace
+
+void combine_rows_avx512(const WeightedRow* rows, int n, DType t, int64_t H, void* out, DType out_t, const WeightedRow* next,
+                         int n_next, bool stream) {
+  const size_t es = dtype_size(t);
+  const bool nt = stream && (reinterpret_cast<uintptr_t>(out) & 63) == 0;
+  int64_t h = 0;
+  for (; h + 128 <= H; h += 128) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int j = 0; j < n; ++j) {
+      const void* p = rows[j].p;
+      const __m512 w = _mm512_set1_ps(rows[j].w);
+      a0 = _mm512_fmadd_ps(w, load16(p, t, h), a0);
+      a1 = _mm512_fmadd_ps(w, load16(p, t, h + 16), a1);
+      a2 = _mm512_fmadd_ps(w, load16(p, t, h + 32), a2);
+      a3 = _mm512_fmadd_ps(w, load16(p, t, h + 48), a3);
+      a4 = _mm512_fmadd_ps(w, load16(p, t, h + 64), a4);
+      a5 = _mm512_fmadd_ps(w, load16(p, t, h + 80), a5);
+      a6 = _mm512_fmadd_ps(w, load16(p, t, h + 96), a6);
+      a7 = _mm512_fmadd_ps(w, load16(p, t, h + 112), a7);
+    }
+    for (int j = 0; j < n_next; ++j)
+      for (size_t o = 0; o < 128 * es; o += 64) _mm_prefetch(static_cast<const char*>(next[j].p) + size_t(h) * es + o, _MM_HINT_T0);
+    store32(out, out_t, h, a0, a1, nt);
+    store32(out, out_t, h + 32, a2, a3, nt);
+    store32(out, out_t, h + 64, a4, a5, nt);
+    store32(out, out_t, h + 96, a6, a7, nt);
+  }
+  for (; h < H; h += 16) {
+    __mmask16 m = H - h >= 16 ? __mmask16(0xffff) : __mmask16((1u << (H - h)) - 1);
+    __m512 a = _mm512_setzero_ps();
+    for (int j = 0; j < n; ++j) a = _mm512_fmadd_ps(_mm512_set1_ps(rows[j].w), load16(rows[j].p, t, h, m), a);
+    store16(out, out_t, h, a, m);
+  }
+}
+
+void stream_fence_avx512() { _mm_sfence(); }
+
+}  // namespace ot::moe::impl

@@ -1,0 +1,188 @@
+// Routers and the weighted row combine on each instruction-set path (scalar rows, AVX-512 rows)
+// against the references: odd E (tail lanes), k up to 16 (vector top-k) and beyond (scalar), ties
+// (the vector top-k hands those rows to the scalar path), groups, bias, masks, the fused finiteness
+// check, and unpermute / finalize on H with and without 128-lane blocks.
+#include "helpers.h"
+
+#include "ot/cpu.h"
+
+using namespace ot;
+using namespace ot::moe;
+using namespace mt;
+
+namespace {
+
+std::vector<cpu::Isa> paths() {
+  std::vector<cpu::Isa> v{cpu::Isa::scalar};
+  if (cpu::detected_isa() >= cpu::Isa::avx512) v.push_back(cpu::Isa::avx512);
+  return v;
+}
+
+void expect_match(const GatingResult& f, const GatingResult& r, DType t, const std::string& what) {
+  SCOPED_TRACE(what);
+  expect_same(f.expert_idx, r.expert_idx, "expert_idx");
+  EXPECT_LE(nerr(f.y, r.y), tol(t));
+  if (r.row_idx.defined()) expect_same(f.row_idx, r.row_idx, "row_idx");
+  ASSERT_EQ(f.scores.defined(), r.scores.defined());
+  if (r.scores.defined()) {
+    EXPECT_LE(nerr(f.scores, r.scores), 1e-5);
+  }
+}
+
+// Logits with ties: every value drawn from a few levels, so equal scores straddle the k-th place.
+Tensor tied(DType t, int64_t T, int64_t E, uint32_t seed, int levels) {
+  Tensor x = Tensor::empty(t, {T, E});
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int> d(0, levels - 1);
+  for (int64_t i = 0; i < T * E; ++i) set_from_double(x, i, 0.25 * d(g));
+  return x;
+}
+
+}  // namespace
+
+TEST(MoeRouterPaths, SoftmaxRoutersMatchReference) {
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (DType t : float_types())
+      for (int64_t E : {5, 16, 37, 128, 300})
+        for (int64_t k : {1, 3, 8, 16, 17}) {
+          if (k > E) continue;
+          std::string what = std::string(cpu::isa_name(isa)) + " " + dtype_name(t) + " E" + std::to_string(E) + " k" + std::to_string(k);
+          Tensor x = randn(t, {33, E}, uint32_t(E * 31 + k), 3.f);
+          Tensor fin = Tensor::zeros(DType::u8, {33});
+          fin.ptr<uint8_t>()[5] = 1;
+          expect_match(moe_gating_top_k_softmax(x, k, fin), ref::moe_gating_top_k_softmax(x, k, fin), t, what + " v1");
+          for (int renorm : {0, 1})
+            expect_match(moe_gating_top_k_softmax_v2(x, k, {}, renorm, true), ref::moe_gating_top_k_softmax_v2(x, k, {}, renorm, true), t,
+                         what + " v2 renorm " + std::to_string(renorm));
+        }
+  }
+}
+
+TEST(MoeRouterPaths, GatingTopKMatchesReference) {
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (DType t : float_types())
+      for (int64_t E : {24, 64, 256})
+        for (int norm : {0, 1})
+          for (int mode : {0, 1})
+            for (bool with_bias : {false, true})
+              for (int64_t groups : {1, 8}) {
+                GatingTopKOptions o;
+                o.k = 8; o.norm_type = norm; o.group_select_mode = mode; o.group_count = groups; o.k_group = groups > 1 ? 4 : 1;
+                o.routed_scaling_factor = 2.5f; o.out_flag = (E + norm) % 2 == 0;
+                Tensor bias = randn(DType::f32, {E}, uint32_t(E), 0.5f);
+                if (with_bias) o.bias = bias;
+                Tensor x = randn(t, {41, E}, uint32_t(E + norm * 8 + mode * 4 + groups), 2.f);
+                std::string what = std::string(cpu::isa_name(isa)) + " " + dtype_name(t) + " E" + std::to_string(E) + " norm " +
+                                   std::to_string(norm) + " mode " + std::to_string(mode) + " bias " + std::to_string(with_bias) +
+                                   " groups " + std::to_string(groups);
+                expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), t, what);
+              }
+  }
+}
+
+TEST(MoeRouterPaths, TiesGoToTheLowerExpert) {
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (int levels : {2, 5, 40}) {
+      Tensor x = tied(DType::f32, 53, 128, uint32_t(levels), levels);
+      std::string what = std::string(cpu::isa_name(isa)) + " levels " + std::to_string(levels);
+      expect_match(moe_gating_top_k_softmax(x, 8), ref::moe_gating_top_k_softmax(x, 8), DType::f32, what);
+      GatingTopKOptions o;
+      o.k = 6; o.norm_type = 1; o.group_count = 8; o.k_group = 3;
+      expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::f32, what + " gating");
+    }
+  }
+}
+
+TEST(MoeRouterPaths, AllowedMaskAndMaskedGroups) {
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    const int64_t T = 29, E = 64;
+    Tensor x = randn(DType::bf16, {T, E}, 3, 2.f);
+    Tensor allowed = Tensor::zeros(DType::u8, {T, E});
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) allowed.ptr<uint8_t>()[t * E + e] = t % 3 == 0 ? e % 4 == 0 : (t % 3 == 1 ? e < 20 : 1);
+    std::string what = cpu::isa_name(isa);
+    expect_match(moe_gating_top_k_softmax(x, 8, {}, allowed), ref::moe_gating_top_k_softmax(x, 8, {}, allowed), DType::bf16, what);
+    expect_match(moe_gating_top_k_softmax_v2(x, 8, {}, 0, true, allowed), ref::moe_gating_top_k_softmax_v2(x, 8, {}, 0, true, allowed),
+                 DType::bf16, what + " v2");
+    // Rows t % 3 == 0 keep 2 groups with 2 allowed experts each: -inf keys are chosen (lower id first)
+    // with weight 0.
+    GatingTopKOptions o;
+    o.k = 8; o.norm_type = 1; o.group_count = 8; o.k_group = 2; o.out_flag = true; o.allowed = allowed;
+    expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::bf16, what + " gating");
+  }
+}
+
+TEST(MoeRouterPaths, NonFiniteRowAnywhereIsAnError) {
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (int64_t row : {0, 300, 999}) {
+      Tensor x = randn(DType::f32, {1000, 40}, 2);
+      x.ptr<float>()[row * 40 + 39] = row == 300 ? -INFINITY : NAN;  // the last lane of a row: the masked tail
+      EXPECT_OT_ERROR(moe_gating_top_k_softmax(x, 4), "x");
+      GatingTopKOptions o;
+      o.k = 4; o.norm_type = 1;
+      EXPECT_OT_ERROR(moe_gating_top_k(x, o), "x");
+    }
+  }
+}
+
+TEST(MoeCombinePaths, UnpermuteAndFinalizeMatchReference) {
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (DType t : float_types())
+      for (int64_t H : {7, 128, 200}) {
+        const int64_t T = 37, K = 3, E = 6;
+        std::string what = std::string(cpu::isa_name(isa)) + " " + dtype_name(t) + " H" + std::to_string(H);
+        SCOPED_TRACE(what);
+        Tensor x = randn(t, {T, H}, uint32_t(H));
+        Tensor ids = rand_ids(T, K, E, uint32_t(H + 1));
+        Tensor probs = randn(DType::f32, {T, K}, uint32_t(H + 2));
+        probs.ptr<float>()[4] = 0;  // a zero weight is skipped
+        TokenPermuteResult p = moe_token_permute(x, ids);
+        EXPECT_LE(nerr(moe_token_unpermute(p.permuted_tokens, p.sorted_indices, probs),
+                       ref::moe_token_unpermute(p.permuted_tokens, p.sorted_indices, probs)),
+                  tol(t));
+        InitRoutingV2Options io;
+        io.expert_num = E;
+        InitRoutingV2Result ir = moe_init_routing_v2(x, ids, io);
+        Tensor scales = randn(t, {T, K}, uint32_t(H + 3));
+        Tensor skip = randn(t, {T, H}, uint32_t(H + 4));
+        Tensor bias = randn(t, {E, H}, uint32_t(H + 5));
+        // drop_pad_mode 2: dropless, token-major index (init routing v2's gather form).
+        EXPECT_LE(nerr(moe_finalize_routing_v2(ir.expanded_x, ir.expanded_row_idx, skip, skip, bias, scales, ids, 2),
+                       ref::moe_finalize_routing_v2(ir.expanded_x, ir.expanded_row_idx, skip, skip, bias, scales, ids, 2)),
+                  tol(t));
+        EXPECT_LE(nerr(moe_finalize_routing_v2(ir.expanded_x, ir.expanded_row_idx, {}, {}, {}, scales, {}, 2),
+                       ref::moe_finalize_routing_v2(ir.expanded_x, ir.expanded_row_idx, {}, {}, {}, scales, {}, 2)),
+                  tol(t));
+      }
+  }
+}
+
+TEST(MoeInitRoutingQuant, Int8OutputFeedsPermute) {
+  Tensor x = randn(DType::bf16, {9, 32}, 4);
+  Tensor ids = rand_ids(9, 2, 4, 5);
+  InitRoutingV2Options o;
+  o.expert_num = 4; o.quant_mode = 0;
+  Tensor scale = floats(DType::f32, {1}, {20});
+  o.scale = scale;
+  InitRoutingV2Result r = moe_init_routing_v2(x, ids, o);
+  ASSERT_EQ(r.expanded_x.dtype(), DType::i8);
+  for (int64_t i = 0; i < r.expanded_x.numel(); ++i) {
+    double q = get_as_double(r.expanded_x, i);
+    EXPECT_GE(q, -128);
+    EXPECT_LE(q, 127);
+  }
+  // int8 rows route like any other rows.
+  Tensor rows = Tensor::empty(DType::i32, {18, 1});
+  for (int i = 0; i < 18; ++i) rows.ptr<int32_t>()[i] = i % 3;
+  TokenPermuteResult p = moe_token_permute(r.expanded_x, rows);
+  TokenPermuteResult pr = ref::moe_token_permute(r.expanded_x, rows);
+  EXPECT_EQ(p.permuted_tokens.dtype(), DType::i8);
+  expect_same(p.permuted_tokens, pr.permuted_tokens, "permuted int8");
+  EXPECT_OT_ERROR(moe_token_permute(Tensor::zeros(DType::u8, {18, 32}), rows), "tokens");
+}
