@@ -55,7 +55,7 @@ struct RouterScratch {
   RouterScratch& operator=(const RouterScratch&) = delete;
   float *xr, *sc, *key, *gs, *kv, *vals;
   int32_t* ki;
-  float* cand;       // [E + 80]: candidates of the vector top-k, then (at E + 16) the chosen by rank
+  float* cand;       // [E + 80]: candidates of the vector top-k (compressed stores run 16 past)
   int32_t* cand_id;  // [E + 80]: their expert ids, likewise
   int32_t* rank;     // [80]
   uint16_t* amask;  // allowed lanes of each 16-expert block
