@@ -163,6 +163,21 @@ TEST(MoeCombinePaths, UnpermuteAndFinalizeMatchReference) {
   }
 }
 
+TEST(MoeCombinePaths, UnpermuteMoreThan64RowsPerToken) {  // summed in batches of 64
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    const int64_t T = 5, K = 70, E = 80, H = 24;
+    Tensor x = randn(DType::bf16, {T, H}, 7);
+    Tensor ids = rand_ids(T, K, E, 8);
+    Tensor probs = randn(DType::f32, {T, K}, 9, 0.1f);
+    TokenPermuteResult p = moe_token_permute(x, ids);
+    EXPECT_LE(nerr(moe_token_unpermute(p.permuted_tokens, p.sorted_indices, probs),
+                   ref::moe_token_unpermute(p.permuted_tokens, p.sorted_indices, probs)),
+              tol(DType::bf16))
+        << cpu::isa_name(isa);
+  }
+}
+
 TEST(MoeInitRoutingQuant, Int8OutputFeedsPermute) {
   Tensor x = randn(DType::bf16, {9, 32}, 4);
   Tensor ids = rand_ids(9, 2, 4, 5);
