@@ -18,7 +18,7 @@ using namespace detail;
 
 struct PackedB::Impl {
   Panels geom;
-  AlignedPtr<char> mem;
+  detail::WeightMem mem;
   DType dtype = DType::f32;
   cpu::Isa isa = cpu::Isa::scalar;
 };
@@ -73,7 +73,7 @@ PackedB prepack(const TensorView& b, BLayout layout) {
   im.dtype = b.dtype;
   im.isa = g.layout == Layout::bf16_vnni ? (cpu::has(cpu::Isa::amx) ? cpu::Isa::amx : cpu::Isa::avx512_bf16)
                                          : (cpu::has(cpu::Isa::avx512) ? cpu::Isa::avx512 : cpu::Isa::scalar);
-  im.mem = make_aligned<char>(std::max<size_t>(64, g.panel_bytes() * size_t(g.npanels)));
+  im.mem = detail::WeightMem(g.panel_bytes() * size_t(g.npanels));
   g.data = im.mem.get();
   int64_t rs = layout == BLayout::KN ? b.strides[0] : b.strides[1];
   int64_t cs = layout == BLayout::KN ? b.strides[1] : b.strides[0];

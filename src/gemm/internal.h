@@ -27,6 +27,27 @@ struct Buf {
   }
 };
 
+// Memory of packed weights. Large packings live on transparent huge pages (2 MiB aligned, length
+// rounded up to whole huge pages when that wastes at most 1/8): MoE decode and small-M prefill
+// stream gigabytes of weights once per call, and with 4 KiB pages every 4 KiB of the stream is a
+// TLB miss (a two-level walk under virtualisation) that also stops the hardware prefetcher.
+class WeightMem {
+ public:
+  WeightMem() = default;
+  explicit WeightMem(size_t bytes);
+  WeightMem(WeightMem&& o) noexcept { *this = std::move(o); }
+  WeightMem& operator=(WeightMem&& o) noexcept;
+  ~WeightMem();
+  char* get() const { return p_; }
+  bool huge() const { return huge_; }
+
+ private:
+  void release();
+  char* p_ = nullptr;
+  size_t len_ = 0;   // mapped length (0: heap allocation)
+  bool huge_ = false;
+};
+
 inline constexpr int kNR = 48;
 
 enum class Layout : uint8_t { f32, bf16_vnni };

@@ -283,3 +283,21 @@ TEST(GroupedGemm, Int8WithoutScaleAndIntMatmulOperandsAreErrors) {
   EXPECT_EQ(error_arg([&] { matmul(MatView::of(a8), MatView::of(b), MutMatView::of(c)); }), "a");  // i8 only with a scale, in the grouped form
   for (int64_t k = 0; k < c.numel(); ++k) ASSERT_EQ(get_as_double(c, k), 0.0);
 }
+
+// Packings of 2 MiB and more live on huge-page mappings (length rounded up to whole huge pages when
+// that wastes little, else to 4 KiB pages): both forms, moved and destroyed, give the same result.
+TEST(PackedB, LargePackingsOnHugePageMappings) {
+  const int64_t K = 1024;
+  for (int64_t N : {1872 /* 3.7 MiB: rounded to 4 */, 1100 /* 2.2 MiB: page-rounded */, 40 /* heap */}) {
+    Tensor w = random_tensor(DType::bf16, {K, N}, uint32_t(N));
+    Tensor a = random_tensor(DType::bf16, {5, K}, 3);
+    PackedB first = prepack(w, BLayout::KN);
+    PackedB pb = std::move(first);  // the mapping moves with the PackedB
+    first = prepack(w, BLayout::KN);  // and a moved-from one can be assigned again
+    Tensor cf = Tensor::zeros(DType::f32, {5, N}), cr = Tensor::zeros(DType::f32, {5, N});
+    ot::gemm::gemm(5, {a.view().data, DType::bf16, K}, pb, {cf.view().data, DType::f32, N});
+    ref::gemm(5, {a.view().data, DType::bf16, K}, w, BLayout::KN, {cr.view().data, DType::f32, N});
+    EXPECT_LE(norm_err(cf, cr), 1e-5) << "N=" << N;
+    EXPECT_EQ(first.bytes(), pb.bytes());
+  }
+}
