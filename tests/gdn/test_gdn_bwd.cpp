@@ -162,6 +162,11 @@ TEST(GdnBwd, HeadMajorLayout) {
 TEST(GdnBwd, Bf16Inputs) {
   check_against_truth({1, 150, {}, 2, 4, 32, 16, true, true, true, DType::bf16, Layout::BTHD}, 7);
   check_against_truth({2, 70, {}, 1, 1, 16, 16, false, false, true, DType::bf16, Layout::BHTD}, 8);
+  // Qwen3.5 head dims (128) over several chunks; a varlen batch with weak decays (gates in [-0.05, 0]).
+  check_against_truth({1, 300, {}, 1, 2, 128, 128, true, true, true, DType::bf16, Layout::BTHD}, 15);
+  Case weak{1, 200, {0, 1, 130, 200}, 1, 1, 64, 128, true, false, true, DType::bf16, Layout::BTHD};
+  weak.gmin = -0.05f;
+  check_against_truth(weak, 16);
 }
 
 TEST(GdnBwd, Varlen) {
