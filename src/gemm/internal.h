@@ -10,6 +10,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "ot/cpu.h"
 #include "ot/gemm.h"
@@ -94,6 +95,21 @@ struct Kernel {
 // The kernel for a layout under the active ISA cap (M lets decode-sized calls avoid AMX).
 Kernel select_kernel(Layout layout, int64_t M);
 Layout layout_for(DType a, DType b);  // what prepack/matmul pack into under the active ISA
+
+// Calls f(std::integral_constant<int, R>{}) with R = mr (1..8; larger -> 8): the register-tile
+// kernels are templates on their row count.
+template <class F> inline void with_mr(int mr, F&& f) {
+  switch (mr) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
 
 void kernel_scalar_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_scalar_vnni(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);

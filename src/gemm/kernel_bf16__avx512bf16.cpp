@@ -42,18 +42,7 @@ static void tile_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t
 }
 
 void kernel_avx512_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
-  auto A = static_cast<const uint16_t*>(a);
-  auto B = static_cast<const uint16_t*>(b);
-  switch (mr) {
-    case 1: tile_bf16<1>(kc, A, lda, B, c, ldc, load_c); break;
-    case 2: tile_bf16<2>(kc, A, lda, B, c, ldc, load_c); break;
-    case 3: tile_bf16<3>(kc, A, lda, B, c, ldc, load_c); break;
-    case 4: tile_bf16<4>(kc, A, lda, B, c, ldc, load_c); break;
-    case 5: tile_bf16<5>(kc, A, lda, B, c, ldc, load_c); break;
-    case 6: tile_bf16<6>(kc, A, lda, B, c, ldc, load_c); break;
-    case 7: tile_bf16<7>(kc, A, lda, B, c, ldc, load_c); break;
-    default: tile_bf16<8>(kc, A, lda, B, c, ldc, load_c); break;
-  }
+  with_mr(mr, [&](auto R) { tile_bf16<decltype(R)::value>(kc, static_cast<const uint16_t*>(a), lda, static_cast<const uint16_t*>(b), c, ldc, load_c); });
 }
 
 }  // namespace ot::gemm::detail

@@ -30,18 +30,7 @@ static void tile_f32(int64_t kc, const float* a, int64_t lda, const float* b, fl
 }
 
 void kernel_avx512_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
-  auto A = static_cast<const float*>(a);
-  auto B = static_cast<const float*>(b);
-  switch (mr) {
-    case 1: tile_f32<1>(kc, A, lda, B, c, ldc, load_c); break;
-    case 2: tile_f32<2>(kc, A, lda, B, c, ldc, load_c); break;
-    case 3: tile_f32<3>(kc, A, lda, B, c, ldc, load_c); break;
-    case 4: tile_f32<4>(kc, A, lda, B, c, ldc, load_c); break;
-    case 5: tile_f32<5>(kc, A, lda, B, c, ldc, load_c); break;
-    case 6: tile_f32<6>(kc, A, lda, B, c, ldc, load_c); break;
-    case 7: tile_f32<7>(kc, A, lda, B, c, ldc, load_c); break;
-    default: tile_f32<8>(kc, A, lda, B, c, ldc, load_c); break;
-  }
+  with_mr(mr, [&](auto R) { tile_f32<decltype(R)::value>(kc, static_cast<const float*>(a), lda, static_cast<const float*>(b), c, ldc, load_c); });
 }
 
 }  // namespace ot::gemm::detail

@@ -7,33 +7,32 @@
 
 namespace ot::gemm::detail {
 
-void kernel_scalar_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
-  auto A = static_cast<const float*>(a);
-  auto B = static_cast<const float*>(b);
+// One row at a time: acc[48] (+)= sum_k A(r, k) * B(k, :), with the layout's element loaders.
+template <class LoadA, class LoadB>
+static void rows_scalar(int mr, int64_t kc, float* c, int64_t ldc, bool load_c, LoadA a_at, LoadB b_at) {
   for (int r = 0; r < mr; ++r) {
     float acc[kNR];
     for (int j = 0; j < kNR; ++j) acc[j] = load_c ? c[r * ldc + j] : 0.f;
     for (int64_t k = 0; k < kc; ++k) {
-      float av = A[r * lda + k];
-      for (int j = 0; j < kNR; ++j) acc[j] += av * B[k * kNR + j];
+      float av = a_at(r, k);
+      for (int j = 0; j < kNR; ++j) acc[j] += av * b_at(k, j);
     }
     std::memcpy(c + r * ldc, acc, sizeof acc);
   }
 }
 
+void kernel_scalar_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
+  auto A = static_cast<const float*>(a);
+  auto B = static_cast<const float*>(b);
+  rows_scalar(mr, kc, c, ldc, load_c, [&](int r, int64_t k) { return A[r * lda + k]; }, [&](int64_t k, int j) { return B[k * kNR + j]; });
+}
+
+// vnni panel: k-pairs interleaved, element (k, j) at (k / 2) * 96 + 2 * j + k % 2.
 void kernel_scalar_vnni(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
   auto A = static_cast<const uint16_t*>(a);
   auto B = static_cast<const uint16_t*>(b);
-  for (int r = 0; r < mr; ++r) {
-    float acc[kNR];
-    for (int j = 0; j < kNR; ++j) acc[j] = load_c ? c[r * ldc + j] : 0.f;
-    for (int64_t k = 0; k < kc; ++k) {
-      float av = bf16_to_f32(A[r * lda + k]);
-      const uint16_t* bk = B + (k >> 1) * 2 * kNR + (k & 1);
-      for (int j = 0; j < kNR; ++j) acc[j] += av * bf16_to_f32(bk[2 * j]);
-    }
-    std::memcpy(c + r * ldc, acc, sizeof acc);
-  }
+  rows_scalar(mr, kc, c, ldc, load_c, [&](int r, int64_t k) { return bf16_to_f32(A[r * lda + k]); },
+              [&](int64_t k, int j) { return bf16_to_f32(B[(k >> 1) * 2 * kNR + 2 * j + (k & 1)]); });
 }
 
 }  // namespace ot::gemm::detail
