@@ -117,6 +117,17 @@ struct DispatchOptions {
   // returned row (dedup partial sum or per-slot output) as int8 with a per-row fp32 scale, dequantised
   // on arrival (lossy; about half the combine bytes for bf16). all_gather's reduce-scatter stays fp32.
   int comm_quant_mode = 0;
+  // Smooth-quant scales for quant_int8 (spec 9.2 `scales`): fp32 [moe_expert_num + shared_expert_num, H],
+  // shared experts' rows first, so routed expert e uses row e + shared_expert_num (the shared-rank
+  // expert uses row 0 when shared_expert_num > 0, else none). Row (token t, expert e) of expand_x is
+  // then int8(x[t] * scales[e]) with its own dynamic scale: quantised per (token, expert) on the
+  // expert's rank, so the wire carries x's dtype (still once per token and rank), not int8.
+  // Every rank passes the same tensor; it must stay valid until the dispatch completes.
+  TensorView smooth_scales;
+  // Special experts (spec 9.3), ids after the routed ones: [E, E + zero) output 0, then copy experts
+  // output ori_x[t], then const experts c output alpha1[c] * ori_x[t] + alpha2[c] * const_v[c].
+  // Never sent: combine adds w * output on the token's own rank (CombineInputs). Same on all ranks.
+  int64_t zero_expert_num = 0, copy_expert_num = 0, const_expert_num = 0;
   // [BS] or [BS, K] u8 (bool), or undefined (all active). 1-D: a false token is not sent and its
   // x_out row is zero (shared_expert_x is not added); 2-D: a false (token, k) slot is not sent and
   // contributes nothing. Under all_gather, tokens without an active slot are not gathered.
@@ -165,10 +176,19 @@ DispatchResult moe_distribute_dispatch(Comm& comm, const TensorView& x, const Te
 PendingDispatch moe_distribute_dispatch_start(Comm& comm, const TensorView& x, const TensorView& expert_ids,
                                               const TensorView& expert_scales, const DispatchOptions& opt);
 
+// Combine's optional inputs (spec 9.3).
+struct CombineInputs {
+  TensorView shared_expert_x;  // [BS, H] float, added unweighted
+  TensorView ori_x;            // [BS, H] float: the copy / const experts' input (required when any are configured)
+  TensorView const_expert_alpha_1, const_expert_alpha_2;  // [const_expert_num] fp32
+  TensorView const_expert_v;                              // [const_expert_num, H] float
+};
+
 // expert_out [A, H] (float dtype): the expert output of each expand_x row. Returns x_out [BS, H] in
 // expert_out's dtype: sum over k of scale * expert output (+ shared_expert_x [BS, H] unweighted).
 Tensor moe_distribute_combine(Comm& comm, const TensorView& expert_out, const DispatchResult& dispatched,
                               const TensorView& shared_expert_x = {});
+Tensor moe_distribute_combine(Comm& comm, const TensorView& expert_out, const DispatchResult& dispatched, const CombineInputs& in);
 
 // Split form of combine: start sends, wait receives and sums.
 class PendingCombine {
@@ -189,6 +209,8 @@ class PendingCombine {
 };
 PendingCombine moe_distribute_combine_start(Comm& comm, const TensorView& expert_out, const DispatchResult& dispatched,
                                             const TensorView& shared_expert_x = {});
+PendingCombine moe_distribute_combine_start(Comm& comm, const TensorView& expert_out, const DispatchResult& dispatched,
+                                            const CombineInputs& in);
 
 // ---- Local expert compute (the seam to the MoE layer's grouped FFN) ----
 // One batch of rows for the local experts: rows [row_begin[g], row_begin[g] + rows[g]) of x belong
@@ -217,6 +239,8 @@ ExpertBatch batch_of(const DispatchResult& d, const TensorView& y);
 struct FfnOptions {
   DispatchOptions dispatch;
   int chunks = 2;  // token chunks; chunk i's communication overlaps chunk i-1's compute
+  // Const experts' parameters (dispatch.const_expert_num > 0); x itself is the copy/const input.
+  TensorView const_expert_alpha_1, const_expert_alpha_2, const_expert_v;
 };
 
 // Pipelined dispatch -> local experts -> combine. Returns [BS, H] in x's dtype (+ shared_expert_x).
@@ -232,7 +256,9 @@ struct RankExpand {
   std::vector<int32_t> assist;       // 3 per row
   std::vector<int64_t> tokens_per_expert;  // [L] counts
 };
-RankExpand dispatch(const std::vector<RankInput>& ranks, const Placement& p, int q, bool quant_int8);
+// smooth_scales: as DispatchOptions::smooth_scales (routed expert e uses row e + shared_expert_num).
+RankExpand dispatch(const std::vector<RankInput>& ranks, const Placement& p, int q, bool quant_int8,
+                    const TensorView& smooth_scales = {}, int shared_expert_num = 0);
 // Combine on rank r from the expert outputs of every rank (expand order as returned by dispatch):
 // x_out[t] = sum over k (in k order) of scale * Y(t, k), in fp32, cast to `out`'s dtype.
 void combine(const std::vector<RankInput>& ranks, const Placement& p, const std::vector<TensorView>& expert_out, int r,

@@ -53,14 +53,16 @@ Comm::Comm(MPI_Comm comm, int64_t num_experts) : comm_(comm), impl_(std::make_un
   OT_CHECK(init, "ep::Comm", "MPI", "MPI_Init called before creating the communicator", "not initialised");
   MPI_Comm_size(comm_, &world_);
   MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_dup(comm_, &impl_->wire);
   placement_ = Placement::contiguous(num_experts, world_);
 }
 
 Comm::~Comm() {
   int fin = 0;
   MPI_Finalized(&fin);
-  if (!fin)
-    for (auto& [b, t] : impl_->row_types) MPI_Type_free(&t);
+  if (fin) return;
+  for (auto& [b, t] : impl_->row_types) MPI_Type_free(&t);
+  MPI_Comm_free(&impl_->wire);
 }
 
 void Comm::set_placement(Placement p) {
@@ -73,6 +75,7 @@ void Comm::progress() {
     int flag = 0;
     if (*r != MPI_REQUEST_NULL) MPI_Test(r, &flag, MPI_STATUS_IGNORE);
   }
+  for (PeerExchange* e : std::vector<PeerExchange*>(impl_->exchanges)) e->test();
 }
 
 Tensor TensorPool::get(DType t, const std::vector<int64_t>& shape) {
@@ -95,57 +98,125 @@ Tensor TensorPool::get(DType t, const std::vector<int64_t>& shape) {
   return Tensor::from_storage(best->mem, v);
 }
 
-Agreement::~Agreement() {
-  if (req != MPI_REQUEST_NULL) MPI_Wait(&req, MPI_STATUS_IGNORE);
+void write_record(char* dst, const Fault& fault, const Meta& meta, const int64_t* extra, size_t n_extra) {
+  int64_t* r = reinterpret_cast<int64_t*>(dst);
+  std::memset(dst, 0, record_bytes(n_extra));
+  r[0] = fault.code;
+  r[1] = fault.value;
+  std::copy(meta.f, meta.f + kMetaFields, r + 2);
+  r[kRecHead - 1] = int64_t(n_extra);
+  if (n_extra) std::copy(extra, extra + n_extra, r + kRecHead);
 }
 
-void agree_start(MPI_Comm comm, const Fault& fault, const Meta& meta, const std::vector<int64_t>& extra, Agreement& a) {
-  int W = 1;
-  MPI_Comm_size(comm, &W);
-  // Record: [code, value, meta fields..., extra...]; extra has the same length on every rank.
-  const size_t head = 2 + kMetaFields;
-  a.extra = extra.size();
-  a.mine.assign(head + extra.size(), 0);
-  a.all.assign(size_t(W) * a.mine.size(), 0);
-  a.mine[0] = fault.code;
-  a.mine[1] = fault.value;
-  std::copy(meta.f, meta.f + kMetaFields, a.mine.begin() + 2);
-  std::copy(extra.begin(), extra.end(), a.mine.begin() + std::ptrdiff_t(head));
-  MPI_Iallgather(a.mine.data(), int(a.mine.size()), MPI_INT64_T, a.all.data(), int(a.mine.size()), MPI_INT64_T, comm, &a.req);
-}
-
-std::vector<Meta> agree_finish(MPI_Comm comm, const char* op, Agreement& a, const std::vector<FaultText>& table,
-                               const std::vector<std::pair<int, int>>& must_match, std::vector<int64_t>* extra_all) {
-  MPI_Wait(&a.req, MPI_STATUS_IGNORE);
-  int W = 1;
-  MPI_Comm_size(comm, &W);
-  const size_t head = 2 + kMetaFields, rec_len = a.mine.size();
-  std::vector<Meta> out(static_cast<size_t>(W));
-  if (extra_all) extra_all->resize(size_t(W) * a.extra);
-  for (int r = 0; r < W; ++r) {
-    const int64_t* rec = a.all.data() + size_t(r) * rec_len;
-    if (extra_all) std::copy(rec + head, rec + rec_len, extra_all->begin() + std::ptrdiff_t(size_t(r) * a.extra));
-    if (rec[0] != 0) {
-      const FaultText& t = table.at(size_t(rec[0]));
-      throw Error(op, t.arg, t.expected, detail::cat("rank ", r, ": ", rec[1]));
+Decision decide(const char* op, const std::vector<const char*>& rec, const std::vector<size_t>& rec_size,
+                const std::vector<FaultText>& table, const std::vector<std::pair<int, int>>& must_match) {
+  const size_t W = rec.size();
+  Decision d;
+  d.meta.resize(W);
+  d.extra.resize(W);
+  d.n_extra.resize(W);
+  for (size_t r = 0; r < W; ++r) {  // a message too short for its record is a peer on another protocol
+    const int64_t* p = reinterpret_cast<const int64_t*>(rec[r]);
+    if (rec_size[r] < record_bytes(0) || rec_size[r] < record_bytes(size_t(std::max<int64_t>(0, p[kRecHead - 1]))))
+      throw Error(op, "call", "the same collective call on every rank", detail::cat("rank ", r, " sent a ", rec_size[r], "-byte message"));
+  }
+  for (size_t r = 0; r < W; ++r) {
+    const int64_t* p = reinterpret_cast<const int64_t*>(rec[r]);
+    if (p[0] != 0) {
+      const FaultText& t = table.at(size_t(p[0]));
+      throw Error(op, t.arg, t.expected, detail::cat("rank ", r, ": ", p[1]));
     }
-    std::copy(rec + 2, rec + 2 + kMetaFields, out[size_t(r)].f);
+    std::copy(p + 2, p + 2 + kMetaFields, d.meta[r].f);
+    d.n_extra[r] = p[kRecHead - 1];
+    d.extra[r] = p + kRecHead;
   }
   for (auto [field, code] : must_match)
-    for (int r = 1; r < W; ++r)
-      if (out[size_t(r)].f[field] != out[0].f[field]) {
+    for (size_t r = 1; r < W; ++r)
+      if (d.meta[r].f[field] != d.meta[0].f[field]) {
         const FaultText& t = table.at(static_cast<size_t>(code));
-        throw Error(op, t.arg, t.expected, detail::cat("rank 0: ", out[0].f[field], ", rank ", r, ": ", out[size_t(r)].f[field]));
+        throw Error(op, t.arg, t.expected, detail::cat("rank 0: ", d.meta[0].f[field], ", rank ", r, ": ", d.meta[r].f[field]));
       }
-  return out;
+  return d;
 }
 
-std::vector<Meta> agree(MPI_Comm comm, const char* op, const Fault& fault, const Meta& meta, const std::vector<FaultText>& table,
-                        const std::vector<std::pair<int, int>>& must_match, const std::vector<int64_t>& extra,
-                        std::vector<int64_t>* extra_all) {
-  Agreement a;
-  agree_start(comm, fault, meta, extra, a);
-  return agree_finish(comm, op, a, table, must_match, extra_all);
+void PeerExchange::start(Comm& comm, int tag, const char* sendbuf, const std::vector<size_t>& off, const std::vector<size_t>& len) {
+  comm_ = &comm;
+  tag_ = tag;
+  W_ = comm.ep_world_size();
+  me_ = comm.ep_rank_id();
+  req_.assign(size_t(2 * W_), MPI_REQUEST_NULL);
+  posted_.assign(size_t(W_), 0);
+  posted_[size_t(me_)] = 1;
+  in_.clear();
+  in_.resize(size_t(W_));
+  in_size_.assign(size_t(W_), 0);
+  MPI_Comm c = comm.impl().wire;
+  for (int q = 0; q < W_; ++q)
+    if (q != me_)
+      MPI_Isend(sendbuf + off[size_t(q)], checked_int(int64_t(len[size_t(q)]), "ep", "message bytes"), MPI_BYTE, q, tag, c,
+                &req_[size_t(q)]);
+  active_ = true;
+  comm.impl().exchanges.push_back(this);
+  post_arrived(false);
+}
+
+// Exchanges on the same tag may be in flight together (pipelined combines): per source, messages
+// must be matched in the order the exchanges were started, so each exchange probes a source only
+// once every earlier one has posted its receive from it. Each probe posts the receive at once.
+bool PeerExchange::post_arrived(bool block) {
+  std::vector<char> blocked(size_t(W_), 0);
+  for (PeerExchange* e : comm_->impl().exchanges) {
+    if (e->tag_ != tag_) continue;
+    e->probe(block, blocked);
+    if (e == this) break;
+  }
+  return std::all_of(posted_.begin(), posted_.end(), [](char p) { return p != 0; });
+}
+
+void PeerExchange::probe(bool block, std::vector<char>& blocked) {
+  MPI_Comm c = comm_->impl().wire;
+  for (int r = 0; r < W_; ++r) {
+    if (posted_[size_t(r)] || blocked[size_t(r)]) continue;
+    MPI_Message msg;
+    MPI_Status status;
+    int flag = 1;
+    if (block) MPI_Mprobe(r, tag_, c, &msg, &status);
+    else MPI_Improbe(r, tag_, c, &flag, &msg, &status);
+    if (!flag) continue;
+    int n = 0;
+    MPI_Get_count(&status, MPI_BYTE, &n);
+    in_size_[size_t(r)] = size_t(n);
+    in_[size_t(r)] = PooledBuffer(comm_->impl().pool, std::max<size_t>(size_t(n), 64));
+    MPI_Imrecv(in_[size_t(r)].data(), n, MPI_BYTE, &msg, &req_[size_t(W_ + r)]);
+    posted_[size_t(r)] = 1;
+  }
+  for (int r = 0; r < W_; ++r)
+    if (!posted_[size_t(r)]) blocked[size_t(r)] = 1;
+}
+
+bool PeerExchange::test() {
+  if (!active_) return true;
+  if (!post_arrived(false)) return false;
+  int flag = 0;
+  MPI_Testall(int(req_.size()), req_.data(), &flag, MPI_STATUSES_IGNORE);
+  return flag != 0;
+}
+
+void PeerExchange::wait() {
+  if (!active_) return;
+  post_arrived(true);
+  MPI_Waitall(int(req_.size()), req_.data(), MPI_STATUSES_IGNORE);
+  active_ = false;
+  auto& ex = comm_->impl().exchanges;
+  ex.erase(std::remove(ex.begin(), ex.end(), this), ex.end());
+}
+
+void PeerExchange::release() {
+  for (auto& b : in_) b.reset();
+}
+
+PeerExchange::~PeerExchange() {
+  if (active_) wait();
 }
 
 void load_row_f32(const void* src, DType t, int64_t n, float* dst) {
@@ -153,14 +224,16 @@ void load_row_f32(const void* src, DType t, int64_t n, float* dst) {
   else convert_to_f32(src, t, dst, n);
 }
 
-float quantize_row_int8(const void* src, DType t, int64_t n, int8_t* dst) {
+float quantize_row_int8(const void* src, DType t, int64_t n, int8_t* dst, const float* smooth) {
   std::vector<float> tmp;
   const float* v;
-  if (t == DType::f32) {
+  if (t == DType::f32 && !smooth) {
     v = static_cast<const float*>(src);
   } else {
     tmp.resize(static_cast<size_t>(n));
-    convert_to_f32(src, t, tmp.data(), n);
+    load_row_f32(src, t, n, tmp.data());
+    if (smooth)  // spec 9.2: xs = fp32(x) * scales[e], quantised per (token, expert)
+      for (int64_t i = 0; i < n; ++i) tmp[size_t(i)] *= smooth[i];
     v = tmp.data();
   }
   float amax = 0;

@@ -1,6 +1,9 @@
-// moe_distribute_dispatch: validate, agree, exchange counts, pack each token once per destination
-// rank, post the non-blocking transfer, fan out this rank's own rows at once and the remote rows
-// when they arrive. Receive layout: (local expert, source rank, token) as in spec section 9.2.
+// moe_distribute_dispatch: validate, pack each token once per destination rank, exchange, fan out
+// this rank's own rows and the remote rows into the receive layout (local expert, source rank,
+// token) of spec section 9.2. Every message starts with a record (validation outcome, options,
+// counts), so agreement costs no round of its own: the blocking all_to_all form is ONE round (rows
+// ride with the records); the split form and all_gather exchange the records first (the layout must
+// be known before the own rows are placed / the gather is sized), then the rows.
 #include <algorithm>
 
 #include "ot/numeric.h"
@@ -17,6 +20,7 @@ constexpr const char* kOp = "moe_distribute_dispatch";
 enum Code {
   kOk, kX, kXDtype, kIds, kIdsDtype, kK, kIdsRange, kIdsDup, kScales, kE, kEDiv, kPlacementE, kWorld, kRank, kType,
   kMisK, kMisH, kMisDtype, kMisE, kMisOpt, kMisPlacement, kMisTag, kMask, kSharedRanks, kSharedPlacement, kCommQuant,
+  kSpecial, kSmooth, kMisForm, kMisSpecial, kMisSmooth, kPlacementL,
 };
 const std::vector<FaultText> kTable = {
     {"", ""},
@@ -25,7 +29,7 @@ const std::vector<FaultText> kTable = {
     {"expert_ids", "a [BS, K] view with contiguous rows (BS = rows of x)"},
     {"expert_ids", "int32"},
     {"expert_ids", "K in [1, min(moe_expert_num, 64)]"},
-    {"expert_ids", "expert ids in [0, moe_expert_num)"},
+    {"expert_ids", "expert ids in [0, moe_expert_num + zero_expert_num + copy_expert_num + const_expert_num)"},
     {"expert_ids", "distinct expert ids within a row"},
     {"expert_scales", "fp32 [BS, K] with contiguous rows, or undefined"},
     {"moe_expert_num", ">= 1"},
@@ -45,8 +49,15 @@ const std::vector<FaultText> kTable = {
     {"shared_expert_rank_num", "in [0, W)"},
     {"shared_expert_rank_num", "the Comm's placement to be Placement::shared_ranks(moe_expert_num, W, S)"},
     {"comm_quant_mode", "0 (none) or 2 (int8 rows per-row scale)"},
+    {"zero_expert_num/copy_expert_num/const_expert_num", ">= 0"},
+    {"smooth_scales", "undefined, or fp32 [moe_expert_num + shared_expert_num, H] with contiguous rows and quant_int8 set"},
+    {"call", "the same form (blocking or split) on every rank"},
+    {"zero_expert_num/copy_expert_num/const_expert_num", "the same values on every rank"},
+    {"smooth_scales", "given on every rank or on none"},
+    {"placement", "the same local expert count on sender and receiver"},
 };
-enum Field { fBS, fK, fH, fE, fDtype, fQuant, fDisp, fDedup, fType, fHash, fTag, fRows, fShared, fCommQuant };
+enum Field { fBS, fK, fH, fE, fDtype, fQuant, fDisp, fDedup, fType, fHash, fTag, fRows, fShared, fCommQuant, fForm, fSpecial, fSmooth };
+static_assert(fSmooth < kMetaFields);
 
 Fault validate(const Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w, const DispatchOptions& o) {
   const int W = comm.ep_world_size();
@@ -67,20 +78,27 @@ Fault validate(const Comm& comm, const TensorView& x, const TensorView& ids, con
   if (o.ep_rank_id != -1 && o.ep_rank_id != comm.ep_rank_id()) return {kRank, o.ep_rank_id};
   if (o.expert_token_nums_type != 0 && o.expert_token_nums_type != 1) return {kType, o.expert_token_nums_type};
   if (o.comm_quant_mode != 0 && o.comm_quant_mode != 2) return {kCommQuant, o.comm_quant_mode};
+  if (o.zero_expert_num < 0 || o.copy_expert_num < 0 || o.const_expert_num < 0)
+    return {kSpecial, std::min({o.zero_expert_num, o.copy_expert_num, o.const_expert_num})};
   const int64_t K = ids.size(1), BS = x.size(0), E = o.moe_expert_num;
-  if (K < 1 || K > std::min<int64_t>(E, 64)) return {kK, K};
+  const int64_t E_all = E + o.zero_expert_num + o.copy_expert_num + o.const_expert_num;  // ids may name special experts
+  if (K < 1 || K > std::min<int64_t>(E_all, 64)) return {kK, K};
+  const TensorView& sm = o.smooth_scales;
+  if (sm.defined() && (!o.quant_int8 || sm.dtype != DType::f32 || sm.ndim != 2 || sm.size(0) != E + o.shared_expert_num ||
+                       sm.size(1) != x.size(1) || !sm.last_dim_contiguous()))
+    return {kSmooth, sm.ndim == 2 ? sm.size(0) : sm.ndim};
   if (w.defined() && (w.ndim != 2 || w.size(0) != BS || w.size(1) != K || w.dtype != DType::f32 || !w.last_dim_contiguous()))
     return {kScales, w.ndim == 2 ? w.size(1) : w.ndim};
   const TensorView& m = o.x_active_mask;
   if (m.defined() && (m.dtype != DType::u8 || !m.last_dim_contiguous() || m.size(0) != BS ||
                       !(m.ndim == 1 || (m.ndim == 2 && m.size(1) == K))))
     return {kMask, m.ndim >= 1 ? m.size(0) : m.ndim};
-  std::vector<int64_t> seen(size_t(E), -1);
+  std::vector<int64_t> seen(size_t(E_all), -1);
   for (int64_t t = 0; t < BS; ++t) {
     const int32_t* row = ids.ptr<int32_t>() + t * ids.stride(0);
     for (int64_t k = 0; k < K; ++k) {
       int32_t e = row[k];
-      if (e < 0 || e >= E) return {kIdsRange, e};
+      if (e < 0 || e >= E_all) return {kIdsRange, e};
       if (seen[size_t(e)] == t) return {kIdsDup, e};
       seen[size_t(e)] = t;
     }
@@ -135,8 +153,7 @@ PendingDispatch moe_distribute_dispatch_start(Comm& comm, const TensorView& x, c
 
 DispatchResult moe_distribute_dispatch(Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w,
                                        const DispatchOptions& opt) {
-  // Blocking form: one agreement round (which also carries the counts that give the receive
-  // layout) and one blocking exchange.
+  // Blocking form: one round (records and rows in one message per peer) under all_to_all.
   PendingDispatch pd = dispatch_start_tagged(comm, x, ids, w, opt, 0, false);
   return std::move(pd.wait());
 }
@@ -169,7 +186,7 @@ void DispatchState::plan(const std::vector<int64_t>& cnt, DispatchResult& res) {
 // This rank's own slots go straight from x into their expand_x rows (no wire, no packing).
 void DispatchState::place_local(DispatchResult& res) {
   const Placement& P = comm->placement();
-  struct Copy { int64_t dst, t; };
+  struct Copy { int64_t dst, t; int l; };
   std::vector<Copy> copies;
   self_j.assign(size_t(BS), -1);
   for (int64_t t = 0; t < BS; ++t) {
@@ -189,42 +206,34 @@ void DispatchState::place_local(DispatchResult& res) {
       slot_ret[size_t(t * K + k)] = row;
       int32_t* as = res.assist_info_for_combine.ptr<int32_t>() + row * 3;
       as[0] = me, as[1] = int32_t(t), as[2] = int32_t(k);
-      copies.push_back({row, t});
+      copies.push_back({row, t, l});
     }
     if (any) ent_begin.push_back(int64_t(ent_row.size()));
   }
-  const size_t xes = dtype_size(dtype), out_row = size_t(H) * fmt.elem;
+  const size_t xes = dtype_size(dtype), out_row = size_t(H) * (opt.quant_int8 ? 1 : xes);
   char* ex = static_cast<char*>(res.expand_x.view().data);
   const TensorView& x = x_view;
   parallel_for(int64_t(copies.size()), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const char* src = static_cast<const char*>(x.data) + copies[size_t(i)].t * x.stride(0) * int64_t(xes);
       char* dst = ex + size_t(copies[size_t(i)].dst) * out_row;
-      if (opt.quant_int8) res.dynamic_scales.ptr<float>()[copies[size_t(i)].dst] = quantize_row_int8(src, dtype, H, reinterpret_cast<int8_t*>(dst));
+      if (opt.quant_int8)
+        res.dynamic_scales.ptr<float>()[copies[size_t(i)].dst] =
+            quantize_row_int8(src, dtype, H, reinterpret_cast<int8_t*>(dst), smooth_row(copies[size_t(i)].l));
       else std::memcpy(dst, src, out_row);
     }
   });
 }
 
-// Every rank must hold the same placement before the per-expert counts (sized by its largest local
-// expert count) can travel in one fixed-size agreement record: checked once per placement with a
-// small allgather, then free.
-static int64_t agreed_lmax(Comm& comm) {
-  Comm::Impl& impl = comm.impl();
-  const Placement& P = comm.placement();
-  const uint64_t h = P.hash();
-  if (impl.agreed_hash == h && h != 0) return impl.agreed_lmax;
-  int64_t lmax = 0;
-  for (int q = 0; q < comm.ep_world_size(); ++q) lmax = std::max<int64_t>(lmax, int64_t(P.local_experts(q).size()));
-  std::vector<uint64_t> all(size_t(comm.ep_world_size()) * 2);
-  const uint64_t mine[2] = {h, uint64_t(lmax)};
-  MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm.mpi());
-  for (int r = 1; r < comm.ep_world_size(); ++r)
-    if (all[size_t(2 * r)] != all[0])
-      throw Error(kOp, "placement", "the same expert placement on every rank", detail::cat("rank ", r, " holds a different one"));
-  impl.agreed_hash = h;
-  impl.agreed_lmax = lmax;
-  return lmax;
+// Smooth-quant row of local expert l (spec 9.2: routed expert e uses row e + shared_expert_num; the
+// shared-rank expert, id E, uses row 0 when there are shared rows), or null.
+const float* DispatchState::smooth_row(int l) const {
+  const TensorView& sm = opt.smooth_scales;
+  if (!sm.defined()) return nullptr;
+  const int64_t e = comm->placement().local_experts(me)[size_t(l)];
+  const int64_t row = e < E ? e + opt.shared_expert_num : 0;
+  if (e >= E && opt.shared_expert_num == 0) return nullptr;
+  return sm.ptr<float>() + row * sm.stride(0);
 }
 
 PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const TensorView& ids_in, const TensorView& wv_in,
@@ -234,7 +243,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   const int W = comm.ep_world_size(), me = comm.ep_rank_id();
   const Placement& P = comm.placement();
   const bool a2a = opt.dispatcher == Dispatcher::all_to_all;
-  const int64_t Lmax = agreed_lmax(comm);
+  const bool one_round = a2a && !split;  // rows ride with the records
 
   // 1. Validate locally.
   Fault fault = validate(comm, x, ids_in, wv_in, opt);
@@ -257,6 +266,9 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   meta.f[fTag] = tag;
   meta.f[fShared] = opt.shared_expert_rank_num;
   meta.f[fCommQuant] = opt.comm_quant_mode;
+  meta.f[fForm] = split;
+  meta.f[fSpecial] = opt.zero_expert_num | opt.copy_expert_num << 20 | opt.const_expert_num << 40;
+  meta.f[fSmooth] = opt.smooth_scales.defined();
 
   // Shared-expert ranks: every token gets one more slot, expert id E (the shared expert) with scale
   // 1 (combine adds it unweighted), active unless the whole token is masked off.
@@ -282,16 +294,17 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   }
 
   // 2. Route (valid arguments only): the destination of each active slot, one row per token and
-  // remote destination rank, and slot counts per (destination, its local expert): they travel
-  // with the agreement, so every rank knows its receive layout before any row moves.
-  const int64_t per_q = 1 + Lmax;  // [rows to q, slots for each local expert of q]
-  std::vector<int64_t> extra(size_t(W * per_q), 0), extra_all;
-  std::vector<int64_t> gathered;  // all_gather: tokens this rank contributes (any active slot)
+  // remote destination rank, and slot counts per (destination, its local expert): they travel in
+  // the records, so every rank knows its receive layout from the messages it gets.
+  std::vector<std::vector<int64_t>> extra(static_cast<size_t>(W));  // per q: [rows to q, slots per local expert of q]
+  std::vector<int64_t> gathered;  // all_gather: tokens this rank contributes (any sent slot)
   if (fault.code == 0) {
     st.BS = x.size(0), st.K = ids.size(1), st.H = x.size(1), st.E = opt.moe_expert_num;
     st.L = int64_t(P.local_experts(me).size());
     meta.f[fBS] = st.BS, meta.f[fK] = st.K, meta.f[fH] = st.H;
-    const int64_t BS = st.BS, K = st.K;
+    const int64_t BS = st.BS, K = st.K, E = st.E;
+    const int64_t K_routed = opt.shared_expert_rank_num > 0 ? K - 1 : K;  // the shared column is last
+    for (int q = 0; q < W; ++q) extra[size_t(q)].assign(size_t(1) + P.local_experts(q).size(), 0);
     const TensorView& m = mask;
     auto active = [&](int64_t t, int64_t k) {
       if (!m.defined()) return true;
@@ -306,16 +319,22 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     st.token_pos.assign(size_t(BS * W), -1);
     st.send_rows.assign(size_t(W), 0);
     st.slots_to.assign(size_t(W), 0);
+    const bool any_special = opt.zero_expert_num + opt.copy_expert_num + opt.const_expert_num > 0;
+    if (any_special) st.special.assign(size_t(BS * K), -1);
     for (int64_t t = 0; t < BS; ++t) {
       const int32_t* row = ids.ptr<int32_t>() + t * ids.stride(0);
       bool any = false;
       for (int64_t k = 0; k < K; ++k) {
         if (!active(t, k)) continue;
+        if (k < K_routed && row[k] >= E) {  // zero/copy/const expert: computed at combine, never sent
+          st.special[size_t(t * K + k)] = row[k] - int32_t(E);
+          continue;
+        }
         any = true;
         int q = P.destination(me, t, row[k]);
         st.slot_dest[size_t(t * K + k)] = q;
         st.slot_ret[size_t(t * K + k)] = st.slots_to[size_t(q)]++;  // per-slot combine order (self: replaced later)
-        ++extra[size_t(q * per_q + 1 + P.local_index(q, row[k]))];
+        ++extra[size_t(q)][size_t(1 + P.local_index(q, row[k]))];
         int32_t& pos = st.token_pos[size_t(t * W + q)];
         if (pos < 0) pos = int32_t(st.send_rows[size_t(q)]++);
       }
@@ -323,16 +342,15 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     }
     st.send_rows[size_t(me)] = 0;
     if (!a2a) std::fill(st.send_rows.begin(), st.send_rows.end(), 0);
-    for (int q = 0; q < W; ++q) extra[size_t(q * per_q)] = st.send_rows[size_t(q)];
+    for (int q = 0; q < W; ++q) extra[size_t(q)][0] = st.send_rows[size_t(q)];
     meta.f[fRows] = int64_t(gathered.size());
   }
 
-  // 3. Agree with every rank before anything is sent: all proceed or all throw the same error. The
-  // agreement travels while this rank packs its rows (all_to_all; local arguments valid).
-  Agreement ag;
-  agree_start(comm.mpi(), fault, meta, extra, ag);
+  // 3. One message per peer: [record][rows to it (one-round form)]. With smooth scales the rows
+  // travel in x's dtype and are quantised per (token, expert) on arrival.
   const size_t xes = dtype_size(x.dtype);
-  st.fmt = RowFormat(st.K, st.H, opt.quant_int8 ? 1 : xes);
+  const bool sender_quant = opt.quant_int8 && !opt.smooth_scales.defined();
+  st.fmt = RowFormat(st.K, st.H, sender_quant ? 1 : xes);
   const RowFormat& fmt = st.fmt;
   auto pack_row = [&](char* row, int64_t t, int q) {
     const int32_t* idr = ids.ptr<int32_t>() + t * ids.stride(0);
@@ -343,14 +361,45 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
       fmt.w(row)[k] = st.scales[size_t(t * st.K + k)];
     }
     const char* src = static_cast<const char*>(x.data) + t * x.stride(0) * int64_t(xes);
-    if (opt.quant_int8) RowFormat::qscale(row) = quantize_row_int8(src, x.dtype, st.H, reinterpret_cast<int8_t*>(fmt.payload(row)));
+    if (sender_quant) RowFormat::qscale(row) = quantize_row_int8(src, x.dtype, st.H, reinterpret_cast<int8_t*>(fmt.payload(row)));
     else std::memcpy(fmt.payload(row), src, size_t(st.H) * xes);
   };
+  auto pack_rows = [&](const std::vector<char*>& base) {  // base[q]: first row to q
+    parallel_for(st.BS, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int q = 0; q < W; ++q) {
+          int32_t pos = st.token_pos[size_t(t * W + q)];
+          if (q != me && pos >= 0) pack_row(base[size_t(q)] + size_t(pos) * fmt.stride, t, q);
+        }
+    });
+  };
+  const bool ok = fault.code == 0;
+  std::vector<size_t> moff(size_t(W), 0), mlen(size_t(W), 0), rec_len(size_t(W), 0);
+  size_t total = 0;
+  for (int q = 0; q < W; ++q) {
+    rec_len[size_t(q)] = record_bytes(extra[size_t(q)].size());
+    if (q == me) continue;
+    moff[size_t(q)] = total;
+    mlen[size_t(q)] = rec_len[size_t(q)] + (one_round && ok ? size_t(st.send_rows[size_t(q)]) * fmt.stride : 0);
+    total += (mlen[size_t(q)] + 63) & ~size_t(63);
+  }
+  st.msgbuf = PooledBuffer(comm.impl().pool, std::max<size_t>(total, 64));
+  for (int q = 0; q < W; ++q)
+    if (q != me) write_record(st.msgbuf.data() + moff[size_t(q)], fault, meta, extra[size_t(q)].data(), extra[size_t(q)].size());
+  std::vector<char> own(rec_len[size_t(me)]);
+  write_record(own.data(), fault, meta, extra[size_t(me)].data(), extra[size_t(me)].size());
+  if (one_round && ok) {
+    std::vector<char*> base(static_cast<size_t>(W));
+    for (int q = 0; q < W; ++q) base[size_t(q)] = st.msgbuf.data() + moff[size_t(q)] + rec_len[size_t(q)];
+    pack_rows(base);
+  }
+  st.ex = std::make_unique<PeerExchange>();
+  st.ex->start(comm, kTagDispatch, st.msgbuf.data(), moff, mlen);
   st.scount.assign(size_t(W), 0);
   st.sdispl.assign(size_t(W), 0);
   st.rcount.assign(size_t(W), 0);
   st.rdispl.assign(size_t(W), 0);
-  if (fault.code == 0 && a2a) {
+  if (ok && a2a) {
     int64_t so = 0;
     for (int q = 0; q < W; ++q) {
       st.sdispl[size_t(q)] = checked_int(so, kOp, "send rows");
@@ -358,21 +407,24 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
       so += st.send_rows[size_t(q)];
       st.bytes_sent += st.send_rows[size_t(q)] * int64_t(fmt.stride);
     }
-    st.sendbuf = PooledBuffer(comm.impl().pool, size_t(so) * fmt.stride);
-    char* sb = st.sendbuf.data();
-    parallel_for(st.BS, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t)
-        for (int q = 0; q < W; ++q) {
-          int32_t pos = st.token_pos[size_t(t * W + q)];
-          if (q != me && pos >= 0) pack_row(sb + size_t(st.sdispl[size_t(q)] + pos) * fmt.stride, t, q);
-        }
-    });
+    if (!one_round) {  // packed while the records travel
+      st.sendbuf = PooledBuffer(comm.impl().pool, size_t(so) * fmt.stride);
+      std::vector<char*> base(static_cast<size_t>(W));
+      for (int q = 0; q < W; ++q) base[size_t(q)] = st.sendbuf.data() + size_t(st.sdispl[size_t(q)]) * fmt.stride;
+      pack_rows(base);
+    }
   }
-  std::vector<Meta> all = agree_finish(comm.mpi(), kOp, ag, kTable,
-                                       {{fK, kMisK}, {fH, kMisH}, {fDtype, kMisDtype}, {fE, kMisE}, {fQuant, kMisOpt}, {fDisp, kMisOpt},
-                                        {fDedup, kMisOpt}, {fType, kMisOpt}, {fHash, kMisPlacement}, {fTag, kMisTag},
-                                        {fShared, kMisOpt}, {fCommQuant, kMisOpt}},
-                                       &extra_all);
+  st.ex->wait();
+  std::vector<const char*> recs(static_cast<size_t>(W));
+  std::vector<size_t> rec_size(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) {
+    recs[size_t(r)] = r == me ? own.data() : st.ex->data(r);
+    rec_size[size_t(r)] = r == me ? own.size() : st.ex->size(r);
+  }
+  Decision dec = decide(kOp, recs, rec_size, kTable,
+                        {{fK, kMisK}, {fH, kMisH}, {fDtype, kMisDtype}, {fE, kMisE}, {fQuant, kMisOpt}, {fDisp, kMisOpt},
+                         {fDedup, kMisOpt}, {fType, kMisOpt}, {fHash, kMisPlacement}, {fTag, kMisTag}, {fShared, kMisOpt},
+                         {fCommQuant, kMisOpt}, {fForm, kMisForm}, {fSpecial, kMisSpecial}, {fSmooth, kMisSmooth}});
   const int64_t BS = st.BS, K = st.K, H = st.H, L = st.L;
   st.x_view = x;
   st.ids_view = ids;
@@ -380,11 +432,13 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   st.all_rows.resize(static_cast<size_t>(W));
   st.recv_rows.assign(size_t(W), 0);
   st.recv_slots.assign(size_t(W), 0);
+  st.rows_from.assign(size_t(W), nullptr);
   std::vector<int64_t> cnt(size_t(L * W), 0);  // slots per (local expert l, source r)
   for (int r = 0; r < W; ++r) {
-    st.all_bs[size_t(r)] = all[size_t(r)].f[fBS];
-    st.all_rows[size_t(r)] = all[size_t(r)].f[fRows];
-    const int64_t* rec = extra_all.data() + size_t(r * W * per_q + me * per_q);
+    st.all_bs[size_t(r)] = dec.meta[size_t(r)].f[fBS];
+    st.all_rows[size_t(r)] = dec.meta[size_t(r)].f[fRows];
+    if (dec.n_extra[size_t(r)] != 1 + L) throw Error(kOp, "placement", kTable[kPlacementL].expected, detail::cat("rank ", r, ": ", dec.n_extra[size_t(r)] - 1));
+    const int64_t* rec = dec.extra[size_t(r)];
     st.recv_rows[size_t(r)] = rec[0];
     for (int64_t l = 0; l < L; ++l) {
       cnt[size_t(l * W + r)] = rec[1 + l];
@@ -395,11 +449,19 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   res = DispatchResult();
   st.plan(cnt, res);
 
-  // 4. Exchange. all_to_all: one row per (token, remote destination rank), packed above; all_gather:
-  // every token with an active slot once, packed straight into its place in the gathered buffer
-  // (MPI_IN_PLACE).
+  // 4. Rows. One-round: already here, after each record. Split all_to_all: one row per (token,
+  // remote destination rank), packed above; all_gather: every token with a sent slot once, packed
+  // straight into its place in the gathered buffer (MPI_IN_PLACE).
   MPI_Datatype rt = comm.impl().row_type(int64_t(fmt.stride));
-  if (a2a) {
+  if (one_round) {
+    for (int r = 0; r < W; ++r) {
+      if (r == me) continue;
+      st.rcount[size_t(r)] = checked_int(st.recv_rows[size_t(r)], kOp, "receive rows");
+      st.rows_from[size_t(r)] = st.ex->data(r) + record_bytes(size_t(1 + L));
+      OT_CHECK(st.ex->size(r) == record_bytes(size_t(1 + L)) + size_t(st.recv_rows[size_t(r)]) * fmt.stride, kOp, "message",
+               "the size its record announces", st.ex->size(r));
+    }
+  } else if (a2a) {
     int64_t ro = 0;
     for (int q = 0; q < W; ++q) {
       st.rdispl[size_t(q)] = checked_int(ro, kOp, "receive rows");
@@ -407,12 +469,9 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
       ro += st.recv_rows[size_t(q)];
     }
     st.recvbuf = PooledBuffer(comm.impl().pool, size_t(ro) * fmt.stride);
-    char* sb = st.sendbuf.data();
-    if (split)
-      MPI_Ialltoallv(sb, st.scount.data(), st.sdispl.data(), rt, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi(),
-                     &st.req);
-    else
-      MPI_Alltoallv(sb, st.scount.data(), st.sdispl.data(), rt, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi());
+    for (int q = 0; q < W; ++q) st.rows_from[size_t(q)] = st.recvbuf.data() + size_t(st.rdispl[size_t(q)]) * fmt.stride;
+    MPI_Ialltoallv(st.sendbuf.data(), st.scount.data(), st.sdispl.data(), rt, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt,
+                   comm.mpi(), &st.req);
   } else {
     int64_t ro = 0;
     for (int r = 0; r < W; ++r) {
@@ -423,16 +482,17 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     const int64_t G = int64_t(gathered.size());
     st.bytes_sent = G * int64_t(fmt.stride) * (W - 1);
     st.recvbuf = PooledBuffer(comm.impl().pool, size_t(ro) * fmt.stride);
-    char* own = st.recvbuf.data() + size_t(st.rdispl[size_t(me)]) * fmt.stride;
+    for (int r = 0; r < W; ++r) st.rows_from[size_t(r)] = st.recvbuf.data() + size_t(st.rdispl[size_t(r)]) * fmt.stride;
+    char* own_rows = st.recvbuf.data() + size_t(st.rdispl[size_t(me)]) * fmt.stride;
     parallel_for(G, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) pack_row(own + size_t(i) * fmt.stride, gathered[size_t(i)], -1);
+      for (int64_t i = i0; i < i1; ++i) pack_row(own_rows + size_t(i) * fmt.stride, gathered[size_t(i)], -1);
     });
     if (split)
       MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi(), &st.req);
     else
       MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi());
   }
-  if (split) comm.impl().track(&st.req);
+  if (st.req != MPI_REQUEST_NULL) comm.impl().track(&st.req);
   st.place_local(res);  // while the transfer runs (split form)
   st.ids_view = TensorView();  // may point at this call's extended ids
   res.bytes_sent = st.bytes_sent;
@@ -446,15 +506,14 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
 void DispatchState::finish_receive(DispatchResult& res) {
   const Placement& P = comm->placement();
   const bool a2a = opt.dispatcher == Dispatcher::all_to_all;
-  const size_t out_row = size_t(H) * fmt.elem;
-  char* rb = recvbuf.data();
-  struct Copy { int64_t dst; const char* row; };
+  const size_t out_row = size_t(H) * (opt.quant_int8 ? 1 : dtype_size(dtype));
+  struct Copy { int64_t dst; const char* row; int l; };
   std::vector<Copy> copies;
   for (int r = 0; r < W; ++r) {
     if (r == me) continue;
     int64_t ret = 0;
     for (int64_t i = 0; i < rcount[size_t(r)]; ++i) {
-      char* row = rb + size_t(rdispl[size_t(r)] + i) * fmt.stride;
+      char* row = const_cast<char*>(rows_from[size_t(r)]) + size_t(i) * fmt.stride;
       const int32_t tok = RowFormat::token(row);
       const int32_t* idr = RowFormat::ids(row);
       bool any = false;
@@ -471,25 +530,32 @@ void DispatchState::finish_receive(DispatchResult& res) {
         ent_w.push_back(fmt.w(row)[k]);
         int32_t* as = res.assist_info_for_combine.ptr<int32_t>() + dst * 3;
         as[0] = r, as[1] = tok, as[2] = int32_t(k);
-        copies.push_back({dst, row});
+        copies.push_back({dst, row, l});
       }
       if (any) ent_begin.push_back(int64_t(ent_row.size()));
     }
   }
-  char* ex = static_cast<char*>(res.expand_x.view().data);
-  const bool quant = opt.quant_int8;
+  char* ex_rows = static_cast<char*>(res.expand_x.view().data);
+  const bool quant = opt.quant_int8, wire_int8 = quant && !opt.smooth_scales.defined();
   parallel_for(int64_t(copies.size()), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const Copy& c = copies[size_t(i)];
-      std::memcpy(ex + size_t(c.dst) * out_row, fmt.payload(const_cast<char*>(c.row)), out_row);
-      if (quant) res.dynamic_scales.ptr<float>()[c.dst] = RowFormat::qscale(const_cast<char*>(c.row));
+      char* dst = ex_rows + size_t(c.dst) * out_row;
+      const char* src = fmt.payload(const_cast<char*>(c.row));
+      if (quant && !wire_int8)  // smooth scales: quantise per (token, expert) here
+        res.dynamic_scales.ptr<float>()[c.dst] = quantize_row_int8(src, dtype, H, reinterpret_cast<int8_t*>(dst), smooth_row(c.l));
+      else std::memcpy(dst, src, out_row);
+      if (wire_int8) res.dynamic_scales.ptr<float>()[c.dst] = RowFormat::qscale(const_cast<char*>(c.row));
     }
   });
   // The received rows and the caller's inputs are no longer needed.
+  ex.reset();
+  msgbuf.reset();
   sendbuf.reset();
   recvbuf.reset();
   x_view = TensorView();
   ids_view = TensorView();
+  opt.smooth_scales = TensorView();
   received = true;
 }
 

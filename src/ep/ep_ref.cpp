@@ -14,7 +14,8 @@ static float w_at(const RankInput& in, int64_t t, int64_t k) {
   return in.expert_scales.defined() ? in.expert_scales.ptr<float>()[t * in.expert_scales.stride(0) + k] : 1.f;
 }
 
-RankExpand dispatch(const std::vector<RankInput>& ranks, const Placement& p, int q, bool quant) {
+RankExpand dispatch(const std::vector<RankInput>& ranks, const Placement& p, int q, bool quant, const TensorView& smooth,
+                    int shared_expert_num) {
   const int W = int(ranks.size());
   const int64_t H = ranks[0].x.size(1), K = ranks[0].expert_ids.size(1);
   const DType dt = ranks[0].x.dtype;
@@ -23,6 +24,7 @@ RankExpand dispatch(const std::vector<RankInput>& ranks, const Placement& p, int
   RankExpand out;
   std::vector<std::pair<int, int64_t>> rows;  // (r, t) per row
   std::vector<int32_t> ks;
+  std::vector<int64_t> es;  // expert per row
   for (int64_t e : local) {
     int64_t n = 0;
     for (int r = 0; r < W; ++r)
@@ -31,6 +33,7 @@ RankExpand dispatch(const std::vector<RankInput>& ranks, const Placement& p, int
           if (id_at(ranks[size_t(r)], t, k) == e && p.destination(r, t, e) == q) {
             rows.push_back({r, t});
             ks.push_back(int32_t(k));
+            es.push_back(e);
             ++n;
           }
     out.tokens_per_expert.push_back(n);
@@ -49,6 +52,8 @@ RankExpand dispatch(const std::vector<RankInput>& ranks, const Placement& p, int
       continue;
     }
     for (int64_t h = 0; h < H; ++h) v[size_t(h)] = float(get_as_double(x, t * H + h));
+    if (smooth.defined())  // per (token, expert): xs = x * scales[e + shared_expert_num]
+      for (int64_t h = 0; h < H; ++h) v[size_t(h)] *= smooth.ptr<float>()[(es[size_t(i)] + shared_expert_num) * smooth.stride(0) + h];
     float amax = 0;
     for (float a : v) amax = std::max(amax, std::fabs(a));
     float d = amax / 127.f;

@@ -144,7 +144,7 @@ Tensor ep_moe_ffn(Comm& comm, const TensorView& x, const TensorView& ids, const 
   trace::OpScope scope("ep_moe_ffn");
   const int C = std::max(1, opt.chunks);
   // Chunk only well-formed inputs; anything else goes whole to the first dispatch, whose
-  // agreement step then fails on every rank.
+  // records then make every rank fail.
   const TensorView& mask = opt.dispatch.x_active_mask;
   const bool shaped = x.ndim == 2 && ids.ndim == 2 && ids.size(0) == x.size(0) &&
                       (!w.defined() || (w.ndim == 2 && w.size(0) == x.size(0))) &&
@@ -203,7 +203,13 @@ Tensor ep_moe_ffn(Comm& comm, const TensorView& x, const TensorView& ids, const 
       p.wait();
       failed = true;
     }
-    comb[size_t(c)] = combine_start_impl(comm, ys[size_t(c)].view(), p.result(), part(shared, c), failed);
+    CombineInputs in;
+    in.shared_expert_x = part(shared, c);
+    if (opt.dispatch.copy_expert_num + opt.dispatch.const_expert_num > 0) in.ori_x = part(x, c);  // copy/const experts' input
+    in.const_expert_alpha_1 = opt.const_expert_alpha_1;
+    in.const_expert_alpha_2 = opt.const_expert_alpha_2;
+    in.const_expert_v = opt.const_expert_v;
+    comb[size_t(c)] = combine_start_impl(comm, ys[size_t(c)].view(), p.result(), in, failed);
     if (c > 0) collect(c - 1);
   }
   collect(C - 1);

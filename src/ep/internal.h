@@ -64,45 +64,77 @@ class TensorPool {
   std::vector<Block> blocks_;
 };
 
+class PeerExchange;
+
 struct Comm::Impl {
+  MPI_Comm wire = MPI_COMM_NULL;  // a private duplicate of the caller's communicator (our tags only)
   std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
   TensorPool tensors;
   std::map<int64_t, MPI_Datatype> row_types;  // contiguous byte rows, by size
   std::vector<MPI_Request*> inflight;         // advanced by progress()
-  uint64_t agreed_hash = 0;                   // placement every rank was seen to hold (0: none yet)
-  int64_t agreed_lmax = 0;                    // its largest local expert count
+  std::vector<PeerExchange*> exchanges;       // likewise
   MPI_Datatype row_type(int64_t bytes);
   void track(MPI_Request* r) { inflight.push_back(r); }
   void untrack(MPI_Request* r);
 };
 
-// ---- Agreement: every rank contributes a fixed-size record; all ranks see all records and take
-// the same decision (so either all proceed or all throw the same ot::Error).
+// ---- Records: every message between ranks starts with one (fault, meta, extra), so each rank's
+// validation outcome travels with its data and the decision costs no round of its own: every rank
+// sees every record and either all proceed or all throw the same ot::Error.
 struct Fault {
   int code = 0;        // 0: fine; otherwise an index into the caller's table of {arg, expected}
   int64_t value = 0;   // what was got (for the message)
 };
 struct FaultText { const char* arg; const char* expected; };
-constexpr int kMetaFields = 16;
+constexpr int kMetaFields = 20;
 struct Meta {
   int64_t f[kMetaFields] = {};
 };
-// Split form: start posts the allgather of (fault, meta, extra), so local work (packing rows) can
-// run while it travels; finish waits and takes the decision (throwing on every rank alike).
-struct Agreement {
-  std::vector<int64_t> mine, all;
-  size_t extra = 0;
-  MPI_Request req = MPI_REQUEST_NULL;
-  ~Agreement();  // never abandons a posted allgather
+constexpr size_t kRecHead = 2 + kMetaFields + 1;  // code, value, meta, n_extra
+inline size_t record_bytes(size_t n_extra) { return (8 * (kRecHead + n_extra) + 63) & ~size_t(63); }
+// Writes a record at dst (record_bytes(extra.size()) bytes).
+void write_record(char* dst, const Fault& fault, const Meta& meta, const int64_t* extra, size_t n_extra);
+// The records of every rank (rec[r], of rec_size[r] bytes; this rank's own included): throws on
+// every rank alike when any rank has a fault or when the fields in `must_match` (field, code)
+// differ; else returns the metas and points extra[r] at each record's extra values (n_extra[r]).
+struct Decision {
+  std::vector<Meta> meta;
+  std::vector<const int64_t*> extra;
+  std::vector<int64_t> n_extra;
 };
-void agree_start(MPI_Comm comm, const Fault& fault, const Meta& meta, const std::vector<int64_t>& extra, Agreement& a);
-std::vector<Meta> agree_finish(MPI_Comm comm, const char* op, Agreement& a, const std::vector<FaultText>& table,
-                               const std::vector<std::pair<int, int>>& must_match, std::vector<int64_t>* extra_all = nullptr);
-// Allgathers (fault, meta) and throws on every rank when any rank has a fault or when the fields
-// listed in `must_match` differ between ranks (mismatch i reports table[match_codes[i]]).
-std::vector<Meta> agree(MPI_Comm comm, const char* op, const Fault& fault, const Meta& meta, const std::vector<FaultText>& table,
-                        const std::vector<std::pair<int, int>>& must_match /* (field, code) */,
-                        const std::vector<int64_t>& extra = {}, std::vector<int64_t>* extra_all = nullptr);
+Decision decide(const char* op, const std::vector<const char*>& rec, const std::vector<size_t>& rec_size,
+                const std::vector<FaultText>& table, const std::vector<std::pair<int, int>>& must_match);
+
+// One message to and one from every other rank, of sizes the receiver need not know: each incoming
+// message is matched by probing its source (exchanges in the order they started, so concurrent or
+// back-to-back calls cannot cross), then received into a pooled buffer. One round: all sends are
+// posted at once.
+class PeerExchange {
+ public:
+  PeerExchange() = default;
+  PeerExchange(const PeerExchange&) = delete;
+  PeerExchange& operator=(const PeerExchange&) = delete;
+  ~PeerExchange();  // never abandons a posted transfer
+  // Message to rank q: len[q] bytes at sendbuf + off[q] (q != me; the buffer must outlive the wait).
+  void start(Comm& comm, int tag, const char* sendbuf, const std::vector<size_t>& off, const std::vector<size_t>& len);
+  bool test();  // posts the receives of messages that have arrived; true when all have completed
+  void wait();
+  const char* data(int r) const { return in_[size_t(r)].data(); }
+  size_t size(int r) const { return in_size_[size_t(r)]; }
+  void release();  // drops the received buffers
+
+ private:
+  Comm* comm_ = nullptr;
+  int tag_ = 0, W_ = 1, me_ = 0;
+  bool active_ = false;
+  std::vector<MPI_Request> req_;  // [W] sends, then [W] receives
+  std::vector<char> posted_;      // receive of rank r posted
+  std::vector<PooledBuffer> in_;
+  std::vector<size_t> in_size_;
+  bool post_arrived(bool block);
+  void probe(bool block, std::vector<char>& blocked);
+};
+constexpr int kTagDispatch = 0x5e01, kTagCombine = 0x5e02;
 
 // ---- Wire format of one dispatched row: header, then H values (x dtype, or int8 when quantised).
 // Header: int32 token, float row scale (quant), int32 ids[K] (-1: slot not for this rank), float w[K].
@@ -122,8 +154,9 @@ struct RowFormat {
   char* payload(char* row) const { return row + header; }
 };
 
-// Dynamic int8 of one row: d = max|x| / 127, q = round_half_even(x / d) saturated; returns d.
-float quantize_row_int8(const void* src, DType t, int64_t n, int8_t* dst);
+// Dynamic int8 of one row: xs = x (* smooth, per column, when given), d = max|xs| / 127,
+// q = round_half_even(xs / d) saturated; returns d.
+float quantize_row_int8(const void* src, DType t, int64_t n, int8_t* dst, const float* smooth = nullptr);
 // Copies one row, converting to f32 when needed (combine sums).
 void load_row_f32(const void* src, DType t, int64_t n, float* dst);
 
@@ -157,8 +190,11 @@ struct DispatchState {
   std::vector<uint8_t> token_active;  // [BS] 1-D x_active_mask (empty: all active)
   std::vector<PendingDispatch::Block> local_blocks;
   // In flight.
+  std::vector<int32_t> special;     // [BS*K] zero/copy/const expert index (e - E) of a slot, or -1 (empty: none)
   RowFormat fmt{0, 0, 0};
-  PooledBuffer sendbuf, recvbuf;
+  std::unique_ptr<PeerExchange> ex;  // the records (and, one-round form, the rows)
+  PooledBuffer msgbuf, sendbuf, recvbuf;
+  std::vector<const char*> rows_from;  // [W] first received row from each rank
   std::vector<int> scount, sdispl, rcount, rdispl;
   MPI_Request req = MPI_REQUEST_NULL;
   bool planned = false;   // receive layout known (from the agreement round)
@@ -168,6 +204,7 @@ struct DispatchState {
   void plan(const std::vector<int64_t>& cnt, DispatchResult& res);
   void place_local(DispatchResult& res);
   void finish_receive(DispatchResult& res);  // fan out the received rows (after the transfer)
+  const float* smooth_row(int l) const;
 };
 
 // Access to the pending handles' internals for the implementation files.
@@ -184,7 +221,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
                                       const DispatchOptions& opt, int64_t tag, bool split);
 
 // Combine start; experts_failed makes every rank throw (a rank's local expert compute failed).
-PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const DispatchResult& dr, const TensorView& shared, bool experts_failed);
+PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const DispatchResult& dr, const CombineInputs& in, bool experts_failed);
 
 inline int checked_int(int64_t v, const char* op, const char* what) {
   OT_CHECK(v >= 0 && v <= INT32_MAX, op, what, "a count that fits MPI's int", v);

@@ -98,7 +98,12 @@ struct Experts {
 
 // The single-process MoE on the concatenated tokens of all ranks: rows sorted by expert (stable in
 // (rank, token) order), one grouped SwiGLU FFN over all experts, then out[t] = sum_k w * y in k order.
-std::vector<Tensor> single_process(const std::vector<std::vector<Tensor>>& in, const Experts& ex, int64_t E, DType out_dtype) {
+// Output at column h of special expert s (= id - E: zero, then copy, then const experts, spec 9.3)
+// for token t of rank r.
+using SpecialFn = std::function<float(int r, int64_t t, int64_t s, int64_t h)>;
+
+std::vector<Tensor> single_process(const std::vector<std::vector<Tensor>>& in, const Experts& ex, int64_t E, DType out_dtype,
+                                   const SpecialFn& special = {}) {
   const int64_t H = in[0][0].size(1), K = in[0][1].size(1);
   std::vector<std::tuple<int, int64_t, int64_t>> rows;  // (r, t, k)
   ExpertBatch b;
@@ -127,17 +132,25 @@ std::vector<Tensor> single_process(const std::vector<std::vector<Tensor>>& in, c
     auto [r, t, k] = rows[size_t(i)];
     where[size_t(r)][size_t(t * K + k)] = i;
   }
+  // The sum in k order with the MoE layer's combine step (ot::accumulate_f32: acc += w * row).
   std::vector<Tensor> out;
+  std::vector<float> acc(static_cast<size_t>(H));
   for (size_t r = 0; r < in.size(); ++r) {
     int64_t BS = in[r][0].size(0);
     Tensor o = Tensor::empty(out_dtype, {BS, H});
-    for (int64_t t = 0; t < BS; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        float acc = 0;
-        for (int64_t k = 0; k < K; ++k)
-          acc += in[r][2].ptr<float>()[t * K + k] * float(get_as_double(ys, where[r][size_t(t * K + k)] * H + h));
-        set_from_double(o, t * H + h, acc);
+    for (int64_t t = 0; t < BS; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t i = where[r][size_t(t * K + k)];
+        const float w = in[r][2].ptr<float>()[t * K + k];
+        if (i >= 0) {
+          accumulate_f32(static_cast<const char*>(ys.view().data) + i * H * int64_t(dtype_size(dt)), dt, w, acc.data(), H);
+        } else {
+          for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += w * special(int(r), t, in[r][1].ptr<int32_t>()[t * K + k] - E, h);
+        }
       }
+      for (int64_t h = 0; h < H; ++h) set_from_double(o, t * H + h, acc[size_t(h)]);
+    }
     out.push_back(o);
   }
   return out;
@@ -153,6 +166,19 @@ double norm_err(const TensorView& a, const TensorView& b) {
 }
 bool bit_equal(const TensorView& a, const TensorView& b) {
   return a.numel() == b.numel() && a.dtype == b.dtype && (a.numel() == 0 || std::memcmp(a.data, b.data, a.nbytes()) == 0);
+}
+
+// Runs fn on every rank (each with its own, possibly bad, arguments) and expects every rank to throw
+// an ot::Error naming `arg`.
+void expect_all_throw(const char* arg, const std::function<void()>& fn) {
+  bool threw = false;
+  try {
+    fn();
+  } catch (const Error& e) {
+    threw = true;
+    EXPECT_EQ(e.arg(), arg) << e.what();
+  }
+  EXPECT_TRUE(threw) << arg;
 }
 
 // Runs dispatch -> local experts -> combine (blocking form).
@@ -382,14 +408,7 @@ TEST(EpSharedRanks, SharedExpertOnItsOwnRanks) {
     EXPECT_LE(norm_err(ep_moe_ffn(comm, mine[0], mine[1], mine[2], ex.local(comm.placement(), me()), f), want[size_t(me())]), 1e-6);
     // Without the matching placement: every rank fails, naming the option.
     Comm plain(c.E);
-    bool threw = false;
-    try {
-      moe_distribute_dispatch(plain, mine[0], mine[1], mine[2], o);
-    } catch (const Error& e) {
-      threw = true;
-      EXPECT_EQ(e.arg(), "moe_expert_num") << e.what();
-    }
-    EXPECT_TRUE(threw);
+    expect_all_throw("moe_expert_num", [&] { moe_distribute_dispatch(plain, mine[0], mine[1], mine[2], o); });
   }
 }
 
@@ -591,14 +610,115 @@ TEST(EpQuant, CombineInt8RowsWithinTolerance) {
   DispatchOptions bad;
   bad.moe_expert_num = c.E;
   bad.comm_quant_mode = me() == W() - 1 ? 1 : 0;
-  bool threw = false;
-  try {
-    moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], bad);
-  } catch (const Error& e) {
-    threw = true;
-    EXPECT_EQ(e.arg(), "comm_quant_mode") << e.what();
+  expect_all_throw("comm_quant_mode", [&] { moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], bad); });
+}
+
+// Smooth-quant scales (spec 9.2): each expand_x row is int8(x * scales[e + shared_expert_num]) with
+// its own dynamic scale, i.e. quantised per (token, expert); equal to the plain reference bit for
+// bit in every form. Given without quant_int8 on one rank: every rank fails.
+TEST(EpQuant, SmoothScalesPerTokenAndExpert) {
+  Case c;
+  c.dtype = DType::bf16;
+  c.E = two_per_rank();
+  c.K = std::min<int64_t>(3, c.E);
+  c.H = 32;
+  auto in = make_inputs(c, W(), 13);
+  const auto& mine = in[size_t(me())];
+  Comm comm(c.E);
+  for (int shared_num : {0, 1}) {
+    Tensor smooth = Tensor::empty(DType::f32, {c.E + shared_num, c.H});
+    Rng g(99);
+    for (int64_t i = 0; i < smooth.numel(); ++i) smooth.ptr<float>()[i] = 0.25f + 2 * g.uni();
+    for (Dispatcher disp : {Dispatcher::all_to_all, Dispatcher::all_gather})
+      for (bool split : {false, true}) {
+        DispatchOptions o;
+        o.moe_expert_num = c.E;
+        o.dispatcher = disp;
+        o.quant_int8 = true;
+        o.smooth_scales = smooth;
+        o.shared_expert_num = shared_num;
+        SCOPED_TRACE(::testing::Message() << dispatcher_name(disp) << " split=" << split << " shared_expert_num=" << shared_num);
+        DispatchResult d = split ? moe_distribute_dispatch_start(comm, mine[0], mine[1], mine[2], o).wait()
+                                 : moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
+        ref::RankExpand r = ref::dispatch(views(in), comm.placement(), me(), true, smooth, shared_num);
+        EXPECT_TRUE(bit_equal(d.expand_x, r.expand_x));
+        EXPECT_TRUE(bit_equal(d.dynamic_scales, r.dynamic_scales));
+        EXPECT_EQ(std::vector<int32_t>(d.assist_info_for_combine.ptr<int32_t>(), d.assist_info_for_combine.ptr<int32_t>() + 3 * d.expand_x.size(0)),
+                  r.assist);
+      }
   }
-  EXPECT_TRUE(threw);
+  DispatchOptions bad;
+  bad.moe_expert_num = c.E;
+  Tensor smooth = Tensor::empty(DType::f32, {c.E, c.H});
+  for (int64_t i = 0; i < smooth.numel(); ++i) smooth.ptr<float>()[i] = 1.f;
+  if (me() == W() - 1) bad.smooth_scales = smooth;  // without quant_int8
+  expect_all_throw("smooth_scales", [&] { moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], bad); });
+}
+
+// Zero, copy and const experts (spec 9.3): ids past the routed ones, never sent, computed at
+// combine on the token's own rank. Equals the single-process MoE with those experts' outputs, bit
+// for bit in fp32 with the per-slot combine; also pipelined; a missing ori_x fails everywhere.
+TEST(EpSpecial, ZeroCopyConstExperts) {
+  Case c;
+  c.E = 2 * W() + (W() == 1 ? 2 : 0);
+  const int64_t Z = 1, C = 1, Q = 2;
+  c.pool = [&](int, int64_t) {
+    std::vector<int> p(static_cast<size_t>(c.E + Z + C + Q));
+    for (size_t i = 0; i < p.size(); ++i) p[i] = int(i);
+    return p;
+  };
+  Experts ex(c.E, c.H, 8);
+  auto in = make_inputs(c, W(), 51);
+  Tensor a1 = Tensor::empty(DType::f32, {Q}), a2 = Tensor::empty(DType::f32, {Q}), v = Tensor::empty(DType::f32, {Q, c.H});
+  Rng g(5);
+  for (int64_t i = 0; i < Q; ++i) a1.ptr<float>()[i] = 2 * g.uni() - 1, a2.ptr<float>()[i] = 2 * g.uni() - 1;
+  for (int64_t i = 0; i < v.numel(); ++i) v.ptr<float>()[i] = 2 * g.uni() - 1;
+  auto special = [&](int r, int64_t t, int64_t s, int64_t h) -> float {
+    if (s < Z) return 0.f;
+    const float ox = in[size_t(r)][0].ptr<float>()[t * c.H + h];
+    if (s < Z + C) return ox;
+    const int64_t q = s - Z - C;
+    return a1.ptr<float>()[q] * ox + a2.ptr<float>()[q] * v.ptr<float>()[q * c.H + h];
+  };
+  auto want = single_process(in, ex, c.E, DType::f32, special);
+  Comm comm(c.E);
+  const auto& mine = in[size_t(me())];
+  DispatchOptions o;
+  o.moe_expert_num = c.E;
+  o.zero_expert_num = Z, o.copy_expert_num = C, o.const_expert_num = Q;
+  CombineInputs ci;
+  ci.ori_x = mine[0];
+  ci.const_expert_alpha_1 = a1, ci.const_expert_alpha_2 = a2, ci.const_expert_v = v;
+  int64_t routed_here = 0;  // only routed slots arrive
+  for (int r = 0; r < W(); ++r)
+    for (int64_t t = 0; t < in[size_t(r)][0].size(0); ++t)
+      for (int64_t k = 0; k < c.K; ++k) {
+        const int e = in[size_t(r)][1].ptr<int32_t>()[t * c.K + k];
+        routed_here += e < c.E && comm.placement().destination(r, t, e) == me();
+      }
+  for (Dispatcher disp : {Dispatcher::all_to_all, Dispatcher::all_gather})
+    for (bool dedup : {false, true}) {
+      o.dispatcher = disp;
+      o.dedup_combine = dedup;
+      SCOPED_TRACE(::testing::Message() << dispatcher_name(disp) << " dedup=" << dedup);
+      DispatchResult d = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
+      EXPECT_EQ(d.expand_x.size(0), routed_here);
+      Tensor y = Tensor::empty(DType::f32, {d.expand_x.size(0), c.H});
+      ex.local(comm.placement(), me())(batch_of(d, y));
+      Tensor got = moe_distribute_combine(comm, y, d, ci);
+      if (disp == Dispatcher::all_to_all && !dedup) EXPECT_TRUE(bit_equal(got, want[size_t(me())])) << norm_err(got, want[size_t(me())]);
+      else EXPECT_LE(norm_err(got, want[size_t(me())]), 1e-6);
+    }
+  FfnOptions f;
+  f.dispatch = o;
+  f.chunks = 2;
+  f.const_expert_alpha_1 = a1, f.const_expert_alpha_2 = a2, f.const_expert_v = v;
+  EXPECT_LE(norm_err(ep_moe_ffn(comm, mine[0], mine[1], mine[2], ex.local(comm.placement(), me()), f), want[size_t(me())]), 1e-6);
+  DispatchResult d = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
+  Tensor y = Tensor::zeros(DType::f32, {d.expand_x.size(0), c.H});
+  CombineInputs missing = ci;
+  if (me() == W() - 1) missing.ori_x = TensorView();
+  expect_all_throw("ori_x", [&] { moe_distribute_combine(comm, y, d, missing); });
 }
 
 // A hot expert copied on every rank: its tokens are split between copies; results unchanged.
@@ -694,16 +814,6 @@ TEST(EpErrors, BadArgumentOnOneRankFailsEverywhere) {
   c.E = two_per_rank();
   Comm comm(c.E);
   const int bad = W() - 1;
-  auto expect_all_throw = [&](const char* arg, const std::function<void()>& fn) {
-    bool threw = false;
-    try {
-      fn();
-    } catch (const Error& e) {
-      threw = true;
-      EXPECT_EQ(e.arg(), arg) << e.what();
-    }
-    EXPECT_TRUE(threw) << arg;
-  };
   DispatchOptions o;
   o.moe_expert_num = c.E;
   Case c2 = c;  // every rank has tokens, so the bad rank can hold a bad id
@@ -757,6 +867,12 @@ TEST(EpErrors, BadArgumentOnOneRankFailsEverywhere) {
       good(b);
     };
     expect_all_throw("experts", [&] { ep_moe_ffn(comm, m2[0], m2[1], m2[2], fn, f); });
+  }
+  if (W() > 1) {  // the blocking form on one rank, the split form on the others
+    expect_all_throw("call", [&] {
+      if (me() == bad) moe_distribute_dispatch(comm, m2[0], m2[1], m2[2], o);
+      else moe_distribute_dispatch_start(comm, m2[0], m2[1], m2[2], o).wait();
+    });
   }
   // Nobody is left hanging: a good call completes everywhere.
   DispatchResult d = moe_distribute_dispatch(comm, m2[0], m2[1], m2[2], o);
