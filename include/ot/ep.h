@@ -5,9 +5,10 @@
 // once per destination rank and is fanned out to its local experts there.
 //
 // Every call here is collective over the Comm: every rank calls it, in the same order. Arguments are
-// validated before any communication and the outcome is agreed by all ranks, so a bad argument on
-// one rank makes every rank throw ot::Error (no rank is left waiting). MPI is only called from the
-// calling thread, never from inside a kernel.
+// validated locally before any communication; the outcome travels in a record at the head of every
+// message and all ranks decide from the same records, so a bad argument on one rank makes every
+// rank throw ot::Error (no rank is left waiting). MPI is only called from the calling thread, never
+// from inside a kernel. The Comm duplicates the caller's communicator for its own messages.
 #pragma once
 #include <mpi.h>
 
@@ -66,7 +67,7 @@ class Placement {
 // expert placement and reusable communication buffers.
 class Comm {
  public:
-  Comm(MPI_Comm comm, int64_t num_experts);  // contiguous placement
+  Comm(MPI_Comm comm, int64_t num_experts);  // contiguous placement; collective (duplicates comm)
   explicit Comm(int64_t num_experts) : Comm(MPI_COMM_WORLD, num_experts) {}
   ~Comm();
   Comm(const Comm&) = delete;
@@ -147,8 +148,8 @@ struct DispatchResult {
   std::shared_ptr<DispatchState> handle;
 };
 
-// Split form: start validates, agrees, exchanges counts, posts the non-blocking transfer and fills
-// the rows that come from this rank (they are ready at once); wait() completes the remote rows.
+// Split form: start validates, exchanges the records (outcome and counts), posts the non-blocking
+// transfer and fills the rows that come from this rank (ready at once); wait() completes the rest.
 class PendingDispatch {
  public:
   PendingDispatch() = default;
@@ -190,7 +191,7 @@ Tensor moe_distribute_combine(Comm& comm, const TensorView& expert_out, const Di
                               const TensorView& shared_expert_x = {});
 Tensor moe_distribute_combine(Comm& comm, const TensorView& expert_out, const DispatchResult& dispatched, const CombineInputs& in);
 
-// Split form of combine: start sends, wait receives and sums.
+// Split form of combine: start sends, wait receives, decides (throws on every rank alike) and sums.
 class PendingCombine {
  public:
   PendingCombine() = default;
