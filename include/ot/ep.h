@@ -231,7 +231,7 @@ ExpertFn swiglu_experts(std::vector<const gemm::PackedB*> gate_up, std::vector<c
 
 // The MoE layer's expert FFN (ot::moe::moe_expert_ffn) on a prepacked store holding this rank's
 // local experts in placement order (store expert l = local expert l). The store must outlive the
-// returned function. int8 rows are dequantised to the store's dtype first.
+// returned function. int8 rows go into the grouped GEMM as they are (its int8 A operand).
 ExpertFn moe_experts(const moe::MoeExperts& local);
 
 // Groups of a DispatchResult as an ExpertBatch (all rows, one group per local expert).

@@ -11,20 +11,14 @@
 
 namespace ot::ep {
 
-// Rows of x as the expert dtype: int8 rows dequantised with their scales, other dtypes converted.
+// Float rows of x in the expert dtype.
 static Tensor as_dtype(const ExpertBatch& b, DType dt) {
   const int64_t A = b.x.size(0), H = b.x.size(1);
   Tensor out = Tensor::empty(dt, {A, H});
   parallel_for(A, [&](int64_t r0, int64_t r1) {
     std::vector<float> row(static_cast<size_t>(H));
     for (int64_t r = r0; r < r1; ++r) {
-      const char* src = static_cast<const char*>(b.x.data) + r * b.x.stride(0) * int64_t(dtype_size(b.x.dtype));
-      if (b.x.dtype == DType::i8) {
-        const float s = b.dynamic_scales.ptr<float>()[r];
-        for (int64_t h = 0; h < H; ++h) row[size_t(h)] = float(reinterpret_cast<const int8_t*>(src)[h]) * s;
-      } else {
-        load_row_f32(src, b.x.dtype, H, row.data());
-      }
+      load_row_f32(static_cast<const char*>(b.x.data) + r * b.x.stride(0) * int64_t(dtype_size(b.x.dtype)), b.x.dtype, H, row.data());
       convert_from_f32(row.data(), static_cast<char*>(out.view().data) + r * H * int64_t(dtype_size(dt)), dt, H);
     }
   });
@@ -47,13 +41,11 @@ ExpertFn swiglu_experts(std::vector<const gemm::PackedB*> gate_up, std::vector<c
       I = std::max(I, down[size_t(e)]->K());
     }
     if (b.expert.empty()) return;
-    // int8 rows (dispatch quant) are dequantised to fp32 here: the engine takes float A operands.
-    TensorView xin = b.x;
-    Tensor xf;
-    if (b.x.dtype == DType::i8) {
-      xf = as_dtype(b, DType::f32);
-      xin = xf.view();
-    }
+    // int8 rows (dispatch quant) go into the grouped GEMM as they are: the engine's int8 A operand
+    // (exact i8 -> bf16/fp32 in the A pack, the row's dynamic scale on the accumulator before the
+    // SwiGLU), never dequantised in memory.
+    const TensorView& xin = b.x;
+    const float* xscale = b.x.dtype == DType::i8 ? b.dynamic_scales.ptr<float>() : nullptr;
     Tensor hbuf = Tensor::empty(DType::f32, {std::max<int64_t>(A, 1), std::max<int64_t>(I, 1)});
     const size_t xes = dtype_size(xin.dtype), yes = dtype_size(b.y.dtype);
     std::vector<gemm::Group> up, dn;
@@ -62,7 +54,8 @@ ExpertFn swiglu_experts(std::vector<const gemm::PackedB*> gate_up, std::vector<c
       if (M == 0) continue;
       gemm::Group u;
       u.M = M;
-      u.a = {static_cast<const char*>(xin.data) + r0 * xin.stride(0) * int64_t(xes), xin.dtype, xin.stride(0), nullptr};
+      u.a = {static_cast<const char*>(xin.data) + r0 * xin.stride(0) * int64_t(xes), xin.dtype, xin.stride(0), nullptr,
+             xscale ? xscale + r0 : nullptr};  // the scale is indexed like the rows
       u.b = gate_up[size_t(l)];
       u.c = {hbuf.ptr<float>() + r0 * I, DType::f32, I};
       u.ep.act = gemm::Act::swiglu;
@@ -104,12 +97,14 @@ ExpertFn moe_experts(const moe::MoeExperts& local) {
     if (idx.empty()) return;
     rows.gather = rows.scatter = idx.data();
     Tensor conv;
-    TensorView xin = b.x;
-    if (b.x.dtype != local.dtype()) {
+    TensorView xin = b.x, xscale;
+    if (b.x.dtype == DType::i8) {
+      xscale = b.dynamic_scales;  // int8 rows straight into the grouped GEMM (int8 A operand)
+    } else if (b.x.dtype != local.dtype()) {
       conv = as_dtype(b, local.dtype());
       xin = conv.view();
     }
-    moe::moe_expert_ffn(xin, local, rows, b.y, false);
+    moe::moe_expert_ffn(xin, local, rows, b.y, false, xscale);
     if (b.progress) b.progress();
   };
 }

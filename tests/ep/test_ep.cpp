@@ -798,14 +798,16 @@ TEST(EpMoeSeam, MoeExpertFfnMatchesSingleProcessMoe) {
   moe::RoutingPlan plan = moe::moe_routing_plan(ids, w, c.E);
   Tensor want = Tensor::zeros(DType::f32, {N, c.H});
   moe::moe_expert_ffn(x, all, plan.rows(), want, true);
-  for (bool dedup : {false, true}) {
-    FfnOptions f;
-    f.dispatch.moe_expert_num = c.E;
-    f.dispatch.dedup_combine = dedup;
-    const auto& mine = in[size_t(me())];
-    Tensor got = ep_moe_ffn(comm, mine[0], mine[1], mine[2], moe_experts(local), f);
-    EXPECT_LE(norm_err(got, want.view().narrow(0, mine0, c.bs(me()))), 1e-5) << "dedup=" << dedup;
-  }
+  for (bool dedup : {false, true})
+    for (bool quant : {false, true}) {  // int8 rows go into the grouped GEMM as its int8 A operand
+      FfnOptions f;
+      f.dispatch.moe_expert_num = c.E;
+      f.dispatch.dedup_combine = dedup;
+      f.dispatch.quant_int8 = quant;
+      const auto& mine = in[size_t(me())];
+      Tensor got = ep_moe_ffn(comm, mine[0], mine[1], mine[2], moe_experts(local), f);
+      EXPECT_LE(norm_err(got, want.view().narrow(0, mine0, c.bs(me()))), quant ? 3e-2 : 1e-5) << "dedup=" << dedup << " quant=" << quant;
+    }
 }
 
 // Each bad argument on ONE rank makes every rank throw; afterwards a good call still works.
