@@ -114,7 +114,7 @@ void grouped_gemm(const Group* groups, int64_t count);
 void matmul(const MatView& a, const MatView& b, const MutMatView& c, float alpha = 1.f, float beta = 0.f);
 
 // ---- Backward forms (added for the MoE backward; src/gemm/backward_forms*.cpp) -----------------
-// Both write fp32 C (master-precision gradients), with unit column stride; jobs of one call must
+// They write fp32 C (TN also bf16), with unit column stride; jobs of one call must
 // write disjoint C elements. Calls made inside a parallel region run on the calling thread.
 //
 // NT (activation gradients through a weight): C[M,N] (=|+=) A[M,K] x W^T with W stored row-major
@@ -137,19 +137,26 @@ struct NtJob {
   bool accumulate = false;
 };
 void grouped_gemm_nt(const NtJob* jobs, int64_t count);
+// NN (the forward on weights that change every step, i.e. training): C[M,N] (=|+=) A x W with W
+// stored row-major [K][N] (segment s: row k at w[s].data + k * ld, N contiguous columns; the
+// segments are stacked along K). Same jobs, units and panel-at-a-time packing as NT (a bf16 panel
+// interleaves two rows per k-pair): the weights are read once, never packed whole.
+void grouped_gemm_nn(const NtJob* jobs, int64_t count);
 
 // TN (weight gradients): C[M,N] (=|+=) A^T x B with A [K, M] and B [K, N] given as K rows each
 // (K = a group's tokens: often tiny, so there is no K padding beyond a pair). A^T and B are packed
-// once per job; C tiles are written with streaming stores when not accumulating.
+// once per job; C tiles are written with streaming stores when not accumulating. C is fp32 or
+// bf16 (rounded to nearest even once, from the fp32 sum; with accumulate, c + sum is rounded).
 struct TnJob {
   int64_t K = 0, M = 0, N = 0;
   const void* a = nullptr;  // row k at a + k * lda, M contiguous columns
   const void* b = nullptr;  // row k at b + k * ldb, N contiguous columns
   DType a_dtype = DType::f32, b_dtype = DType::f32;
   int64_t lda = 0, ldb = 0;
-  float* c = nullptr;  // [M, N] fp32, row stride ldc
+  void* c = nullptr;  // [M, N] in c_dtype, row stride ldc
   int64_t ldc = 0;
   bool accumulate = false;
+  DType c_dtype = DType::f32;  // f32 or bf16
 };
 void grouped_gemm_tn(const TnJob* jobs, int64_t count);
 

@@ -6,7 +6,8 @@
 // Index conventions are the forward's (spec moe_ops.md section 2): token-major j = t*K + k,
 // k-major c = k*T + t, gather (src->dst) or scatter (dst->src) maps, -1 = dropped.
 // Conventions: activations' gradients come back in the activation dtype; weight and bias gradients
-// are fp32 (master-weight precision); compute accumulates in fp32 (reference: fp64). Every entry
+// are fp32 (master-weight precision; moe_ffn_backward can give bf16 expert gradients on request);
+// compute accumulates in fp32 (reference: fp64). Every entry
 // point validates all arguments (ot::Error naming the argument) before writing anything, and
 // OT_FORCE_REF=1 routes to ot::moe::ref.
 #pragma once
@@ -171,18 +172,22 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
 struct MoeFfnBackwardOptions {
   float aux_loss_coeff = 0;  // > 0: add moe_aux_loss (on the softmax / normalised sigmoid probs) to the loss
   float z_loss_coeff = 0;    // > 0: add moe_z_loss of the router logits
-  // Optional caller-owned fp32 buffers for the expert weight gradients (contiguous [E, H, I],
-  // [E, H, I], [E, I, H]): written in place of fresh tensors (the result's d_gate/d_up/d_down
-  // share their storage), or added to with accumulate (experts without rows are then untouched).
-  // A training loop keeps one set: fresh multi-GB gradient tensors per call cost page faults that
-  // can exceed the backward itself.
+  // dtype of the expert weight gradients d_gate/d_up/d_down: f32 (master-precision accumulators)
+  // or bf16 (as PyTorch produces for bf16 parameters: half the bytes, and writing these gradients
+  // is what bounds the backward). Rounded once from the fp32 sum (with accumulate: c + sum).
+  DType weight_grad_dtype = DType::f32;
+  // Optional caller-owned buffers for the expert weight gradients (contiguous [E, H, I], [E, H, I],
+  // [E, I, H] in weight_grad_dtype): written in place of fresh tensors (the result's
+  // d_gate/d_up/d_down share their storage), or added to with accumulate (experts without rows are
+  // then untouched). A training loop keeps one set: fresh multi-GB gradient tensors per call cost
+  // page faults that can exceed the backward itself.
   Tensor d_gate_out, d_up_out, d_down_out;
   bool accumulate = false;
 };
 struct MoeFfnGrads {
   Tensor dx;                                          // [T, H] x's dtype (d residual = dy: the caller's)
   Tensor d_router;                                    // [E, H] fp32
-  Tensor d_gate, d_up, d_down;                        // [E, H, I], [E, H, I], [E, I, H] fp32
+  Tensor d_gate, d_up, d_down;                        // [E, H, I], [E, H, I], [E, I, H] weight_grad_dtype
   Tensor d_shared_gate, d_shared_up, d_shared_down;   // [H, Is], [H, Is], [Is, H] fp32
   float aux_loss = 0, z_loss = 0;                     // values of the added losses
 };

@@ -49,10 +49,19 @@ int64_t pad_pairs(Layout l, int64_t K) { return l == Layout::f32 ? K : (K + 1) /
 int64_t panels_of(int64_t N) { return (N + kNR - 1) / kNR; }
 Kernel thin_kernel(Layout l) { return select_kernel(l, 1); }  // M = 1: never the AMX tiles
 
-void store_tile(const float* tile, int rows, int width, float* c, int64_t ldc, bool acc) {
-  if (cpu::has(cpu::Isa::avx512)) { store_tile_avx512(tile, rows, width, c, ldc, acc); return; }
+void store_tile(const float* tile, int64_t ldt, int rows, int width, void* c, DType cdt, int64_t ldc, bool acc) {
+  if (cpu::has(cpu::Isa::avx512)) { store_tile_avx512(tile, ldt, rows, width, c, cdt, ldc, acc); return; }
   for (int r = 0; r < rows; ++r)
-    for (int j = 0; j < width; ++j) c[r * ldc + j] = (acc ? c[r * ldc + j] : 0.f) + tile[r * kNR + j];
+    for (int j = 0; j < width; ++j) {
+      const float v = tile[r * ldt + j];
+      if (cdt == DType::bf16) {
+        uint16_t& d = static_cast<uint16_t*>(c)[r * ldc + j];
+        d = f32_to_bf16((acc ? bf16_to_f32(d) : 0.f) + v);
+      } else {
+        float& d = static_cast<float*>(c)[r * ldc + j];
+        d = (acc ? d : 0.f) + v;
+      }
+    }
 }
 
 // Writes value v (fp32) as element (k, j) of a panel of this layout.
@@ -62,10 +71,12 @@ inline void put(Layout l, char* panel, int64_t k, int j, float v, const void* sr
            src_bits ? *static_cast<const uint16_t*>(src_bits) : f32_to_bf16(v);
 }
 
-// ---- NT ----------------------------------------------------------------------------------------
+// ---- NT and NN ---------------------------------------------------------------------------------
 
-void check_nt(const NtJob& j) {
-  const char* op = "grouped_gemm_nt";
+// How W is stored: NT [N][K] (the product uses W^T), NN [K][N].
+enum class WForm { nt, nn };
+
+void check_nt(const NtJob& j, WForm f, const char* op) {
   OT_CHECK(j.M >= 0 && j.N >= 0, op, "M/N", ">= 0", j.M, " x ", j.N);
   OT_CHECK(j.w[0].K >= 0 && j.w[1].K >= 0, op, "w[].K", ">= 0", j.w[0].K, ", ", j.w[1].K);
   OT_CHECK(is_float(j.a.dtype) && is_float(j.w_dtype), op, "a/w", "bf16, fp16 or fp32", dtype_name(j.a.dtype));
@@ -74,59 +85,73 @@ void check_nt(const NtJob& j) {
   OT_CHECK(j.c != nullptr && j.ldc >= j.N, op, "c", "non-null with ldc >= N = " + std::to_string(j.N), j.ldc);
   OT_CHECK(K == 0 || (j.a.data && j.a.ld >= K), op, "a", "non-null with ld >= K = " + std::to_string(K), j.a.ld);
   for (int s = 0; s < 2; ++s)
-    OT_CHECK(j.w[s].K == 0 || (j.w[s].data && j.w[s].ld >= j.w[s].K), op, "w[].ld", ">= its K", j.w[s].ld);
+    OT_CHECK(j.w[s].K == 0 || (j.w[s].data && j.w[s].ld >= (f == WForm::nt ? j.w[s].K : j.N)), op, "w[].ld",
+             f == WForm::nt ? ">= its K" : ">= N", j.w[s].ld);
 }
 
-// W^T element (k, n) of the job (k runs over segment 0 then segment 1).
-inline const char* nt_w(const NtJob& j, int64_t k, int64_t n) {
+// Element (k, n) of the job's B = W^T (NT) or W (NN); k runs over segment 0 then segment 1.
+inline const char* nt_w(const NtJob& j, WForm f, int64_t k, int64_t n) {
   const NtSegment& s = k < j.w[0].K ? j.w[0] : j.w[1];
   int64_t kk = k < j.w[0].K ? k : k - j.w[0].K;
-  return at(s.data, j.w_dtype, n * s.ld + kk);
+  return at(s.data, j.w_dtype, f == WForm::nt ? n * s.ld + kk : kk * s.ld + n);
 }
 
-void nt_reference(const NtJob& j) {
+void nt_reference(const NtJob& j, WForm f) {
   const int64_t K = j.w[0].K + j.w[1].K;
   for (int64_t m = 0; m < j.M; ++m) {
     int64_t r = j.a.rows ? j.a.rows[m] : m;
     for (int64_t n = 0; n < j.N; ++n) {
       double s = 0;
-      for (int64_t k = 0; k < K; ++k) s += double(elem(j.a.data, j.a.dtype, r * j.a.ld + k)) * elem(nt_w(j, k, n), j.w_dtype, 0);
+      for (int64_t k = 0; k < K; ++k) s += double(elem(j.a.data, j.a.dtype, r * j.a.ld + k)) * elem(nt_w(j, f, k, n), j.w_dtype, 0);
       float& c = j.c[m * j.ldc + n];
       c = float(s + (j.accumulate ? double(c) : 0.0));
     }
   }
 }
 
-// Panel p of W^T ([Kp][48] f32 or [Kp/2][48][2] bf16), zero-padded.
-void pack_nt_panel(const NtJob& j, Layout l, int64_t Kp, int64_t p, char* dst) {
+// Panel p of B = W^T (NT) or W (NN): [Kp][48] f32 or [Kp/2][48][2] bf16, zero-padded.
+void pack_nt_panel(const NtJob& j, WForm f, Layout l, int64_t Kp, int64_t p, char* dst) {
   const int64_t n0 = p * kNR, K0 = j.w[0].K, K = K0 + j.w[1].K;
   const int w = int(std::min<int64_t>(kNR, j.N - n0));
   const size_t es = dtype_size(j.w_dtype);
-  const bool dword_src = l == Layout::f32 ? j.w_dtype == DType::f32 : (j.w_dtype == DType::bf16 && K0 % 2 == 0);
-  if (dword_src && cpu::has(cpu::Isa::avx512)) {
-    int64_t pos = 0;  // dwords (pairs or floats) written so far
-    const int64_t per = l == Layout::f32 ? 1 : 2;
+  const bool avx = cpu::has(cpu::Isa::avx512);
+  if (f == WForm::nt) {
+    const bool dword_src = l == Layout::f32 ? j.w_dtype == DType::f32 : (j.w_dtype == DType::bf16 && K0 % 2 == 0);
+    if (dword_src && avx) {
+      int64_t pos = 0;  // dwords (pairs or floats) written so far
+      const int64_t per = l == Layout::f32 ? 1 : 2;
+      for (int s = 0; s < 2; ++s) {
+        const NtSegment& sg = j.w[s];
+        int64_t P = sg.K / per;
+        if (P > 0) transpose_dwords_avx512(at(sg.data, j.w_dtype, n0 * sg.ld), sg.ld * int64_t(es), w, P, reinterpret_cast<uint32_t*>(dst) + pos * kNR);
+        pos += P;
+      }
+      const size_t row = size_t(kNR) * 4;
+      std::memset(dst + size_t(pos) * row, 0, size_t(Kp / per - pos) * row);
+      if (l != Layout::f32 && K % 2 == 1)  // the last segment's odd element pairs with padding
+        for (int c = 0; c < w; ++c) put(l, dst, K - 1, c, 0.f, nt_w(j, f, K - 1, n0 + c));
+      return;
+    }
+  } else if (l != Layout::f32 && j.w_dtype == DType::bf16 && K0 % 2 == 0 && avx) {
+    // two rows interleaved per k-pair; an odd last segment pairs its tail with zeros
+    uint16_t* d = reinterpret_cast<uint16_t*>(dst);
     for (int s = 0; s < 2; ++s) {
       const NtSegment& sg = j.w[s];
-      int64_t P = sg.K / per;
-      if (P > 0) transpose_dwords_avx512(at(sg.data, j.w_dtype, n0 * sg.ld), sg.ld * int64_t(es), w, P, reinterpret_cast<uint32_t*>(dst) + pos * kNR);
-      pos += P;
+      if (sg.K > 0) pack_rows_vnni_avx512(static_cast<const uint16_t*>(sg.data) + n0, sg.ld, sg.K, w, d + (s ? K0 : 0) * kNR);
     }
-    const size_t row = size_t(kNR) * 4;
-    std::memset(dst + size_t(pos) * row, 0, size_t(Kp / per - pos) * row);
-    if (l != Layout::f32 && K % 2 == 1)  // the last segment's odd element pairs with padding
-      for (int c = 0; c < w; ++c) put(l, dst, K - 1, c, 0.f, nt_w(j, K - 1, n0 + c));
+    const int64_t done = (K + 1) / 2;
+    std::memset(dst + size_t(done) * 2 * kNR * 2, 0, size_t(Kp / 2 - done) * 2 * kNR * 2);
     return;
   }
   std::memset(dst, 0, size_t(Kp) * kNR * layout_elt(l));
   for (int c = 0; c < w; ++c)
     for (int64_t k = 0; k < K; ++k) {
-      const char* src = nt_w(j, k, n0 + c);
+      const char* src = nt_w(j, f, k, n0 + c);
       put(l, dst, k, c, elem(src, j.w_dtype, 0), l != Layout::f32 ? src : nullptr);
     }
 }
 
-void nt_unit(const NtJob& j, int64_t ub) {
+void nt_unit(const NtJob& j, WForm f, int64_t ub) {
   const Layout l = layout_for(j.a.dtype, j.w_dtype);
   const Kernel kern = thin_kernel(l);
   const int64_t K = j.w[0].K + j.w[1].K, Kp = pad_pairs(l, K);
@@ -138,7 +163,7 @@ void nt_unit(const NtJob& j, int64_t ub) {
   float* tile = reinterpret_cast<float*>(s.tile.get(size_t(kMB) * kNR * 4));
   const int64_t p0 = ub * kPB, p1 = std::min(panels_of(j.N), p0 + kPB);
   for (int64_t p = p0; p < p1; ++p) {
-    pack_nt_panel(j, l, Kp, p, panel);
+    pack_nt_panel(j, f, l, Kp, p, panel);
     const int64_t n0 = p * kNR;
     const int w = int(std::min<int64_t>(kNR, j.N - n0));
     for (int64_t m0 = 0; m0 < j.M; m0 += kMB) {
@@ -161,7 +186,7 @@ void nt_unit(const NtJob& j, int64_t ub) {
           kern.fn(rows, Kp, a + size_t(ir * lda) * elt, lda, panel, c, j.ldc, j.accumulate);
         } else {
           kern.fn(rows, Kp, a + size_t(ir * lda) * elt, lda, panel, tile, kNR, false);
-          store_tile(tile, rows, w, c, j.ldc, j.accumulate);
+          store_tile(tile, kNR, rows, w, c, DType::f32, j.ldc, j.accumulate);
         }
       }
     }
@@ -175,6 +200,7 @@ void check_tn(const TnJob& j) {
   OT_CHECK(j.K >= 0 && j.M >= 0 && j.N >= 0, op, "K/M/N", ">= 0", j.K, "/", j.M, "/", j.N);
   OT_CHECK(is_float(j.a_dtype) && is_float(j.b_dtype), op, "a/b", "bf16, fp16 or fp32", dtype_name(j.a_dtype));
   if (j.M == 0 || j.N == 0) return;
+  OT_CHECK(j.c_dtype == DType::f32 || j.c_dtype == DType::bf16, op, "c_dtype", "f32 or bf16", dtype_name(j.c_dtype));
   OT_CHECK(j.c != nullptr && j.ldc >= j.N, op, "c", "non-null with ldc >= N = " + std::to_string(j.N), j.ldc);
   if (j.K == 0) return;
   OT_CHECK(j.a && j.lda >= j.M, op, "a", "non-null with lda >= M = " + std::to_string(j.M), j.lda);
@@ -186,8 +212,13 @@ void tn_reference(const TnJob& j) {
     for (int64_t n = 0; n < j.N; ++n) {
       double s = 0;
       for (int64_t k = 0; k < j.K; ++k) s += double(elem(j.a, j.a_dtype, k * j.lda + m)) * elem(j.b, j.b_dtype, k * j.ldb + n);
-      float& c = j.c[m * j.ldc + n];
-      c = float(s + (j.accumulate ? double(c) : 0.0));
+      if (j.c_dtype == DType::bf16) {
+        uint16_t& c = static_cast<uint16_t*>(j.c)[m * j.ldc + n];
+        c = f32_to_bf16(float(s + (j.accumulate ? double(bf16_to_f32(c)) : 0.0)));
+      } else {
+        float& c = static_cast<float*>(j.c)[m * j.ldc + n];
+        c = float(s + (j.accumulate ? double(c) : 0.0));
+      }
     }
 }
 
@@ -200,14 +231,18 @@ struct TnPlan {
 // A^T [M][Kp] row-major in the kernel dtype (column k of row m = A[k][m]).
 void pack_at(const TnJob& j, const TnPlan& pl, char* dst) {
   const size_t elt = layout_elt(pl.l);
+  if (pl.l == Layout::bf16_vnni && cpu::has(cpu::Isa::avx512)) {  // both operands bf16: bits moved
+    pack_cols_vnni_avx512(static_cast<const uint16_t*>(j.a), j.lda, j.K, j.M, reinterpret_cast<uint16_t*>(dst), pl.Kp);
+    return;
+  }
   for (int64_t m0 = 0; m0 < j.M; m0 += 64) {  // a 64-row block of A^T stays in L1 while k sweeps
     const int64_t m1 = std::min(j.M, m0 + 64);
     for (int64_t k = 0; k < j.K; ++k) {
       if (pl.l == Layout::f32) {
         float* d = reinterpret_cast<float*>(dst) + k;
         for (int64_t m = m0; m < m1; ++m) d[m * pl.Kp] = elem(j.a, j.a_dtype, k * j.lda + m);
-      } else {  // vnni: both operands are bf16, bits copied
-        const uint16_t* s = reinterpret_cast<const uint16_t*>(j.a) + k * j.lda;
+      } else {
+        const uint16_t* s = static_cast<const uint16_t*>(j.a) + k * j.lda;
         uint16_t* d = reinterpret_cast<uint16_t*>(dst) + k;
         for (int64_t m = m0; m < m1; ++m) d[m * pl.Kp] = s[m];
       }
@@ -217,42 +252,59 @@ void pack_at(const TnJob& j, const TnPlan& pl, char* dst) {
   }
 }
 
+// B's panels [np][Kp/2][48][2] (or f32 [Kp][48]).
+void pack_tn_b(const TnJob& j, const TnPlan& pl, char* dst) {
+  if (pl.l == Layout::bf16_vnni && cpu::has(cpu::Isa::avx512)) {
+    const size_t pbytes = size_t(pl.Kp) * kNR * 2;
+    for (int64_t p = 0; p < pl.np; ++p)
+      pack_rows_vnni_avx512(static_cast<const uint16_t*>(j.b) + p * kNR, j.ldb, j.K, int(std::min<int64_t>(kNR, j.N - p * kNR)),
+                            reinterpret_cast<uint16_t*>(dst + size_t(p) * pbytes));
+    return;
+  }
+  Panels g;
+  g.layout = pl.l;
+  g.K = j.K;
+  g.Kp = pl.Kp;
+  g.N = j.N;
+  g.npanels = pl.np;
+  pack_b(j.b, j.b_dtype, j.ldb, 1, g, dst, 0, pl.np);
+}
+
+// Rows [m0, m0 + 128) x panels [p0, p0 + 4): each block of the kernel's rows is computed for the
+// unit's 4 panels into one tile, then stored as whole rows of up to 192 columns (whole cache lines
+// for the streaming stores, also in bf16).
 void tn_unit(const TnJob& j, const TnPlan& pl, const char* base, int64_t u) {
   const Kernel kern = thin_kernel(pl.l);
-  const size_t elt = layout_elt(pl.l);
+  const size_t elt = layout_elt(pl.l), celt = dtype_size(j.c_dtype);
   const int64_t mb = u / pl.nub, ub = u % pl.nub;
   const int64_t m0 = mb * kMB, mc = std::min(kMB, j.M - m0);
-  const int64_t p0 = ub * kPB, p1 = std::min(pl.np, p0 + kPB);
+  const int64_t p0 = ub * kPB, p1 = std::min(pl.np, p0 + kPB), n0 = p0 * kNR;
+  const int width = int(std::min<int64_t>(j.N - n0, (p1 - p0) * kNR));
   const size_t pbytes = size_t(pl.Kp) * kNR * elt;
-  const int64_t lda = pl.Kp;
-  float* tile = reinterpret_cast<float*>(scratch().tile.get(size_t(kMB) * kNR * 4));
-  for (int64_t p = p0; p < p1; ++p) {
-    const char* panel = base + pl.b_off + size_t(p) * pbytes;
-    const int64_t n0 = p * kNR;
-    const int w = int(std::min<int64_t>(kNR, j.N - n0));
-    for (int64_t ir = 0; ir < mc; ir += kern.mr) {
-      int rows = int(std::min<int64_t>(kern.mr, mc - ir));
-      kern.fn(rows, pl.Kp, base + pl.a_off + size_t((m0 + ir) * lda) * elt, lda, panel, tile, kNR, false);
-      store_tile(tile, rows, w, j.c + (m0 + ir) * j.ldc + n0, j.ldc, j.accumulate);
-    }
+  const int64_t lda = pl.Kp, ldt = kPB * kNR;
+  float* tile = reinterpret_cast<float*>(scratch().tile.get(size_t(kern.mr) * size_t(ldt) * 4));
+  for (int64_t ir = 0; ir < mc; ir += kern.mr) {
+    const int rows = int(std::min<int64_t>(kern.mr, mc - ir));
+    const char* a = base + pl.a_off + size_t((m0 + ir) * lda) * elt;
+    for (int64_t p = p0; p < p1; ++p) kern.fn(rows, pl.Kp, a, lda, base + pl.b_off + size_t(p) * pbytes, tile + (p - p0) * kNR, ldt, false);
+    store_tile(tile, ldt, rows, width, static_cast<char*>(j.c) + size_t((m0 + ir) * j.ldc + n0) * celt, j.c_dtype, j.ldc, j.accumulate);
   }
 }
 
-}  // namespace
-
-void grouped_gemm_nt(const NtJob* jobs, int64_t count) {
-  OT_CHECK(count >= 0 && (count == 0 || jobs), "grouped_gemm_nt", "jobs", "an array of count jobs", count);
+void run_nt_form(const NtJob* jobs, int64_t count, WForm f) {
+  const char* op = f == WForm::nt ? "grouped_gemm_nt" : "grouped_gemm_nn";
+  OT_CHECK(count >= 0 && (count == 0 || jobs), op, "jobs", "an array of count jobs", count);
   double flops = 0;
   for (int64_t i = 0; i < count; ++i) {
-    check_nt(jobs[i]);
+    check_nt(jobs[i], f, op);
     flops += 2.0 * double(jobs[i].M) * double(jobs[i].N) * double(jobs[i].w[0].K + jobs[i].w[1].K);
   }
-  trace::OpScope scope("gemm_nt");
+  trace::OpScope scope(f == WForm::nt ? "gemm_nt" : "gemm_nn");
   scope.flops(flops).kernel(cpu::force_ref() ? "ref" : count ? thin_kernel(layout_for(jobs[0].a.dtype, jobs[0].w_dtype)).name : "none");
   if (scope.active()) scope.args("jobs=" + std::to_string(count));
   if (cpu::force_ref()) {
     for (int64_t i = 0; i < count; ++i)
-      if (jobs[i].M > 0 && jobs[i].N > 0) nt_reference(jobs[i]);
+      if (jobs[i].M > 0 && jobs[i].N > 0) nt_reference(jobs[i], f);
     return;
   }
   thread_local std::vector<int64_t> first_tl;
@@ -263,10 +315,15 @@ void grouped_gemm_nt(const NtJob* jobs, int64_t count) {
   parallel_for_dynamic(first.back(), 1, [&](int64_t b, int64_t e) {
     for (int64_t u = b; u < e; ++u) {
       int64_t i = int64_t(std::upper_bound(first.begin(), first.end(), u) - first.begin()) - 1;
-      nt_unit(jobs[i], u - first[size_t(i)]);
+      nt_unit(jobs[i], f, u - first[size_t(i)]);
     }
   });
 }
+
+}  // namespace
+
+void grouped_gemm_nt(const NtJob* jobs, int64_t count) { run_nt_form(jobs, count, WForm::nt); }
+void grouped_gemm_nn(const NtJob* jobs, int64_t count) { run_nt_form(jobs, count, WForm::nn); }
 
 void grouped_gemm_tn(const TnJob* jobs, int64_t count) {
   OT_CHECK(count >= 0 && (count == 0 || jobs), "grouped_gemm_tn", "jobs", "an array of count jobs", count);
@@ -314,13 +371,7 @@ void grouped_gemm_tn(const TnJob* jobs, int64_t count) {
       const TnPlan& pl = plans[size_t(i)];
       if (pl.nmb == 0) continue;
       pack_at(j, pl, base + pl.a_off);
-      Panels g;
-      g.layout = pl.l;
-      g.K = j.K;
-      g.Kp = pl.Kp;
-      g.N = j.N;
-      g.npanels = pl.np;
-      pack_b(j.b, j.b_dtype, j.ldb, 1, g, base + pl.b_off, 0, pl.np);
+      pack_tn_b(j, pl, base + pl.b_off);
     }
   });
   parallel_for_dynamic(first.back(), 1, [&](int64_t b, int64_t e) {

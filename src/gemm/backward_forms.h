@@ -12,9 +12,17 @@ namespace ot::gemm::detail {
 // a vnni panel from [N][K] storage (P = K/2 pairs); for fp32 it packs an f32 panel (P = K).
 void transpose_dwords_avx512(const char* src, int64_t ld_bytes, int rows, int64_t P, uint32_t* dst);
 
-// C rows [0, rows) x columns [0, width) (=|+=) tile (row stride 48). Without accumulate, full
-// 64-byte-aligned rows use streaming stores (no read-for-ownership of the gradient memory).
-void store_tile_avx512(const float* tile, int rows, int width, float* c, int64_t ldc, bool accumulate);
+// bf16 k-pair panel [ceil(K/2)][48][2] from K rows of `width` (<= 48) bf16 columns (row k at
+// src + k * ld): rows 2p and 2p+1 interleaved; columns >= width and the odd tail's partner are 0.
+void pack_rows_vnni_avx512(const uint16_t* src, int64_t ld, int64_t K, int width, uint16_t* dst);
+// A^T for the TN form: src [K][M] bf16 (row k at src + k * ld) -> dst [M][2 * ceil(K/2)] bf16
+// (row stride ldd), pairs (k, k+1) adjacent, the odd tail's partner 0.
+void pack_cols_vnni_avx512(const uint16_t* src, int64_t ld, int64_t K, int64_t M, uint16_t* dst, int64_t ldd);
+
+// C rows [0, rows) x columns [0, width) (=|+=) tile (fp32, row stride ldt); C fp32 or bf16 (round
+// to nearest even). Without accumulate, whole 64-byte lines of C are written with streaming stores
+// (no read-for-ownership of the gradient memory); the rest with masked stores.
+void store_tile_avx512(const float* tile, int64_t ldt, int rows, int width, void* c, DType c_dtype, int64_t ldc, bool accumulate);
 void store_fence_avx512();
 
 }  // namespace ot::gemm::detail

@@ -1,4 +1,6 @@
-// act_backward: dz = act'(z) * dy row by row in fp32 (the GEMM epilogue's activations).
+// act_backward: dz = act'(z) * dy row by row in fp32 (the GEMM epilogue's activations), and the
+// SwiGLU passes of the MoE training path (AVX-512 in act_backward__avx512.cpp, scalar here).
+#include <initializer_list>
 #include <vector>
 
 #include "ot/cpu.h"
@@ -12,21 +14,83 @@
 namespace ot::moe {
 
 namespace bwd {
+
+namespace {
+
+const char* row(const void* p, DType t, int64_t ld, int64_t m) { return static_cast<const char*>(p) + m * ld * int64_t(dtype_size(t)); }
+char* row(void* p, DType t, int64_t ld, int64_t m) { return static_cast<char*>(p) + m * ld * int64_t(dtype_size(t)); }
+
+bool vectorised(std::initializer_list<DType> ts) {
+  if (!cpu::has(cpu::Isa::avx512)) return false;
+  for (DType t : ts)
+    if (t != DType::f32 && t != DType::bf16) return false;
+  return true;
+}
+
+void swiglu_forward_rows(const SwigluFwd& p, int64_t m0, int64_t m1) {
+  const int64_t N = p.N;
+  const DType zr = p.zo ? p.zot : p.zt;
+  std::vector<float> z(static_cast<size_t>(2 * N)), a(static_cast<size_t>(N));
+  for (int64_t m = m0; m < m1; ++m) {
+    convert_to_f32(row(p.z, p.zt, p.ldz, m), p.zt, z.data(), 2 * N);
+    for (float& v : z) v = round_to(zr, v);
+    if (p.zo) convert_from_f32(z.data(), row(p.zo, p.zot, p.ldzo, m), p.zot, 2 * N);
+    for (int64_t j = 0; j < N; ++j) a[size_t(j)] = z[size_t(j)] * detail::sigmoid(z[size_t(j)]) * z[size_t(j + N)];
+    convert_from_f32(a.data(), row(p.a, p.at, p.lda, m), p.at, N);
+  }
+}
+
+void swiglu_backward_rows(const SwigluBwd& p, int64_t m0, int64_t m1) {
+  const int64_t N = p.N;
+  std::vector<float> z(static_cast<size_t>(2 * N)), d(static_cast<size_t>(N)), dz(static_cast<size_t>(2 * N)), aw(static_cast<size_t>(N));
+  for (int64_t m = m0; m < m1; ++m) {
+    convert_to_f32(row(p.z, p.zt, p.ldz, m), p.zt, z.data(), 2 * N);
+    convert_to_f32(row(p.dy, p.dyt, p.lddy, m), p.dyt, d.data(), N);
+    const float s = p.scale ? p.scale[m] : 1.f;
+    double dot = 0;
+    for (int64_t j = 0; j < N; ++j) {
+      const float g = z[size_t(j)], u = z[size_t(j + N)], sg = detail::sigmoid(g), silu = g * sg;
+      const float a = round_to(p.zt, silu * u), ds = d[size_t(j)] * s;
+      dot += double(d[size_t(j)]) * a;
+      aw[size_t(j)] = a * s;
+      dz[size_t(j)] = ds * u * (sg * (1.f + g * (1.f - sg)));
+      dz[size_t(j + N)] = ds * silu;
+    }
+    if (p.dot) p.dot[m] = float(dot);
+    if (p.aw) convert_from_f32(aw.data(), row(p.aw, p.zt, p.ldaw, m), p.zt, N);
+    convert_from_f32(dz.data(), row(p.dz, p.dzt, p.lddz, m), p.dzt, 2 * N);
+  }
+}
+
+}  // namespace
+
+void swiglu_forward(const SwigluFwd& p, int64_t M) {
+  const bool v = vectorised({p.zt, p.zo ? p.zot : DType::f32, p.at});
+  parallel_rows(M, 2 * p.N * 8, [&](int64_t m0, int64_t m1) { v ? swiglu_forward_rows_avx512(p, m0, m1) : swiglu_forward_rows(p, m0, m1); });
+}
+
+void swiglu_backward(const SwigluBwd& p, int64_t M) {
+  const bool v = vectorised({p.zt, p.dyt, p.dzt});
+  parallel_rows(M, 2 * p.N * 8, [&](int64_t m0, int64_t m1) { v ? swiglu_backward_rows_avx512(p, m0, m1) : swiglu_backward_rows(p, m0, m1); });
+}
+
 // Rows [m0, m1) of z (any float dtype, row stride ldz) and dy -> dz (dtype of dz), fp32 math.
 void act_backward_rows(gemm::Act act, int64_t m0, int64_t m1, int64_t N, const void* z, DType zt, int64_t ldz, const void* dy,
                        DType dyt, int64_t lddy, void* dz, DType dzt, int64_t lddz) {
-  int64_t n_out = act == gemm::Act::swiglu ? N / 2 : N;
-  std::vector<float> zr(static_cast<size_t>(N)), dyr(static_cast<size_t>(n_out)), dzr(static_cast<size_t>(N));
-  auto row = [](const void* p, DType t, int64_t ld, int64_t m) { return static_cast<const char*>(p) + m * ld * int64_t(dtype_size(t)); };
+  if (act == gemm::Act::swiglu) {
+    SwigluBwd p;
+    p.N = N / 2;
+    p.z = row(z, zt, ldz, m0); p.zt = zt; p.ldz = ldz;
+    p.dy = row(dy, dyt, lddy, m0); p.dyt = dyt; p.lddy = lddy;
+    p.dz = row(dz, dzt, lddz, m0); p.dzt = dzt; p.lddz = lddz;
+    return vectorised({zt, dyt, dzt}) ? swiglu_backward_rows_avx512(p, 0, m1 - m0) : swiglu_backward_rows(p, 0, m1 - m0);
+  }
+  std::vector<float> zr(static_cast<size_t>(N)), dyr(static_cast<size_t>(N)), dzr(static_cast<size_t>(N));
   for (int64_t m = m0; m < m1; ++m) {
     convert_to_f32(row(z, zt, ldz, m), zt, zr.data(), N);
-    convert_to_f32(row(dy, dyt, lddy, m), dyt, dyr.data(), n_out);
-    if (act == gemm::Act::swiglu) {
-      for (int64_t n = 0; n < n_out; ++n) detail::swiglu_grad(zr[size_t(n)], zr[size_t(n + n_out)], dyr[size_t(n)], &dzr[size_t(n)], &dzr[size_t(n + n_out)]);
-    } else {
-      for (int64_t n = 0; n < N; ++n) dzr[size_t(n)] = detail::act_grad(act, zr[size_t(n)], dyr[size_t(n)]);
-    }
-    convert_from_f32(dzr.data(), const_cast<char*>(row(dz, dzt, lddz, m)), dzt, N);
+    convert_to_f32(row(dy, dyt, lddy, m), dyt, dyr.data(), N);
+    for (int64_t n = 0; n < N; ++n) dzr[size_t(n)] = detail::act_grad(act, zr[size_t(n)], dyr[size_t(n)]);
+    convert_from_f32(dzr.data(), row(dz, dzt, lddz, m), dzt, N);
   }
 }
 }  // namespace bwd

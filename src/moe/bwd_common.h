@@ -41,6 +41,33 @@ namespace ot::moe::bwd {
 // Rows [m0, m1) of dz = act'(z) * dy (row strides in elements), fp32 math, any float dtypes.
 void act_backward_rows(gemm::Act act, int64_t m0, int64_t m1, int64_t N, const void* z, DType zt, int64_t ldz, const void* dy,
                        DType dyt, int64_t lddy, void* dz, DType dzt, int64_t lddz);
+
+// SwiGLU forward rows: z = [g | u] (width 2N, row stride ldz); zo (optional) = z rounded to zot
+// (the stored pre-activation); a = silu(g) u from z as stored, in a's dtype.
+struct SwigluFwd {
+  int64_t N = 0;
+  const void* z = nullptr; DType zt = DType::f32; int64_t ldz = 0;
+  void* zo = nullptr; DType zot = DType::f32; int64_t ldzo = 0;
+  void* a = nullptr; DType at = DType::f32; int64_t lda = 0;
+};
+// SwiGLU backward rows in one pass, with the routed weight s = scale[m] (1 without scale):
+//   a = silu(g) u rounded to z's dtype (as the forward stored it)
+//   dot[m] = dy . a (optional: the routed weight's gradient), aw = s a in z's dtype (optional:
+//   the down projection's input), dz = [s dy u silu'(g) | s dy silu(g)] in dz's dtype.
+struct SwigluBwd {
+  int64_t N = 0;
+  const void* z = nullptr; DType zt = DType::f32; int64_t ldz = 0;
+  const void* dy = nullptr; DType dyt = DType::f32; int64_t lddy = 0;
+  const float* scale = nullptr;
+  void* dz = nullptr; DType dzt = DType::f32; int64_t lddz = 0;
+  float* dot = nullptr;
+  void* aw = nullptr; int64_t ldaw = 0;
+};
+// Over all rows [0, M) in parallel; AVX-512 when every dtype is f32 or bf16, else scalar.
+void swiglu_forward(const SwigluFwd& p, int64_t M);
+void swiglu_backward(const SwigluBwd& p, int64_t M);
+void swiglu_forward_rows_avx512(const SwigluFwd& p, int64_t m0, int64_t m1);
+void swiglu_backward_rows_avx512(const SwigluBwd& p, int64_t m0, int64_t m1);
 }  // namespace ot::moe::bwd
 
 namespace ot::moe::bwd {

@@ -12,16 +12,50 @@ struct FfnDims { int64_t T = 0, H = 0, E = 0, K = 0, I = 0, Is = 0; };
 void check_ffn(const char* op, const TensorView& x, const MoeFfnWeights& w, const MoeFfnOptions& o, FfnDims& d);
 // One span per expert with kept rows (rows [offset, offset + count) of the sorted order).
 std::vector<Span> expert_spans(const RoutingPlan& p);
-// Sub-matrix [r0, r0 + nr) x [c0, c0 + nc) of a 2-D view.
-gemm::MatView sub(const TensorView& v, int64_t r0, int64_t nr, int64_t c0, int64_t nc);
-gemm::MutMatView msub(const TensorView& v, int64_t r0, int64_t nr, int64_t c0, int64_t nc);
-// out[i] = src[rows[i]] (same dtype).
-Tensor gather_rows(const TensorView& src, const int32_t* rows, int64_t n);
-// a = silu(gate) * up rounded to z's dtype (as the forward stores it); with `scaled`, also
-// scale[i] * a[i] (same dtype).
-Tensor swiglu_rows(const TensorView& z, const float* scale, Tensor* scaled);
-// z[r0 + i, :] = [v Wg | v Wu] for the n rows of v.
-void gate_up(const gemm::MatView& v, const TensorView& wg, const TensorView& wu, const TensorView& z, int64_t r0);
+// out[i] = src[rows[i]] (same dtype, contiguous [n, H] at out).
+void gather_rows(const TensorView& src, const int32_t* rows, int64_t n, void* out);
+// Grow-only per-thread scratch (slots 0..7) reused across calls: the backward's row buffers are
+// tens of MB, and fresh ones cost page faults on every call. Valid until the slot's next use.
+void* scratch(int slot, size_t bytes);
+
+// Weight W_g of a stack ([G, R, C] row-major rows, or one [R, C] matrix for G = 1).
+inline const char* weight_of(const TensorView& w, int64_t g) {
+  return static_cast<const char*>(w.data) + (w.ndim == 3 ? g * w.strides[0] * int64_t(dtype_size(w.dtype)) : 0);
+}
+inline int64_t weight_ld(const TensorView& w) { return w.strides[w.ndim - 2]; }
+
+// SwiGLU FFNs over row spans (rows of span i use weights `group`), forward and backward, each
+// projection one grouped engine call over all spans. Routed experts: gathered rows and the routed
+// weights as scale; the shared expert: one span of all tokens.
+struct FfnRowsForward {
+  int64_t H = 0, I = 0;
+  DType dt = DType::f32;
+  const void* xs = nullptr;          // [A, H] rows (dt)
+  std::vector<Span> spans;
+  TensorView wg, wu, wd;             // [G, H, I], [G, H, I], [G, I, H] (or 2-D), row-major rows
+  void* z = nullptr;                 // out: [A, 2I] pre-activation (dt)
+  float* out = nullptr;              // out: [A, H] fp32 down projection (added to with out_acc)
+  bool out_acc = false;
+};
+void ffn_rows_forward(const FfnRowsForward& f);
+
+struct FfnRowsBackward {
+  int64_t H = 0, I = 0, G = 1;
+  DType dt = DType::f32;
+  const void* xs = nullptr;          // [A, H] rows (dt)
+  const void* dys = nullptr;         // [A, H] gradient of the FFN output rows (dt)
+  const void* z = nullptr;           // [A, 2I] stored pre-activation (dt)
+  const float* scale = nullptr;      // [A] routed weights (output = scale * FFN), or none
+  std::vector<Span> spans;
+  TensorView wg, wu, wd;
+  void *dg = nullptr, *du = nullptr, *dd = nullptr;  // weight gradients, contiguous, in gdt
+  DType gdt = DType::f32;
+  bool acc = false;                  // add to the weight gradients (groups without rows untouched)
+  float* dx = nullptr;               // [A, H] fp32 (added to with dx_acc)
+  bool dx_acc = false;
+  float* dot = nullptr;              // [A] d scale (dy . FFN(x) per row), or none
+};
+void ffn_rows_backward(const FfnRowsBackward& f);
 // v itself when its last dim is contiguous (rows addressable by one stride), else a contiguous
 // copy held in `hold` (2-D or 3-D weight views).
 TensorView row_major(const TensorView& v, Tensor& hold);

@@ -1,11 +1,12 @@
 // moe_ffn_backward: the whole layer's gradients from what moe_ffn_forward_train kept. Per expert
 // (rows sorted by expert; each step is one grouped engine call over all experts: NT = activation
 // gradient through a weight as stored, TN = weight gradient with K = the expert's rows):
-//   g   = dy_rows Wd^T                 d w = g . a            da = w g
-//   dz  = swiglu'(z) da                dWd = (w a)^T dy_rows
-//   dWg = x_rows^T dz_gate             dWu = x_rows^T dz_up    dx_rows = dz_gate Wg^T + dz_up Wu^T
+//   g   = dy_rows Wd^T                                       (NT)
+//   one pass over the rows: a from z, d w = g . a, w a, dz = swiglu'(z) (w g)
+//   dWd = (w a)^T dy_rows, dWg = x_rows^T dz_gate, dWu = x_rows^T dz_up   (one TN call)
+//   dx_rows = dz_gate Wg^T + dz_up Wu^T                      (NT, two K segments)
 // then dx[t] = sum of its rows' dx_rows, the router through the routers' backwards, the losses,
-// and the shared expert as a dense FFN.
+// and the shared expert the same way (one span of all tokens, weight 1).
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -22,9 +23,6 @@
 namespace ot::moe {
 
 namespace {
-
-using bwd::msub;
-using bwd::sub;
 
 // d logits of the router stage (weights, then renorm, then the router's own backward).
 Tensor router_backward(const MoeFfnSaved& s, const Tensor& dweights, const MoeFfnOptions& o) {
@@ -84,25 +82,27 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
            "saved", "the result of moe_ffn_forward_train on this x and these weights", "T ", s.T, " H ", s.H, " E ", s.E, " K ", s.K);
   bwd::check_shape(op, "dy", dy, {d.T, d.H});
   OT_CHECK(dy.dtype == x.dtype && dy.is_contiguous(), op, "dy", detail::cat("a contiguous tensor in x's dtype ", dtype_name(x.dtype)), dy.shape_str());
+  const DType gdt = bo.weight_grad_dtype;
+  OT_CHECK(gdt == DType::f32 || gdt == DType::bf16, op, "weight_grad_dtype", "f32 or bf16", dtype_name(gdt));
   const bool given = bo.d_gate_out.defined() || bo.d_up_out.defined() || bo.d_down_out.defined();
   if (given) {
     for (auto [t, name, shape] : {std::tuple{&bo.d_gate_out, "d_gate_out", std::vector<int64_t>{d.E, d.H, d.I}},
                                   std::tuple{&bo.d_up_out, "d_up_out", std::vector<int64_t>{d.E, d.H, d.I}},
                                   std::tuple{&bo.d_down_out, "d_down_out", std::vector<int64_t>{d.E, d.I, d.H}}})
-      OT_CHECK(t->defined() && t->dtype() == DType::f32 && t->view().is_contiguous() && t->view().shape() == shape, op, name,
-               detail::cat("a contiguous fp32 ", TensorView(nullptr, DType::f32, shape).shape_str(), " (all three given or none)"),
-               t->defined() ? t->view().shape_str() : std::string("none"));
+      OT_CHECK(t->defined() && t->dtype() == gdt && t->view().is_contiguous() && t->view().shape() == shape, op, name,
+               detail::cat("a contiguous ", dtype_name(gdt), " ", TensorView(nullptr, gdt, shape).shape_str(), " (weight_grad_dtype; all three given or none)"),
+               t->defined() ? detail::cat(dtype_name(t->dtype()), " ", t->view().shape_str()) : std::string("none"));
   }
   OT_CHECK(given || !bo.accumulate, op, "accumulate", "gradient buffers to add to (d_gate_out, d_up_out, d_down_out)", "none");
   if (cpu::force_ref()) {
     MoeFfnGrads r = ref::moe_ffn_backward(dy, x, w, o, bo);
-    if (given) {  // same contract as the fast path: results land in (or are added to) the buffers
-      for (auto [dst, src] : {std::pair{&bo.d_gate_out, &r.d_gate}, std::pair{&bo.d_up_out, &r.d_up}, std::pair{&bo.d_down_out, &r.d_down}}) {
-        float* p = dst->ptr<float>();
-        const float* q = src->ptr<float>();
-        for (int64_t i = 0; i < src->numel(); ++i) p[i] = (bo.accumulate ? p[i] : 0.f) + q[i];
-        *src = *dst;
-      }
+    // same contract as the fast path: results in weight_grad_dtype, in (or added to) the buffers
+    for (auto [dst, src] : {std::pair{&bo.d_gate_out, &r.d_gate}, std::pair{&bo.d_up_out, &r.d_up}, std::pair{&bo.d_down_out, &r.d_down}}) {
+      Tensor out = given ? *dst : Tensor::empty(gdt, src->view().shape());
+      const float* q = src->ptr<float>();
+      for (int64_t i = 0; i < src->numel(); ++i)
+        set_from_double(out.view(), i, (bo.accumulate ? get_as_double(out.view(), i) : 0.0) + double(q[i]));
+      *src = out;
     }
     return r;
   }
@@ -112,90 +112,39 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
   scope.flops(2.0 * 2.0 * (3.0 * A * H * I + 3.0 * T * H * d.Is + T * H * E));
 
   MoeFfnGrads g;
-  g.d_gate = given ? bo.d_gate_out : Tensor::empty(DType::f32, {E, H, I});
-  g.d_up = given ? bo.d_up_out : Tensor::empty(DType::f32, {E, H, I});
-  g.d_down = given ? bo.d_down_out : Tensor::empty(DType::f32, {E, I, H});
-  const bool acc = bo.accumulate;
-  auto spans = bwd::expert_spans(s.plan);
+  g.d_gate = given ? bo.d_gate_out : Tensor::empty(gdt, {E, H, I});
+  g.d_up = given ? bo.d_up_out : Tensor::empty(gdt, {E, H, I});
+  g.d_down = given ? bo.d_down_out : Tensor::empty(gdt, {E, I, H});
   const size_t es = dtype_size(x.dtype);
   Tensor hold_g, hold_u, hold_d;  // row-major copies only if a weight view is strided
-  const TensorView Wg = bwd::row_major(w.gate, hold_g), Wu = bwd::row_major(w.up, hold_u), Wd = bwd::row_major(w.down, hold_d);
-  auto rows_at = [&](const Tensor& t, int64_t r, int64_t col = 0) {
-    return static_cast<const char*>(t.view().data) + (r * t.view().strides[0] + col) * int64_t(dtype_size(t.dtype()));
-  };
-  auto expert = [&](const TensorView& wt, int64_t e) { return static_cast<const char*>(wt.data) + e * wt.strides[0] * int64_t(es); };
-
-  // Rows in expert order: x and dy gathered, a and w * a from the kept z.
-  Tensor xs = bwd::gather_rows(x, s.plan.token.data(), A), dys = bwd::gather_rows(dy, s.plan.token.data(), A);
-  Tensor aw;
-  Tensor a = bwd::swiglu_rows(s.z, s.plan.weight.data(), &aw);
-  // g = dy_rows Wd^T (NT on Wd [I, H] as stored) and dWd = (w a)^T dy_rows (TN), all experts at once.
-  Tensor gr = Tensor::empty(DType::f32, {A, I});
-  std::vector<gemm::NtJob> nt;
-  std::vector<gemm::TnJob> tn;
-  for (const auto& sp : spans) {
-    gemm::NtJob j;
-    j.M = sp.count;
-    j.N = I;
-    j.a = {rows_at(dys, sp.offset), x.dtype, H, nullptr};
-    j.w_dtype = x.dtype;
-    j.w[0] = {expert(Wd, sp.group), H, Wd.strides[1]};
-    j.c = gr.ptr<float>() + sp.offset * I;
-    j.ldc = I;
-    nt.push_back(j);
-    tn.push_back({sp.count, I, H, rows_at(aw, sp.offset), rows_at(dys, sp.offset), x.dtype, x.dtype, I, H,
-                  g.d_down.ptr<float>() + sp.group * I * H, H, acc});
-  }
-  gemm::grouped_gemm_nt(nt.data(), int64_t(nt.size()));
-  gemm::grouped_gemm_tn(tn.data(), int64_t(tn.size()));
-  // d w per kept pair, da = w g (in place), then dz = swiglu'(z) da in x's dtype.
+  // Rows in expert order: x and dy gathered; the routed experts' backward (dx rows in fp32).
+  char* xs = static_cast<char*>(bwd::scratch(0, size_t(A * H) * es));
+  char* dys = static_cast<char*>(bwd::scratch(1, size_t(A * H) * es));
+  bwd::gather_rows(x, s.plan.token.data(), A, xs);
+  bwd::gather_rows(dy, s.plan.token.data(), A, dys);
+  float* dxs = static_cast<float*>(bwd::scratch(5, size_t(A * H) * 4));
   std::vector<float> dw_row(static_cast<size_t>(A));
-  bwd::parallel_rows(A, I, [&](int64_t i0, int64_t i1) {
-    std::vector<float> ar(static_cast<size_t>(I));
-    for (int64_t i = i0; i < i1; ++i) {
-      float* gi = gr.ptr<float>() + i * I;
-      convert_to_f32(static_cast<const char*>(a.view().data) + i * I * int64_t(dtype_size(a.dtype())), a.dtype(), ar.data(), I);
-      double dot = 0;
-      for (int64_t j = 0; j < I; ++j) dot += double(gi[j]) * ar[size_t(j)];
-      dw_row[size_t(i)] = float(dot);
-      const float wt = s.plan.weight[size_t(i)];
-      for (int64_t j = 0; j < I; ++j) gi[j] *= wt;
-    }
-  });
-  Tensor dz = Tensor::empty(x.dtype, {A, 2 * I});
-  bwd::parallel_rows(A, 2 * I * 8, [&](int64_t i0, int64_t i1) {
-    bwd::act_backward_rows(gemm::Act::swiglu, i0, i1, 2 * I, s.z.view().data, s.z.dtype(), 2 * I, gr.view().data, DType::f32, I, dz.view().data,
-                           dz.dtype(), 2 * I);
-  });
-  // dWg, dWu = x_rows^T dz_gate, x_rows^T dz_up (TN); dx_rows = [dz_gate | dz_up] [Wg | Wu]^T (NT,
-  // the two projections as two K segments of one job).
-  Tensor dxs = Tensor::empty(DType::f32, {A, H});
-  nt.clear();
-  tn.clear();
-  for (const auto& sp : spans) {
-    const int64_t e = sp.group, r0 = sp.offset, n = sp.count;
-    tn.push_back({n, H, I, rows_at(xs, r0), rows_at(dz, r0), x.dtype, x.dtype, H, 2 * I, g.d_gate.ptr<float>() + e * H * I, I, acc});
-    tn.push_back({n, H, I, rows_at(xs, r0), rows_at(dz, r0, I), x.dtype, x.dtype, H, 2 * I, g.d_up.ptr<float>() + e * H * I, I, acc});
-    gemm::NtJob j;
-    j.M = n;
-    j.N = H;
-    j.a = {rows_at(dz, r0), x.dtype, 2 * I, nullptr};
-    j.w_dtype = x.dtype;
-    j.w[0] = {expert(Wg, e), I, Wg.strides[1]};
-    j.w[1] = {expert(Wu, e), I, Wu.strides[1]};
-    j.c = dxs.ptr<float>() + r0 * H;
-    j.ldc = H;
-    nt.push_back(j);
-  }
-  gemm::grouped_gemm_tn(tn.data(), int64_t(tn.size()));
-  gemm::grouped_gemm_nt(nt.data(), int64_t(nt.size()));
-  std::vector<char> used(static_cast<size_t>(E), 0);
-  for (const auto& sp : spans) used[size_t(sp.group)] = 1;
-  bwd::parallel_rows(E, H * I, [&](int64_t e0, int64_t e1) {
-    for (int64_t e = e0; e < e1; ++e)
-      if (!used[size_t(e)] && !acc)
-        for (const Tensor* t : {&g.d_gate, &g.d_up, &g.d_down}) std::memset(t->ptr<float>() + e * H * I, 0, size_t(H * I) * sizeof(float));
-  });
+  bwd::FfnRowsBackward routed;
+  routed.H = H;
+  routed.I = I;
+  routed.G = E;
+  routed.dt = x.dtype;
+  routed.xs = xs;
+  routed.dys = dys;
+  routed.z = s.z.view().data;
+  routed.scale = s.plan.weight.data();
+  routed.spans = bwd::expert_spans(s.plan);
+  routed.wg = bwd::row_major(w.gate, hold_g);
+  routed.wu = bwd::row_major(w.up, hold_u);
+  routed.wd = bwd::row_major(w.down, hold_d);
+  routed.dg = g.d_gate.view().data;
+  routed.du = g.d_up.view().data;
+  routed.dd = g.d_down.view().data;
+  routed.gdt = gdt;
+  routed.acc = bo.accumulate;
+  routed.dx = dxs;
+  routed.dot = dw_row.data();
+  bwd::ffn_rows_backward(routed);
 
   // Router: d weights of kept pairs (0 for dropped ones), through renorm and the router.
   Tensor dweights = Tensor::zeros(DType::f32, {T, K});
@@ -211,61 +160,44 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
   gemm::TnJob rj{T, E, H, dlogits.view().data, x.data, DType::f32, x.dtype, E, H, g.d_router.ptr<float>(), H, false};
   gemm::grouped_gemm_tn(&rj, 1);
 
-  // dx: router term, shared expert, then each token's routed rows.
-  Tensor dxa = Tensor::empty(DType::f32, {T, H});
-  gemm::matmul(gemm::MatView::of(dlogits), gemm::MatView::of(w.router), gemm::MutMatView::of(dxa));
+  // dx: router term, shared expert (fp32 gradients), then each token's routed rows.
+  float* dxa = static_cast<float*>(bwd::scratch(6, size_t(T * H) * 4));
+  gemm::matmul(gemm::MatView::of(dlogits), gemm::MatView::of(w.router), {dxa, DType::f32, T, H, H, 1});
   if (d.Is > 0) {
     const int64_t Is = d.Is;
     Tensor hsg, hsu, hsd;
-    const TensorView Sg = bwd::row_major(w.shared_gate, hsg), Su = bwd::row_major(w.shared_up, hsu), Sd = bwd::row_major(w.shared_down, hsd);
-    Tensor as = bwd::swiglu_rows(s.shared_z, nullptr, nullptr);
-    g.d_shared_down = Tensor::empty(DType::f32, {Is, H});
-    gemm::TnJob jd{T, Is, H, as.view().data, dy.data, x.dtype, x.dtype, Is, H, g.d_shared_down.ptr<float>(), H, false};
-    gemm::grouped_gemm_tn(&jd, 1);
-    Tensor gs = Tensor::empty(DType::f32, {T, Is});
-    gemm::NtJob jg;
-    jg.M = T;
-    jg.N = Is;
-    jg.a = {dy.data, x.dtype, H, nullptr};
-    jg.w_dtype = x.dtype;
-    jg.w[0] = {Sd.data, H, Sd.strides[0]};
-    jg.c = gs.ptr<float>();
-    jg.ldc = Is;
-    gemm::grouped_gemm_nt(&jg, 1);
-    Tensor dzs = Tensor::empty(x.dtype, {T, 2 * Is});
-    act_backward(gemm::Act::swiglu, s.shared_z, gs, dzs);
     g.d_shared_gate = Tensor::empty(DType::f32, {H, Is});
     g.d_shared_up = Tensor::empty(DType::f32, {H, Is});
-    const char* dzp = static_cast<const char*>(dzs.view().data);
-    gemm::TnJob jw[2] = {{T, H, Is, x.data, dzp, x.dtype, x.dtype, H, 2 * Is, g.d_shared_gate.ptr<float>(), Is, false},
-                         {T, H, Is, x.data, dzp + Is * int64_t(es), x.dtype, x.dtype, H, 2 * Is, g.d_shared_up.ptr<float>(), Is, false}};
-    gemm::grouped_gemm_tn(jw, 2);
-    gemm::NtJob jx;
-    jx.M = T;
-    jx.N = H;
-    jx.a = {dzp, x.dtype, 2 * Is, nullptr};
-    jx.w_dtype = x.dtype;
-    jx.w[0] = {Sg.data, Is, Sg.strides[0]};
-    jx.w[1] = {Su.data, Is, Su.strides[0]};
-    jx.c = dxa.ptr<float>();
-    jx.ldc = H;
-    jx.accumulate = true;
-    gemm::grouped_gemm_nt(&jx, 1);
+    g.d_shared_down = Tensor::empty(DType::f32, {Is, H});
+    bwd::FfnRowsBackward sh;
+    sh.H = H;
+    sh.I = Is;
+    sh.G = 1;
+    sh.dt = x.dtype;
+    sh.xs = x.data;
+    sh.dys = dy.data;
+    sh.z = s.shared_z.view().data;
+    if (T > 0) sh.spans = {{0, 0, T}};
+    sh.wg = bwd::row_major(w.shared_gate, hsg);
+    sh.wu = bwd::row_major(w.shared_up, hsu);
+    sh.wd = bwd::row_major(w.shared_down, hsd);
+    sh.dg = g.d_shared_gate.view().data;
+    sh.du = g.d_shared_up.view().data;
+    sh.dd = g.d_shared_down.view().data;
+    sh.dx = dxa;
+    sh.dx_acc = true;
+    bwd::ffn_rows_backward(sh);
   }
   auto rows = bwd::row_of_slot(s.plan, T * K);
   bwd::parallel_rows(T, K * H, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      float* dst = dxa.ptr<float>() + t * H;
+    for (int64_t t = t0; t < t1; ++t)
       for (int64_t k = 0; k < K; ++k) {
         int32_t i = rows[size_t(t * K + k)];
-        if (i < 0) continue;
-        const float* src = dxs.ptr<float>() + int64_t(i) * H;
-        for (int64_t h = 0; h < H; ++h) dst[h] += src[h];
+        if (i >= 0) accumulate_f32(dxs + int64_t(i) * H, DType::f32, 1.f, dxa + t * H, H);
       }
-    }
   });
   g.dx = Tensor::empty(x.dtype, {T, H});
-  copy_into(dxa, g.dx);
+  convert_from_f32(dxa, g.dx.view().data, x.dtype, T * H);
   return g;
 }
 

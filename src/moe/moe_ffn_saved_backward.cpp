@@ -53,51 +53,12 @@ std::vector<Span> expert_spans(const RoutingPlan& p) {
   return s;
 }
 
-gemm::MatView sub(const TensorView& v, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
-  const int64_t es = int64_t(dtype_size(v.dtype));
-  return {static_cast<const char*>(v.data) + (r0 * v.strides[0] + c0 * v.strides[1]) * es, v.dtype, nr, nc, v.strides[0], v.strides[1]};
-}
-gemm::MutMatView msub(const TensorView& v, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
-  auto m = sub(v, r0, nr, c0, nc);
-  return {const_cast<void*>(m.data), m.dtype, m.rows, m.cols, m.rs, m.cs};
-}
-
-Tensor gather_rows(const TensorView& src, const int32_t* rows, int64_t n) {
-  const int64_t H = src.sizes[1];
-  const size_t bytes = size_t(H) * dtype_size(src.dtype);
-  Tensor out = Tensor::empty(src.dtype, {n, H});
-  parallel_rows(n, H, [&](int64_t i0, int64_t i1) {
+void gather_rows(const TensorView& src, const int32_t* rows, int64_t n, void* out) {
+  const size_t bytes = size_t(src.sizes[1]) * dtype_size(src.dtype);
+  parallel_rows(n, src.sizes[1], [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
-      std::memcpy(static_cast<char*>(out.view().data) + size_t(i) * bytes, static_cast<const char*>(src.data) + size_t(rows[i]) * bytes, bytes);
+      std::memcpy(static_cast<char*>(out) + size_t(i) * bytes, static_cast<const char*>(src.data) + size_t(rows[i]) * bytes, bytes);
   });
-  return out;
-}
-
-Tensor swiglu_rows(const TensorView& z, const float* scale, Tensor* scaled) {
-  const int64_t A = z.sizes[0], I = z.sizes[1] / 2;
-  Tensor a = Tensor::empty(z.dtype, {A, I});
-  if (scaled) *scaled = Tensor::empty(z.dtype, {A, I});
-  parallel_rows(A, 2 * I * 8, [&](int64_t i0, int64_t i1) {
-    std::vector<float> zr(static_cast<size_t>(2 * I)), ar(static_cast<size_t>(I));
-    const int64_t es = int64_t(dtype_size(z.dtype));
-    for (int64_t i = i0; i < i1; ++i) {
-      convert_to_f32(static_cast<const char*>(z.data) + i * 2 * I * es, z.dtype, zr.data(), 2 * I);
-      for (int64_t j = 0; j < I; ++j) ar[size_t(j)] = round_to(z.dtype, zr[size_t(j)] / (1.f + std::exp(-zr[size_t(j)])) * zr[size_t(j + I)]);
-      convert_from_f32(ar.data(), static_cast<char*>(a.view().data) + i * I * es, z.dtype, I);
-      if (scaled) {
-        for (int64_t j = 0; j < I; ++j) ar[size_t(j)] *= scale[i];
-        convert_from_f32(ar.data(), static_cast<char*>(scaled->view().data) + i * I * es, z.dtype, I);
-      }
-    }
-  });
-  return a;
-}
-
-// z [n, 2I] = v [n, H] @ [Wg | Wu] (both [H, I]).
-void gate_up(const gemm::MatView& v, const TensorView& wg, const TensorView& wu, const TensorView& z, int64_t r0) {
-  const int64_t n = v.rows, I = wg.sizes[1];
-  gemm::matmul(v, gemm::MatView::of(wg), msub(z, r0, n, 0, I));
-  gemm::matmul(v, gemm::MatView::of(wu), msub(z, r0, n, I, I));
 }
 
 TensorView row_major(const TensorView& v, Tensor& hold) {
@@ -161,43 +122,58 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
   s.expert_counts = Tensor::empty(DType::i64, {E});
   std::copy(s.plan.counts.begin(), s.plan.counts.end(), s.expert_counts.ptr<int64_t>());
 
+  // Routed experts on gathered rows (o = FFN rows in fp32), then the shared expert straight into
+  // the fp32 accumulator, then each token's weighted rows.
   const int64_t A = int64_t(s.plan.token.size());
-  auto spans = bwd::expert_spans(s.plan);
-  Tensor xs = bwd::gather_rows(x, s.plan.token.data(), A);
+  Tensor hold_g, hold_u, hold_d;
+  void* xs = bwd::scratch(0, size_t(A * H) * dtype_size(x.dtype));
+  bwd::gather_rows(x, s.plan.token.data(), A, xs);
   s.z = Tensor::empty(x.dtype, {A, 2 * I});
-  Tensor o_rows = Tensor::empty(DType::f32, {A, H});
-  const bool par = bwd::groups_distinct(spans, E) && A * H * I >= (int64_t(1) << 18);
-  bwd::for_each_span(spans, par, [&](const bwd::Span& sp) {
-    bwd::gate_up(bwd::sub(xs, sp.offset, sp.count, 0, H), w.gate.select(0, sp.group), w.up.select(0, sp.group), s.z, sp.offset);
-  });
-  Tensor a = bwd::swiglu_rows(s.z, nullptr, nullptr);
-  bwd::for_each_span(spans, par, [&](const bwd::Span& sp) {
-    gemm::matmul(bwd::sub(a, sp.offset, sp.count, 0, I), gemm::MatView::of(w.down.select(0, sp.group)), bwd::msub(o_rows, sp.offset, sp.count, 0, H));
-  });
-  Tensor acc = Tensor::empty(DType::f32, {T, H});
-  if (o.residual.defined()) copy_into(o.residual, acc.view());
-  else std::memset(acc.view().data, 0, acc.view().nbytes());
-  if (d.Is > 0) {
+  float* o_rows = static_cast<float*>(bwd::scratch(1, size_t(A * H) * 4));
+  bwd::FfnRowsForward f;
+  f.H = H;
+  f.I = I;
+  f.dt = x.dtype;
+  f.xs = xs;
+  f.spans = bwd::expert_spans(s.plan);
+  f.wg = bwd::row_major(w.gate, hold_g);
+  f.wu = bwd::row_major(w.up, hold_u);
+  f.wd = bwd::row_major(w.down, hold_d);
+  f.z = s.z.view().data;
+  f.out = o_rows;
+  bwd::ffn_rows_forward(f);
+  float* acc = static_cast<float*>(bwd::scratch(2, size_t(T * H) * 4));
+  if (o.residual.defined()) copy_into(o.residual, TensorView(acc, DType::f32, {T, H}));
+  else std::memset(acc, 0, size_t(T * H) * 4);
+  if (d.Is > 0 && T > 0) {
     s.shared_z = Tensor::empty(x.dtype, {T, 2 * d.Is});
-    bwd::gate_up(gemm::MatView::of(x), w.shared_gate, w.shared_up, s.shared_z, 0);
-    Tensor as = bwd::swiglu_rows(s.shared_z, nullptr, nullptr);
-    gemm::matmul(gemm::MatView::of(as), gemm::MatView::of(w.shared_down), gemm::MutMatView::of(acc), 1.f, 1.f);
+    Tensor hsg, hsu, hsd;
+    bwd::FfnRowsForward sh;
+    sh.H = H;
+    sh.I = d.Is;
+    sh.dt = x.dtype;
+    sh.xs = x.data;
+    sh.spans = {{0, 0, T}};
+    sh.wg = bwd::row_major(w.shared_gate, hsg);
+    sh.wu = bwd::row_major(w.shared_up, hsu);
+    sh.wd = bwd::row_major(w.shared_down, hsd);
+    sh.z = s.shared_z.view().data;
+    sh.out = acc;
+    sh.out_acc = true;
+    bwd::ffn_rows_forward(sh);
+  } else if (d.Is > 0) {
+    s.shared_z = Tensor::empty(x.dtype, {T, 2 * d.Is});
   }
   auto rows = bwd::row_of_slot(s.plan, T * K);
   bwd::parallel_rows(T, K * H, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      float* dst = acc.ptr<float>() + t * H;
+    for (int64_t t = t0; t < t1; ++t)
       for (int64_t k = 0; k < K; ++k) {
         int32_t i = rows[size_t(t * K + k)];
-        if (i < 0) continue;
-        const float* src = o_rows.ptr<float>() + int64_t(i) * H;
-        const float wt = s.plan.weight[size_t(i)];
-        for (int64_t h = 0; h < H; ++h) dst[h] += wt * src[h];
+        if (i >= 0) accumulate_f32(o_rows + int64_t(i) * H, DType::f32, s.plan.weight[size_t(i)], acc + t * H, H);
       }
-    }
   });
   r.y = Tensor::empty(x.dtype, {T, H});
-  copy_into(acc, r.y);
+  convert_from_f32(acc, r.y.view().data, x.dtype, T * H);
   return r;
 }
 

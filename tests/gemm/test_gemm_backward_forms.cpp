@@ -1,6 +1,7 @@
-// grouped_gemm_nt / grouped_gemm_tn (the backward forms) against the engine's fp64 reference
+// grouped_gemm_nt / _nn / _tn (the backward forms) against the engine's fp64 reference
 // (ref::matmul on transposed views), on every ISA level this machine has, over thin/odd shapes,
-// gathered rows, two K segments, padded strides, accumulate, many jobs at once, and bad inputs.
+// gathered rows, two K segments, padded strides, accumulate, fp32 and bf16 C (TN), many jobs at
+// once, and bad inputs.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -36,11 +37,13 @@ struct NtCase {
   bool gather = false, acc = false;
 };
 
-void run_nt(const NtCase& cs, cpu::Isa isa, uint32_t seed) {
+// nn: W stored [K][N] (grouped_gemm_nn) instead of [N][K] (grouped_gemm_nt).
+void run_nt(const NtCase& cs, cpu::Isa isa, uint32_t seed, bool nn = false) {
   cpu::ScopedMaxIsa cap(isa);
   const int64_t K = cs.K0 + cs.K1, ldc = cs.N + 3;
   const int64_t src_rows = cs.gather ? cs.M + 5 : cs.M;
-  Mat a(cs.a, src_rows, K, 2, seed), w0(cs.w, cs.N, cs.K0, 1, seed + 1), w1(cs.w, cs.N, cs.K1, 3, seed + 2);
+  Mat a(cs.a, src_rows, K, 2, seed), w0 = nn ? Mat(cs.w, cs.K0, cs.N, 1, seed + 1) : Mat(cs.w, cs.N, cs.K0, 1, seed + 1),
+                                     w1 = nn ? Mat(cs.w, cs.K1, cs.N, 3, seed + 2) : Mat(cs.w, cs.N, cs.K1, 3, seed + 2);
   std::vector<int32_t> rows(size_t(cs.M));
   for (int64_t i = 0; i < cs.M; ++i) rows[size_t(i)] = int32_t((i * 7 + 3) % src_rows);
   Tensor c0 = random_tensor(DType::f32, {std::max<int64_t>(cs.M, 1), ldc}, seed + 3);
@@ -55,8 +58,9 @@ void run_nt(const NtCase& cs, cpu::Isa isa, uint32_t seed) {
   j.c = fast.ptr<float>();
   j.ldc = ldc;
   j.accumulate = cs.acc;
-  grouped_gemm_nt(&j, 1);
-  // Reference: gathered A copy, then A0 W0^T (+ A1 W1^T).
+  if (nn) grouped_gemm_nn(&j, 1);
+  else grouped_gemm_nt(&j, 1);
+  // Reference: gathered A copy, then A0 W0^T (+ A1 W1^T), or A0 W0 (+ A1 W1).
   Tensor ag = Tensor::empty(cs.a, {std::max<int64_t>(cs.M, 1), a.ld});
   for (int64_t i = 0; i < cs.M; ++i)
     std::memcpy(static_cast<char*>(ag.view().data) + i * a.ld * int64_t(dtype_size(cs.a)),
@@ -65,9 +69,9 @@ void run_nt(const NtCase& cs, cpu::Isa isa, uint32_t seed) {
     return MatView{static_cast<const char*>(ag.view().data) + c * int64_t(dtype_size(cs.a)), cs.a, cs.M, n, a.ld, 1};
   };
   MutMatView cw{want.view().data, DType::f32, cs.M, cs.N, ldc, 1};
-  ref::matmul(asub(0, cs.K0), w0.view().t(), cw, 1.f, cs.acc ? 1.f : 0.f);
-  if (cs.K1 > 0) ref::matmul(asub(cs.K0, cs.K1), w1.view().t(), cw, 1.f, 1.f);
-  EXPECT_LE(err(fast, want), kTol) << "isa " << isa_str(isa) << " M" << cs.M << " N" << cs.N << " K" << cs.K0 << "+" << cs.K1 << " a "
+  ref::matmul(asub(0, cs.K0), nn ? w0.view() : w0.view().t(), cw, 1.f, cs.acc ? 1.f : 0.f);
+  if (cs.K1 > 0) ref::matmul(asub(cs.K0, cs.K1), nn ? w1.view() : w1.view().t(), cw, 1.f, 1.f);
+  EXPECT_LE(err(fast, want), kTol) << (nn ? "nn" : "nt") << " isa " << isa_str(isa) << " M" << cs.M << " N" << cs.N << " K" << cs.K0 << "+" << cs.K1 << " a "
                                    << dtype_name(cs.a) << " w " << dtype_name(cs.w) << " gather " << cs.gather << " acc " << cs.acc;
 }
 
@@ -85,6 +89,7 @@ TEST(GemmNt, MatchesReferenceAcrossIsaAndShapes) {
             cs.gather = gather;
             cs.acc = acc;
             run_nt(cs, isa, seed++);
+            run_nt(cs, isa, seed++, true);
           }
 }
 
@@ -93,16 +98,19 @@ struct TnCase {
   DType a = DType::bf16, b = DType::bf16;
   bool acc = false;
   int64_t ldc_pad = 0;
+  DType c = DType::f32;
 };
 
+// fast: C in cs.c; want: the fp32 reference from the same start (rounded to cs.c by the caller).
 void fill_tn(const TnCase& cs, uint32_t seed, Mat& a, Mat& b, Tensor& fast, Tensor& want, TnJob& j) {
   a = Mat(cs.a, cs.K, cs.M, 3, seed);
   b = Mat(cs.b, cs.K, cs.N, 1, seed + 1);
   const int64_t ldc = cs.N + cs.ldc_pad;
-  Tensor c0 = random_tensor(DType::f32, {std::max<int64_t>(cs.M, 1), ldc}, seed + 2);
+  Tensor c0 = random_tensor(cs.c, {std::max<int64_t>(cs.M, 1), ldc}, seed + 2);
   fast = Tensor::copy_of(c0);
-  want = Tensor::copy_of(c0);
-  j = TnJob{cs.K, cs.M, cs.N, a.data(), b.data(), cs.a, cs.b, a.ld, b.ld, fast.ptr<float>(), ldc, cs.acc};
+  want = Tensor::empty(DType::f32, c0.shape());
+  copy_into(c0, want);
+  j = TnJob{cs.K, cs.M, cs.N, a.data(), b.data(), cs.a, cs.b, a.ld, b.ld, fast.view().data, ldc, cs.acc, cs.c};
   ref::matmul(a.view().t(), b.view(), MutMatView{want.view().data, DType::f32, cs.M, cs.N, ldc, 1}, 1.f, cs.acc ? 1.f : 0.f);
 }
 
@@ -113,22 +121,27 @@ TEST(GemmTn, MatchesReferenceAcrossIsaAndShapes) {
     for (auto dt : {std::pair{DType::bf16, DType::bf16}, std::pair{DType::f32, DType::f32}, std::pair{DType::f16, DType::f32},
                     std::pair{DType::bf16, DType::f32}})
       for (TnCase cs : {TnCase{1, 130, 97}, TnCase{2, 7, 48}, TnCase{3, 200, 200}, TnCase{17, 64, 96}, TnCase{64, 9, 1}, TnCase{400, 33, 50},
-                        TnCase{0, 10, 20}, TnCase{5, 0, 4}})
+                        TnCase{0, 10, 20}, TnCase{5, 0, 4}, TnCase{33, 40, 416}})
         for (bool acc : {false, true})
-          for (int64_t pad : {0, 5}) {
-            cs.a = dt.first;
-            cs.b = dt.second;
-            cs.acc = acc;
-            cs.ldc_pad = pad;
-            Mat a(cs.a, 1, 1, 0, 0), b(cs.b, 1, 1, 0, 0);
-            Tensor fast, want;
-            TnJob j;
-            fill_tn(cs, seed, a, b, fast, want, j);
-            seed += 3;
-            grouped_gemm_tn(&j, 1);
-            EXPECT_LE(err(fast, want), kTol) << "isa " << isa_str(isa) << " K" << cs.K << " M" << cs.M << " N" << cs.N << " "
-                                             << dtype_name(cs.a) << "/" << dtype_name(cs.b) << " acc " << acc << " pad " << pad;
-          }
+          for (int64_t pad : {5, 32})  // unaligned and 64-byte aligned C rows (streaming stores)
+            for (DType c : {DType::f32, DType::bf16}) {
+              if (c == DType::bf16 && dt.first != DType::bf16) continue;
+              cs.a = dt.first;
+              cs.b = dt.second;
+              cs.acc = acc;
+              cs.ldc_pad = pad;
+              cs.c = c;
+              Mat a(cs.a, 1, 1, 0, 0), b(cs.b, 1, 1, 0, 0);
+              Tensor fast, want;
+              TnJob j;
+              fill_tn(cs, seed, a, b, fast, want, j);
+              seed += 3;
+              grouped_gemm_tn(&j, 1);
+              // bf16 C: the fp32 result rounded once (half an ulp, 2^-9 relative)
+              EXPECT_LE(err(fast, want), c == DType::bf16 ? 4e-3 : kTol)
+                  << "isa " << isa_str(isa) << " K" << cs.K << " M" << cs.M << " N" << cs.N << " " << dtype_name(cs.a) << "/"
+                  << dtype_name(cs.b) << " acc " << acc << " pad " << pad << " c " << dtype_name(c);
+            }
   }
 }
 
@@ -156,6 +169,7 @@ TEST(GemmTn, GroupedJobsAndNestedCalls) {
 TEST(GemmBackwardForms, ForceRefAgrees) {
   cpu::ScopedForceRef fr(true);
   run_nt({9, 50, 6, 4, DType::bf16, DType::bf16, true, true}, cpu::detected_isa(), 77);
+  run_nt({9, 50, 6, 4, DType::bf16, DType::bf16, true, true}, cpu::detected_isa(), 78, true);
   Mat a(DType::bf16, 1, 1, 0, 0), b(DType::bf16, 1, 1, 0, 0);
   Tensor fast, want;
   TnJob j;
@@ -175,6 +189,9 @@ TEST(GemmBackwardForms, BadInputsThrowBeforeWriting) {
   t.ldc = 2;
   t.a_dtype = DType::i32;
   EXPECT_THROW(grouped_gemm_tn(&t, 1), Error);
+  t.a_dtype = DType::f32;
+  t.c_dtype = DType::f16;
+  EXPECT_THROW(grouped_gemm_tn(&t, 1), Error);
   NtJob n;
   n.M = 2;
   n.N = 2;
@@ -184,8 +201,12 @@ TEST(GemmBackwardForms, BadInputsThrowBeforeWriting) {
   n.ldc = 2;
   EXPECT_THROW(grouped_gemm_nt(&n, 1), Error);
   n.a.ld = 2;
+  n.w[0] = {a, 2, 1};  // NN: ld < N
+  EXPECT_THROW(grouped_gemm_nn(&n, 1), Error);
+  n.w[0] = {a, 2, 2};
   n.c = nullptr;
   EXPECT_THROW(grouped_gemm_nt(&n, 1), Error);
+  EXPECT_THROW(grouped_gemm_nn(&n, 1), Error);
   EXPECT_EQ(c[0], 1.f);
   EXPECT_EQ(c[3], 4.f);
 }

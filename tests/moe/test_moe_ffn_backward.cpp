@@ -5,9 +5,11 @@
 // per-operator backwards (init routing -> grouped matmul (SwiGLU) -> grouped matmul -> unpermute).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "moe/moe_bwd_test_util.h"
+#include "ot/cpu.h"
 #include "ot/error.h"
 #include "ot/moe.h"
 #include "ot/moe_bwd.h"
@@ -133,10 +135,12 @@ struct FastCase {
   int64_t T, E, K, cap, Is;
   DType dt;
   bool losses;
+  DType gdt = DType::f32;     // expert weight gradients
+  int64_t H = 16, I = 12;
 };
 
 void fast_case(const FastCase& c) {
-  Layer L(c.T, 16, 12, c.E, c.K, c.Is, c.dt, 200 + uint64_t(c.T));
+  Layer L(c.T, c.H, c.I, c.E, c.K, c.Is, c.dt, 200 + uint64_t(c.T));
   MoeFfnOptions o;
   o.k = c.K;
   o.router = c.router;
@@ -153,6 +157,7 @@ void fast_case(const FastCase& c) {
   }
   MoeFfnBackwardOptions bo;
   if (c.losses) { bo.aux_loss_coeff = 0.1f; bo.z_loss_coeff = 0.01f; }
+  bo.weight_grad_dtype = c.gdt;
   auto fr = moe_ffn_forward_train(L.x, L.w(), o);
   Tensor G = randn(c.dt, {c.T, L.H}, 9);
   auto a = moe_ffn_backward(G, L.x, L.w(), fr.saved, o, bo);
@@ -160,9 +165,12 @@ void fast_case(const FastCase& c) {
   double t = c.dt == DType::f32 ? 1e-4 : 3e-2;
   EXPECT_LT(rel_err(a.dx, b.dx), t);
   EXPECT_LT(rel_err(a.d_router, b.d_router), t);
-  EXPECT_LT(rel_err(a.d_gate, b.d_gate), t);
-  EXPECT_LT(rel_err(a.d_up, b.d_up), t);
-  EXPECT_LT(rel_err(a.d_down, b.d_down), t);
+  // bf16 gradients: one rounding of each (2^-9 relative) on top of the compute dtype's error
+  const double tw = c.gdt == DType::bf16 ? std::max(t, 4e-3) : t;
+  for (const Tensor* d : {&a.d_gate, &a.d_up, &a.d_down}) EXPECT_EQ(d->dtype(), c.gdt);
+  EXPECT_LT(rel_err(a.d_gate, b.d_gate), tw);
+  EXPECT_LT(rel_err(a.d_up, b.d_up), tw);
+  EXPECT_LT(rel_err(a.d_down, b.d_down), tw);
   if (c.Is) { EXPECT_LT(rel_err(a.d_shared_up, b.d_shared_up), t); }
   if (c.losses) {
     EXPECT_NEAR(a.aux_loss, b.aux_loss, 1e-4 * std::fabs(b.aux_loss) + 1e-6);
@@ -180,6 +188,24 @@ TEST(MoeFfnBackward, FastMatchesReference) {
     fast_case({RouterKind::softmax_topk, 1, 4, 1, -1, 0, dt, false});       // one token: all experts but one empty
   }
   fast_case({RouterKind::softmax_topk, 0, 4, 2, -1, 4, DType::f32, false});  // T = 0
+}
+
+// Shapes past the vector widths and engine panels (N = 100: two 48-column panels and a tail;
+// odd rows per expert), bf16 weight gradients, and every ISA level below the detected one
+// (scalar SwiGLU passes and panel packs, fp32 kernels without AVX512_BF16).
+TEST(MoeFfnBackward, FastMatchesReferenceWideShapesGradDtypesAndIsas) {
+  for (cpu::Isa isa : {cpu::detected_isa(), cpu::Isa::avx512, cpu::Isa::scalar}) {
+    if (int(isa) > int(cpu::detected_isa())) continue;
+    cpu::ScopedMaxIsa cap(isa);
+    SCOPED_TRACE(cpu::isa_name(isa));
+    for (DType dt : {DType::f32, DType::bf16})
+      for (DType gdt : {DType::f32, DType::bf16}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " dW " + dtype_name(gdt));
+        FastCase c{RouterKind::softmax_topk, 70, 6, 2, -1, 20, dt, false, gdt, 100, 52};
+        fast_case(c);
+      }
+  }
+  fast_case({RouterKind::softmax_topk, 1, 4, 1, -1, 0, DType::bf16, false, DType::bf16});  // empty experts zeroed in bf16
 }
 
 TEST(MoeFfnBackward, CallerOwnedGradientBuffers) {
@@ -219,6 +245,42 @@ TEST(MoeFfnBackward, CallerOwnedGradientBuffers) {
   }
 }
 
+TEST(MoeFfnBackward, CallerOwnedBf16GradientBuffers) {
+  // bf16 buffers: written (rounded once) or added to (c + sum rounded once); experts without rows
+  // keep their value (accumulate) or become 0.
+  Layer L(3, 40, 20, 8, 2, 0, DType::bf16, 322);
+  MoeFfnOptions o;
+  o.k = 2;
+  auto fr = moe_ffn_forward_train(L.x, L.w(), o);
+  Tensor G = randn(DType::bf16, {3, L.H}, 12);
+  auto fresh = moe_ffn_backward(G, L.x, L.w(), fr.saved, o);  // fp32
+  for (bool acc : {false, true}) {
+    SCOPED_TRACE(acc ? "accumulate" : "overwrite");
+    MoeFfnBackwardOptions bo;
+    bo.weight_grad_dtype = DType::bf16;
+    auto filled = [](const Tensor& like) { return from_vec(DType::bf16, like.shape(), std::vector<double>(size_t(like.numel()), 0.25)); };
+    bo.d_gate_out = filled(fresh.d_gate);
+    bo.d_up_out = filled(fresh.d_up);
+    bo.d_down_out = filled(fresh.d_down);
+    bo.accumulate = acc;
+    auto g = moe_ffn_backward(G, L.x, L.w(), fr.saved, o, bo);
+    EXPECT_EQ(g.d_up.view().data, bo.d_up_out.view().data);
+    for (auto [got, want] : {std::pair{&bo.d_gate_out, &fresh.d_gate}, std::pair{&bo.d_up_out, &fresh.d_up}, std::pair{&bo.d_down_out, &fresh.d_down}}) {
+      std::vector<double> w = to_vec(*want);
+      for (double& v : w) v += acc ? 0.25 : 0.0;
+      EXPECT_LT(rel_err(to_vec(*got), w), 4e-3);
+    }
+  }
+  MoeFfnBackwardOptions bad;
+  bad.d_gate_out = Tensor::empty(DType::f32, {8, 40, 20});  // dtype differs from weight_grad_dtype
+  bad.d_up_out = Tensor::empty(DType::f32, {8, 40, 20});
+  bad.d_down_out = Tensor::empty(DType::f32, {8, 20, 40});
+  bad.weight_grad_dtype = DType::bf16;
+  EXPECT_THROW(moe_ffn_backward(G, L.x, L.w(), fr.saved, o, bad), Error);
+  bad.weight_grad_dtype = DType::f16;
+  EXPECT_THROW(moe_ffn_backward(G, L.x, L.w(), fr.saved, o, bad), Error);
+}
+
 TEST(MoeFfnBackward, TrainingForwardMatchesMoeFfnReference) {
   for (DType dt : {DType::f32, DType::bf16}) {
     Layer L(19, 16, 12, 5, 2, 0, dt, 300);
@@ -231,6 +293,20 @@ TEST(MoeFfnBackward, TrainingForwardMatchesMoeFfnReference) {
     EXPECT_LT(rel_err(fr.y, want.y), dt == DType::f32 ? 1e-5 : 2e-2);
     EXPECT_EQ(to_vec(fr.saved.topk_ids), to_vec(want.topk_ids));
     EXPECT_EQ(fr.saved.dropped, want.dropped);
+  }
+  // Wide shapes on the grouped NN engine calls, every ISA level (scalar panel packs included).
+  for (cpu::Isa isa : {cpu::detected_isa(), cpu::Isa::avx512, cpu::Isa::scalar}) {
+    if (int(isa) > int(cpu::detected_isa())) continue;
+    cpu::ScopedMaxIsa cap(isa);
+    for (DType dt : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " " + dtype_name(dt));
+      Layer L(45, 100, 52, 6, 3, 0, dt, 301);
+      MoeFfnOptions o;
+      o.k = 3;
+      auto fr = moe_ffn_forward_train(L.x, L.w(), o);
+      auto want = moe::ref::moe_ffn(L.x, L.router, L.gate, L.up, L.down, o);
+      EXPECT_LT(rel_err(fr.y, want.y), dt == DType::f32 ? 1e-5 : 2e-2);
+    }
   }
 }
 

@@ -3,7 +3,8 @@
 // packed weights) and the training forward (moe_ffn_forward_train); reports backward / forward
 // (target <= 2.5x; the FLOP ratio is 2x) and the reference path in the same run where it is cheap
 // enough (the fp64 reference runs at well under a GFLOP/s: --ref-max-gflop). The expert weight
-// gradients go to fp32 buffers allocated once (MoeFfnBackwardOptions::d_*_out), as in training.
+// gradients go to buffers allocated once (MoeFfnBackwardOptions::d_*_out), as in training, in fp32
+// and in bf16 (--grad-dtype; one row each: the row's dtype column says which).
 #include <cstdio>
 #include <random>
 
@@ -37,7 +38,10 @@ Tensor random_bf16(const std::vector<int64_t>& shape, std::mt19937_64& rng, floa
   return b;
 }
 
-int run(const BenchOptions& opt, bool all, double ref_max_gflop) {
+int run(const BenchOptions& opt, bool all, double ref_max_gflop, const std::string& grads) {
+  std::vector<DType> grad_dtypes;
+  if (grads != "bf16") grad_dtypes.push_back(DType::f32);
+  if (grads != "fp32") grad_dtypes.push_back(DType::bf16);
   for (const Shape& s : kShapes)
     for (int64_t T : kTokens) {
       std::string name = std::string(s.name) + "-T" + std::to_string(T);
@@ -54,52 +58,55 @@ int run(const BenchOptions& opt, bool all, double ref_max_gflop) {
       moe::MoeExperts ex = moe::MoeExperts::from_stacked(gate, up, down, moe::WeightLayout::EHI);
       gemm::PackedB rp = gemm::prepack(router, gemm::BLayout::NK);
       auto saved = moe::moe_ffn_forward_train(x, w, o).saved;
-      // Gradient buffers kept across calls, as a training loop does (see MoeFfnBackwardOptions).
-      moe::MoeFfnBackwardOptions bo;
-      bo.d_gate_out = Tensor::empty(DType::f32, {s.E, s.H, s.I});
-      bo.d_up_out = Tensor::empty(DType::f32, {s.E, s.H, s.I});
-      bo.d_down_out = Tensor::empty(DType::f32, {s.E, s.I, s.H});
       const int reps = opt.repeats > 0 ? opt.repeats : (T >= 512 ? 3 : 5);
       double fwd_ms = time_median_ms([&] { moe::moe_ffn(x, rp, ex, o); }, reps);
       double fwd_train_ms = time_median_ms([&] { moe::moe_ffn_forward_train(x, w, o); }, reps);
+      const double fwd_cpu = gemmbench::cpu_ms_per_call([&] { moe::moe_ffn(x, rp, ex, o); }, 2);
       const double pairs = double(saved.plan.token.size());
       const double fwd_flops = 2.0 * pairs * 3.0 * double(s.H) * double(s.I) + 2.0 * double(T) * double(s.H) * double(s.E);
       const double bwd_flops = 2.0 * fwd_flops;
-      const bool with_ref = !opt.no_ref && bwd_flops * 1e-9 <= ref_max_gflop;
-      Timing tm = time_interleaved([&] { moe::moe_ffn_backward(dy, x, w, saved, o, bo); },
-                                   with_ref ? std::function<void()>([&] { moe::ref::moe_ffn_backward(dy, x, w, o); }) : nullptr, reps, with_ref ? 1 : 0);
-      // Idle-machine estimates from process CPU time (the machine is shared; see cpu_ms_per_call).
-      const double fwd_cpu = gemmbench::cpu_ms_per_call([&] { moe::moe_ffn(x, rp, ex, o); }, 2);
-      const double bwd_cpu = gemmbench::cpu_ms_per_call([&] { moe::moe_ffn_backward(dy, x, w, saved, o, bo); }, 2);
       const double nt = double(num_threads());
-      BenchResult r;
-      r.name = name;
-      r.shape = "H" + std::to_string(s.H) + " I" + std::to_string(s.I) + " E" + std::to_string(s.E) + " k" + std::to_string(s.K);
-      r.dtype = "bf16";
-      r.threads = num_threads();
-      r.ms = tm.fast_ms;
-      r.ref_ms = tm.ref_ms;
-      r.gflops = bwd_flops / (tm.fast_ms * 1e6);
-      double peak = matrix_peak_gflops("bf16", r.threads);
-      r.peak_fraction = peak > 0 ? r.gflops / peak : 0;
-      r.kernel = gemm::kernel_name(DType::bf16, DType::bf16, T);
-      r.extra["fwd_ms"] = fwd_ms;
-      r.extra["fwd_train_ms"] = fwd_train_ms;
-      r.extra["bwd_over_fwd"] = tm.fast_ms / fwd_ms;
-      r.extra["bwd_over_fwd_train"] = tm.fast_ms / fwd_train_ms;
-      r.extra["ref_skipped"] = !with_ref;
-      r.extra["fwd_cpu_ms"] = fwd_cpu;
-      r.extra["bwd_cpu_ms"] = bwd_cpu;
-      r.extra["cpu_bwd_over_fwd"] = bwd_cpu / fwd_cpu;
-      r.extra["cpu_gflops"] = bwd_flops / (bwd_cpu / nt * 1e6);
-      report(opt, r);
-      if (!opt.json)
-        std::printf("  %-26s forward moe_ffn %.3f ms, training forward %.3f ms: backward / forward = %.2fx (target <= 2.5x)%s\n", "", fwd_ms,
-                    fwd_train_ms, tm.fast_ms / fwd_ms, with_ref ? "" : "; reference skipped (> --ref-max-gflop)");
-      if (!opt.json)
+      for (DType gdt : grad_dtypes) {
+        // Gradient buffers kept across calls, as a training loop does (see MoeFfnBackwardOptions).
+        moe::MoeFfnBackwardOptions bo;
+        bo.weight_grad_dtype = gdt;
+        bo.d_gate_out = Tensor::empty(gdt, {s.E, s.H, s.I});
+        bo.d_up_out = Tensor::empty(gdt, {s.E, s.H, s.I});
+        bo.d_down_out = Tensor::empty(gdt, {s.E, s.I, s.H});
+        const bool with_ref = !opt.no_ref && gdt == grad_dtypes[0] && bwd_flops * 1e-9 <= ref_max_gflop;
+        Timing tm = time_interleaved([&] { moe::moe_ffn_backward(dy, x, w, saved, o, bo); },
+                                     with_ref ? std::function<void()>([&] { moe::ref::moe_ffn_backward(dy, x, w, o); }) : nullptr, reps, with_ref ? 1 : 0);
+        // Idle-machine estimates from process CPU time (the machine is shared; see cpu_ms_per_call).
+        const double bwd_cpu = gemmbench::cpu_ms_per_call([&] { moe::moe_ffn_backward(dy, x, w, saved, o, bo); }, 2);
+        BenchResult r;
+        r.name = name;
+        r.shape = "H" + std::to_string(s.H) + " I" + std::to_string(s.I) + " E" + std::to_string(s.E) + " k" + std::to_string(s.K);
+        r.dtype = std::string("bf16, dW ") + (gdt == DType::bf16 ? "bf16" : "fp32");
+        r.threads = num_threads();
+        r.ms = tm.fast_ms;
+        r.ref_ms = tm.ref_ms;
+        r.gflops = bwd_flops / (tm.fast_ms * 1e6);
+        double peak = matrix_peak_gflops("bf16", r.threads);
+        r.peak_fraction = peak > 0 ? r.gflops / peak : 0;
+        r.kernel = gemm::kernel_name(DType::bf16, DType::bf16, T);
+        r.extra["weight_grad_dtype"] = dtype_name(gdt);
+        r.extra["fwd_ms"] = fwd_ms;
+        r.extra["fwd_train_ms"] = fwd_train_ms;
+        r.extra["bwd_over_fwd"] = tm.fast_ms / fwd_ms;
+        r.extra["bwd_over_fwd_train"] = tm.fast_ms / fwd_train_ms;
+        r.extra["ref_skipped"] = !with_ref;
+        r.extra["fwd_cpu_ms"] = fwd_cpu;
+        r.extra["bwd_cpu_ms"] = bwd_cpu;
+        r.extra["cpu_bwd_over_fwd"] = bwd_cpu / fwd_cpu;
+        r.extra["cpu_gflops"] = bwd_flops / (bwd_cpu / nt * 1e6);
+        report(opt, r);
+        if (opt.json) continue;
+        std::printf("  %-26s dW %s: forward moe_ffn %.3f ms, training forward %.3f ms: backward / forward = %.2fx (target <= 2.5x)%s\n", "",
+                    dtype_name(gdt), fwd_ms, fwd_train_ms, tm.fast_ms / fwd_ms, with_ref ? "" : "; reference skipped");
         std::printf("  %-26s cpu: forward %.1f ms, backward %.1f ms per call -> idle estimates %.1f / %.1f ms (%.0f GFLOP/s): "
                     "backward / forward = %.2fx\n",
                     "", fwd_cpu, bwd_cpu, fwd_cpu / nt, bwd_cpu / nt, bwd_flops / (bwd_cpu / nt * 1e6), bwd_cpu / fwd_cpu);
+      }
     }
   return 0;
 }
@@ -107,9 +114,13 @@ int run(const BenchOptions& opt, bool all, double ref_max_gflop) {
 RegisterBench reg("moe_ffn_backward", "Backward of the whole MoE layer vs its forward (moe_ffn) and the reference", [](CLI::App* sub, const BenchOptions& opt) {
   auto all = std::make_shared<bool>(false);
   auto ref_max = std::make_shared<double>(2.0);
+  auto grads = std::make_shared<std::string>("both");
   sub->add_flag("--all", *all, "Every case (3 layer shapes x T in 1, 16, 128, 512, 2048); default: qwen3-30b-a3b-T16 and -T512");
   sub->add_option("--ref-max-gflop", *ref_max, "Run the fp64 reference only for cases up to this many GFLOP")->capture_default_str();
-  return std::function<int()>([&opt, all, ref_max] { return run(opt, *all, *ref_max); });
+  sub->add_option("--grad-dtype", *grads, "Expert weight gradients in fp32, bf16 or both (one row each)")
+      ->check(CLI::IsMember({"fp32", "bf16", "both"}))
+      ->capture_default_str();
+  return std::function<int()>([&opt, all, ref_max, grads] { return run(opt, *all, *ref_max, *grads); });
 });
 
 }  // namespace
