@@ -84,10 +84,12 @@ bool route_row_scalar(const RouterSpec& s, GatingResult& r, int64_t row, RouterS
   const int64_t E = s.E, k = s.k;
   float *xr = b.xr, *sc = b.sc, *key = b.key, *kv = b.kv, *vals = b.vals;
   load_f32(s.x, row * E, xr, E);
-  bool finite = true;
-  for (int64_t e = 0; e < E; ++e) finite &= std::isfinite(xr[e]);
-  if (!finite) return false;
   const uint8_t* al = s.allowed ? s.allowed + row * E : nullptr;
+  bool finite = true;
+  int64_t allowed = 0;
+  for (int64_t e = 0; e < E; ++e) finite &= std::isfinite(xr[e]);
+  if (al) for (int64_t e = 0; e < E; ++e) allowed += al[e] != 0;
+  if (!finite || (al && allowed < k)) return false;
   if (s.select != Select::topk_softmax) {
     if (s.sigmoid) {
       for (int64_t e = 0; e < E; ++e) sc[e] = 1.f / (1.f + std::exp(-xr[e]));
@@ -131,16 +133,16 @@ bool route_fast(const RouterSpec& s, GatingResult& r) {
   int64_t chunk = std::max<int64_t>(16, 4096 / std::max<int64_t>(s.E, 1));
   int64_t nt = num_threads();
   if (s.R <= chunk * nt) chunk = std::max<int64_t>(1, (s.R + nt - 1) / nt);
-  std::atomic<bool> finite{true};
+  std::atomic<bool> valid{true};
   parallel_for_dynamic((s.R + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
     RouterScratch b(s);
     int64_t r0 = c0 * chunk, r1 = std::min(s.R, c1 * chunk);
     bool ok = true;
     if (vec) ok = route_rows_avx512(s, r, r0, r1, b);
     else for (int64_t row = r0; row < r1; ++row) ok &= route_row_scalar(s, r, row, b);
-    if (!ok) finite.store(false, std::memory_order_relaxed);
+    if (!ok) valid.store(false, std::memory_order_relaxed);
   });
-  return finite.load();
+  return valid.load();
 }
 
 static GatingResult run(const char* op, RouterSpec& s, const TensorView& x, bool force_ref) {
@@ -148,11 +150,11 @@ static GatingResult run(const char* op, RouterSpec& s, const TensorView& x, bool
   scope.kernel(force_ref ? "ref" : s.k <= 16 && cpu::has(cpu::Isa::avx512) ? "avx512_rows" : "fp32_rows").args(x.shape_str()).bytes(double(x.nbytes()));
   GatingResult r = alloc_outputs(s, x);
   if (force_ref) {
-    check_finite(op, "x", s.x);
+    check_rows(op, s);
     route_ref(s, r);
     fill_row_idx(s, r);
   } else if (!route_fast(s, r)) {
-    check_finite(op, "x", s.x);  // throws, naming the first non-finite element
+    check_rows(op, s);  // throws, naming the first bad row or element
   }
   return r;
 }

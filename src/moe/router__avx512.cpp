@@ -170,7 +170,7 @@ void limit_groups_vec(const RouterSpec& s, float* key, float* gs) {
 }  // namespace
 
 bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
-  bool finite = true;
+  bool valid = true;
   const int64_t E = s.E, k = s.k, nv = (E + 15) / 16;
   const bool on_x = select_on_logits(s), groups = limits_groups(s);
   const bool softmax = s.select != Select::topk_softmax && !s.sigmoid;
@@ -196,7 +196,12 @@ bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t
       if (on_x && (al || groups)) _mm512_store_ps(b.key + 16 * v, xa);  // else the key is xr itself
       vmax = _mm512_max_ps(vmax, xa);
     }
-    if (bad) { finite = false; continue; }
+    if (al) {
+      int n = 0;
+      for (int64_t v = 0; v < nv; ++v) n += __builtin_popcount(b.amask[v]);
+      bad |= n < k;
+    }
+    if (bad) { valid = false; continue; }
     // Pass 2: scores (softmax over the allowed: unnormalised exps and their sum; sigmoid) and,
     // when selection is not on the logits, the key: score (+ bias), -inf where disallowed.
     float inv = 1.f;
@@ -255,7 +260,7 @@ bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t
                                                                                       : _mm512_load_ps(b.sc + 16 * v));
     }
   }
-  return finite;
+  return valid;
 }
 
 }  // namespace ot::moe::impl

@@ -17,12 +17,17 @@ static void plan_common(RouterSpec& s, const char* op, const TensorView& x, int6
     check_dtype(op, "allowed", allowed, DType::u8);
     OT_CHECK(allowed.shape() == x.shape(), op, "allowed", "the shape of x", allowed.shape_str(), " vs ", x.shape_str());
     TensorView a = contig(allowed, s.hold_allowed);
-    s.allowed = a.ptr<uint8_t>();
-    for (int64_t r = 0; r < s.R; ++r) {
-      int64_t n = 0;
-      for (int64_t e = 0; e < s.E; ++e) n += s.allowed[r * s.E + e] != 0;
-      OT_CHECK(n >= k, op, "allowed", detail::cat("at least k = ", k, " allowed experts per token"), n, " in row ", r);
-    }
+    s.allowed = a.ptr<uint8_t>();  // rows allowing >= k experts: checked like x (see RouterSpec::x)
+  }
+}
+
+void check_rows(const char* op, const RouterSpec& s) {
+  check_finite(op, "x", s.x);
+  if (!s.allowed) return;
+  for (int64_t r = 0; r < s.R; ++r) {
+    int64_t n = 0;
+    for (int64_t e = 0; e < s.E; ++e) n += s.allowed[r * s.E + e] != 0;
+    OT_CHECK(n >= s.k, op, "allowed", detail::cat("at least k = ", s.k, " allowed experts per token"), n, " in row ", r);
   }
 }
 

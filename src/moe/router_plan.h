@@ -21,20 +21,23 @@ struct RouterSpec {
   const uint8_t* allowed = nullptr;   // [R, E]
   bool row_idx = false, scores = false;
   Tensor hold_x, hold_fin, hold_allowed;  // contiguous copies of strided inputs
-  // Contiguous [R, E]. It must be finite: the reference checks that first; the fast executor checks
-  // each row as it loads it (no second pass over x) and, when a row is not, the entry point calls
-  // check_finite, which throws naming the index (only the call's own fresh outputs were written).
+  // Contiguous [R, E]. Each row must be finite and allow >= k experts: the reference runs check_rows
+  // first; the fast executor checks each row as it loads it (no second pass over x and the mask)
+  // and, when one fails, the entry point runs check_rows, which throws naming the row or index
+  // (only the call's own fresh outputs were written by then).
   TensorView x;
 };
 
 RouterSpec plan_softmax(const char* op, const TensorView& x, int64_t k, const TensorView& finished, const TensorView& allowed);
 RouterSpec plan_gating(const TensorView& x, const GatingTopKOptions& opt);
+// Throws on the first row of x that is not finite or allows fewer than k experts.
+void check_rows(const char* op, const RouterSpec& s);
 // Allocates the outputs of a planned call ([.., k] for y / ids / row_idx, [.., E] for scores).
 GatingResult alloc_outputs(const RouterSpec& s, const TensorView& x);
 // Fills the k-major row_idx (v1).
 void fill_row_idx(const RouterSpec& s, GatingResult& r);
 
-// Executors: fast (parallel, fp32; false when some row of x is not finite) and reference (plain, fp64).
+// Executors: fast (parallel, fp32; false when some row fails check_rows) and reference (plain, fp64).
 bool route_fast(const RouterSpec& s, GatingResult& r);
 void route_ref(const RouterSpec& s, GatingResult& r);
 
@@ -62,12 +65,12 @@ struct RouterScratch {
   void* mem;
 };
 // One row, scalar: the fallback of the vector kernel and the path of non-AVX-512 machines.
-// False (nothing written) when the row is not finite.
+// False (nothing written) when the row fails check_rows.
 bool route_row_scalar(const RouterSpec& s, GatingResult& r, int64_t row, RouterScratch& b);
 // Writes ids (E for finished rows), y (cast to x's dtype) and the v1 row_idx of one row.
 void write_row(const RouterSpec& s, GatingResult& r, int64_t row, const int32_t* ids, const float* vals);
 // Rows [r0, r1) with AVX-512 (k <= 16); rows it cannot decide exactly go to route_row_scalar.
-// False when some row is not finite.
+// False when some row fails check_rows.
 bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 
 }  // namespace ot::moe::impl

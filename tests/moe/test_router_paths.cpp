@@ -116,7 +116,7 @@ TEST(MoeRouterPaths, AllowedMaskAndMaskedGroups) {
   }
 }
 
-TEST(MoeRouterPaths, NonFiniteRowAnywhereIsAnError) {
+TEST(MoeRouterPaths, BadRowAnywhereIsAnError) {
   for (cpu::Isa isa : paths()) {
     cpu::ScopedMaxIsa cap(isa);
     for (int64_t row : {0, 300, 999}) {
@@ -126,6 +126,14 @@ TEST(MoeRouterPaths, NonFiniteRowAnywhereIsAnError) {
       GatingTopKOptions o;
       o.k = 4; o.norm_type = 1;
       EXPECT_OT_ERROR(moe_gating_top_k(x, o), "x");
+      // A row allowing fewer than k experts.
+      Tensor ok = randn(DType::f32, {1000, 40}, 3);
+      Tensor allowed = Tensor::empty(DType::u8, {1000, 40});
+      for (int64_t i = 0; i < 1000 * 40; ++i) allowed.ptr<uint8_t>()[i] = i / 40 != row || i % 40 < 3;
+      EXPECT_OT_ERROR(moe_gating_top_k_softmax(ok, 4, {}, allowed), "allowed");
+      o.allowed = allowed;
+      EXPECT_OT_ERROR(moe_gating_top_k(ok, o), "allowed");
+      EXPECT_NO_THROW(moe_gating_top_k_softmax(ok, 3, {}, allowed));
     }
   }
 }
