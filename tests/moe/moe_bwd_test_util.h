@@ -4,8 +4,10 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "ot/error.h"
 #include "ot/tensor.h"
 
 namespace ot::moe::bwdtest {
@@ -45,6 +47,16 @@ inline double rel_err(const std::vector<double>& a, const std::vector<double>& b
 inline double rel_err(const TensorView& a, const TensorView& b) { return rel_err(to_vec(a), to_vec(b)); }
 // Tolerance of a fast-vs-reference comparison for outputs stored in `t`.
 inline double tol(DType t) { return t == DType::f32 ? 2e-5 : (t == DType::bf16 ? 2e-2 : 4e-3); }
+
+// The argument an ot::Error names when f throws ("no error" when it does not).
+inline std::string err_arg(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.arg();
+  }
+  return "no error";
+}
 
 // Central differences of f at p (each coordinate perturbed by h * max(1, |p_i|)).
 inline std::vector<double> fd_grad(std::vector<double>& p, const std::function<double()>& f, double h = 1e-6) {

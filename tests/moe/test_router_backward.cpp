@@ -180,15 +180,6 @@ TEST(LossBackward, AuxAndZ) {
   }
 }
 
-std::string err_arg(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.arg();
-  }
-  return "no error";
-}
-
 TEST(RouterBackwardErrors, BadInputNamesTheArgument) {
   Tensor x = randn(DType::f32, {3, 4}, 1), dy = randn(DType::f32, {3, 2}, 2);
   Tensor ids = ints(DType::i32, {3, 2}, {0, 1, 2, 3, 1, 0});

@@ -209,15 +209,6 @@ TEST(FinalizeRoutingBackward, AllModesFdAndFast) {
   }
 }
 
-std::string err_arg(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.arg();
-  }
-  return "no error";
-}
-
 TEST(RoutingBackwardErrors, BadInputNamesTheArgument) {
   Tensor d = randn(DType::f32, {6, 4}, 1);
   EXPECT_EQ(err_arg([&] { moe_token_permute_backward(d, randn(DType::f32, {6}, 2), 2); }), "sorted_indices");
