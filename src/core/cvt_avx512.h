@@ -1,8 +1,6 @@
 // AVX-512 bf16/fp16 <-> fp32 conversions of 16 lanes (round to nearest even, NaN kept quiet).
 // Only for translation units built with the AVX-512 flags (*__avx512*.cpp).
 #pragma once
-// GCC 12 reports its own intrinsics' undefined-operand idiom as maybe-uninitialized.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 namespace ot::simd {

@@ -1,6 +1,5 @@
 // AVX-512 pieces of the backward forms: the 16x16 dword transpose that packs W^T panels, and the
 // tile store with streaming writes for weight gradients.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <cstring>

@@ -1,7 +1,6 @@
 // AVX-512 BF16 micro-kernel: MR x 48 fp32 tile, vdpbf16ps on k-pairs (one 32-bit broadcast of
 // A's pair, three loads of the vnni B panel, 3*MR dot products per pair). Also the decode path
 // (M = 1..4), where it streams the weights at memory speed.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <cstring>

@@ -1,6 +1,5 @@
 // AVX-512 fp32 micro-kernel: MR x 48 register tile (3 zmm per row, up to 8 rows = 24 accumulators),
 // one broadcast of A and three loads of the B panel per k.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "src/gemm/internal.h"

@@ -2,8 +2,6 @@
 // exp: Cody-Waite reduction + degree-6 polynomial (~1 ulp); erf: Abramowitz-Stegun 7.1.26
 // (|error| < 1.5e-7), enough for fp32 outputs of the exact-erf GELU.
 #pragma once
-// GCC 12 reports its own intrinsics' undefined-operand idiom as maybe-uninitialized.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "ot/gemm.h"

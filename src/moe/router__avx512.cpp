@@ -9,8 +9,6 @@
 #include <limits>
 
 #include "src/core/cvt_avx512.h"
-// GCC 12 flags its own mask-reduce intrinsics' undefined-operand idiom.
-#pragma GCC diagnostic ignored "-Wuninitialized"
 #include "src/moe/common.h"
 #include "src/moe/router_plan.h"
 
