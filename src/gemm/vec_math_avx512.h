@@ -1,5 +1,5 @@
 // 16-lane exp / erf / activations for the AVX-512 epilogue (only *__avx512*.cpp include this).
-// exp: Cody-Waite reduction + degree-6 polynomial (~1 ulp); erf: Abramowitz-Stegun 7.1.26
+// exp: Cody-Waite reduction + degree-7 polynomial (~1 ulp); erf: Abramowitz-Stegun 7.1.26
 // (|error| < 1.5e-7), enough for fp32 outputs of the exact-erf GELU.
 #pragma once
 #include <immintrin.h>
@@ -8,12 +8,15 @@
 
 namespace ot::gemm::vm {
 
-inline __m512 exp(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-87.3365447504f));
+// e^x without a clamp: x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite), degree-7 Taylor polynomial
+// of e^r, scaled by 2^n (vscalefps underflows to 0 and overflows to inf cleanly); about 1 ulp for
+// x in [-104, 89], NaN for x = -inf. The one vector exp of the project (epilogues, routers).
+inline __m512 exp_unclamped(__m512 x) {
   __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
@@ -21,6 +24,11 @@ inline __m512 exp(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
   return _mm512_scalef_ps(p, n);
+}
+
+// e^x clamped to the normal fp32 range (activations never see inf or denormals from it).
+inline __m512 exp(__m512 x) {
+  return exp_unclamped(_mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-87.3365447504f)));
 }
 
 inline __m512 silu(__m512 x) {

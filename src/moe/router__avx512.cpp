@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "src/core/cvt_avx512.h"
+#include "src/gemm/vec_math_avx512.h"
 #include "src/moe/common.h"
 #include "src/moe/router_plan.h"
 
@@ -18,23 +19,11 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kMaxCand = 64;
 
-// e^x, about 1 ulp: x = n ln2 + r with |r| <= ln2 / 2, degree-7 Taylor polynomial of e^r, scaled by
-// 2^n (vscalefps underflows to 0 and overflows to inf cleanly). Unclamped (Clamp = false) it is
-// exact enough for x in [-104, 89] (finite softmax arguments, <= 0) and NaN for x = -inf.
+// e^x (gemm::vm::exp_unclamped); Clamp limits x to [-104, 89], where it is about 1 ulp. Unclamped
+// it serves finite softmax arguments (<= 0) and gives NaN for x = -inf.
 template <bool Clamp = true> inline __m512 exp_ps(__m512 x) {
   if (Clamp) x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.f)), _mm512_set1_ps(89.f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
+  return gemm::vm::exp_unclamped(x);
 }
 // 1 / (1 + e^-x): reciprocal estimate (2^-14) and one Newton step (about 1 ulp; vdivps is slow).
 inline __m512 sigmoid_ps(__m512 x) {
