@@ -1,0 +1,113 @@
+// dispatch + local experts + combine == the single-process MoE on the concatenated tokens: fp32 bit
+// for bit (per-slot combine), bf16 within tolerance, skewed routing with empty ranks, and the seam
+// to the MoE layer's own expert FFN.
+#include "ep_test_util.h"
+
+#include <cmath>
+#include <cstring>
+
+using namespace ot;
+using namespace ot::ep;
+using namespace ot::ep::test;
+
+TEST(EpEndToEnd, Fp32BitExactAndForms) {
+  Case c;
+  c.E = two_per_rank();
+  Experts ex(c.E, c.H, 8);
+  auto in = make_inputs(c, W(), 2);
+  auto want = single_process(in, ex, c.E, DType::f32);
+  Comm comm(c.E);
+  DispatchOptions o;
+  o.moe_expert_num = c.E;
+  o.dedup_combine = false;  // per-slot return, k-order sum: bit-identical
+  Tensor got = run_blocking(comm, mine_of(in), ex, o);
+  EXPECT_TRUE(bit_equal(got, mine_of(want))) << norm_err(got, mine_of(want));
+  o.dedup_combine = true;  // partial sums on the expert rank: rounding differs
+  EXPECT_LE(norm_err(run_blocking(comm, mine_of(in), ex, o), mine_of(want)), 1e-6);
+  o.dispatcher = Dispatcher::all_gather;
+  EXPECT_LE(norm_err(run_blocking(comm, mine_of(in), ex, o), mine_of(want)), 1e-6);
+}
+
+TEST(EpEndToEnd, Bf16WithinTolerance) {
+  Case c;
+  c.dtype = DType::bf16;
+  c.E = 4 * W();
+  c.K = 4;
+  c.H = 32;
+  Experts ex(c.E, c.H, 16);
+  auto in = make_inputs(c, W(), 3);
+  auto want = single_process(in, ex, c.E, DType::f32);
+  Comm comm(c.E);
+  for (Dispatcher disp : kDispatchers)
+    for (bool dedup : {true, false}) {
+      DispatchOptions o;
+      o.moe_expert_num = c.E;
+      o.dispatcher = disp;
+      o.dedup_combine = dedup;
+      Tensor got = run_blocking(comm, mine_of(in), ex, o);
+      EXPECT_EQ(got.dtype(), DType::bf16);
+      EXPECT_LE(norm_err(got, mine_of(want)), 1.5e-2) << dispatcher_name(disp) << " dedup=" << dedup;
+    }
+}
+
+TEST(EpEdge, AllTokensToOneRankAndEmptyRanks) {
+  Case c;
+  c.E = two_per_rank();
+  c.K = 2;
+  c.bs = [](int r) { return int64_t(r % 2 == 0 ? 0 : 5 + r); };
+  c.pool = [](int, int64_t) { return std::vector<int>{0, 1}; };  // rank 0's experts only
+  Experts ex(c.E, c.H, 8);
+  auto in = make_inputs(c, W(), 9);
+  auto want = single_process(in, ex, c.E, DType::f32);
+  Comm comm(c.E);
+  for (Dispatcher disp : kDispatchers) {
+    DispatchOptions o;
+    o.moe_expert_num = c.E;
+    o.dispatcher = disp;
+    DispatchResult d;
+    Tensor got = run_blocking(comm, mine_of(in), ex, o, &d);
+    EXPECT_LE(norm_err(got, mine_of(want)), 1e-6);
+    if (me() != 0) {
+      EXPECT_EQ(d.expand_x.size(0), 0);
+    }
+  }
+}
+
+// The seam to the MoE layer: ep_moe_ffn on moe::moe_expert_ffn over this rank's slice of the
+// expert store equals the MoE layer's own single-process path on the concatenated tokens.
+TEST(EpMoeSeam, MoeExpertFfnMatchesSingleProcessMoe) {
+  Case c;
+  c.E = two_per_rank();
+  c.bs = [](int r) { return int64_t(r == 2 ? 0 : 5 + 2 * r); };
+  const int64_t I = 8, L = c.E / W();
+  Rng g(4242);
+  const float sh = 1 / std::sqrt(float(c.H)), si = 1 / std::sqrt(float(I));
+  Tensor gu = uniform({c.E, c.H, 2 * I}, g, -sh, sh), dn = uniform({c.E, I, c.H}, g, -si, si);
+  moe::MoeExperts all = moe::MoeExperts::from_fused(gu, dn, moe::WeightLayout::EHI);
+  moe::MoeExperts local = moe::MoeExperts::from_fused(gu.view().narrow(0, me() * L, L), dn.view().narrow(0, me() * L, L), moe::WeightLayout::EHI);
+  auto in = make_inputs(c, W(), 12);
+  // Single process: all tokens, the MoE layer's routing plan and expert FFN.
+  int64_t N = 0, mine0 = 0;
+  for (int r = 0; r < W(); ++r) {
+    if (r == me()) mine0 = N;
+    N += c.bs(r);
+  }
+  std::vector<Tensor> cat = {Tensor::empty(DType::f32, {N, c.H}), Tensor::empty(DType::i32, {N, c.K}), Tensor::empty(DType::f32, {N, c.K})};
+  for (size_t i = 0; i < cat.size(); ++i)  // every input is 4-byte
+    for (int r = 0, o = 0; r < W(); o += int(c.bs(r)), ++r)
+      std::memcpy(cat[i].ptr<char>() + o * cat[i].size(1) * 4, in[size_t(r)][i].ptr<char>(), size_t(c.bs(r) * cat[i].size(1)) * 4);
+  Comm comm(c.E);
+  moe::RoutingPlan plan = moe::moe_routing_plan(cat[1], cat[2], c.E);
+  Tensor want = Tensor::zeros(DType::f32, {N, c.H});
+  moe::moe_expert_ffn(cat[0], all, plan.rows(), want, true);
+  const auto& mine = mine_of(in);
+  for (bool dedup : {false, true})
+    for (bool quant : {false, true}) {  // int8 rows go into the grouped GEMM as its int8 A operand
+      FfnOptions f;
+      f.dispatch.moe_expert_num = c.E;
+      f.dispatch.dedup_combine = dedup;
+      f.dispatch.quant_int8 = quant;
+      Tensor got = ep_moe_ffn(comm, mine[0], mine[1], mine[2], moe_experts(local), f);
+      EXPECT_LE(norm_err(got, want.view().narrow(0, mine0, c.bs(me()))), quant ? 3e-2 : 1e-5) << "dedup=" << dedup << " quant=" << quant;
+    }
+}

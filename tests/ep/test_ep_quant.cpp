@@ -1,0 +1,97 @@
+// int8 options: dynamic per-row int8 dispatch rows, int8 combine rows (comm_quant_mode 2) and
+// smooth-quant per-expert scales (spec 9.2).
+#include "ep_test_util.h"
+
+using namespace ot;
+using namespace ot::ep;
+using namespace ot::ep::test;
+
+TEST(EpQuant, Int8RowsWithinTolerance) {
+  Case c;
+  c.dtype = DType::bf16;
+  c.E = two_per_rank();
+  c.H = 32;
+  Experts ex(c.E, c.H, 16);
+  auto in = make_inputs(c, W(), 7);
+  auto want = single_process(in, ex, c.E, DType::f32);
+  Comm comm(c.E);
+  FfnOptions f;
+  f.dispatch.moe_expert_num = c.E;
+  f.dispatch.quant_int8 = true;
+  EXPECT_LE(norm_err(run_pipelined(comm, mine_of(in), ex, f), mine_of(want)), 3e-2);
+}
+
+// comm_quant_mode 2: combine rows travel as int8 with a per-row scale (dedup and per-slot forms);
+// within int8 tolerance of the single-process answer, fewer combine bytes.
+TEST(EpQuant, CombineInt8RowsWithinTolerance) {
+  Case c;
+  c.dtype = DType::bf16;
+  c.E = two_per_rank();
+  c.H = 64;
+  Experts ex(c.E, c.H, 16);
+  auto in = make_inputs(c, W(), 9);
+  auto want = single_process(in, ex, c.E, DType::f32);
+  Comm comm(c.E);
+  const auto& mine = mine_of(in);
+  for (bool dedup : {true, false}) {
+    DispatchOptions o;
+    o.moe_expert_num = c.E;
+    o.dedup_combine = dedup;
+    int64_t bytes[2] = {0, 0};
+    for (int q : {0, 2}) {
+      o.comm_quant_mode = q;
+      DispatchResult d = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
+      Tensor y = Tensor::empty(DType::bf16, {d.expand_x.size(0), c.H});
+      ex.local(comm.placement(), me())(batch_of(d, y));
+      PendingCombine pc = moe_distribute_combine_start(comm, y, d);
+      Tensor got = pc.wait();
+      bytes[q / 2] = pc.bytes_sent();
+      EXPECT_LE(norm_err(got, mine_of(want)), q ? 3e-2 : 1.5e-2) << "dedup=" << dedup << " comm_quant_mode=" << q;
+    }
+    if (bytes[0] > 0) {
+      EXPECT_LT(bytes[1], bytes[0] * 2 / 3) << "int8 rows: about half of bf16";
+    }
+  }
+  DispatchOptions bad;
+  bad.moe_expert_num = c.E;
+  bad.comm_quant_mode = me() == W() - 1 ? 1 : 0;
+  expect_all_throw("comm_quant_mode", [&] { moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], bad); });
+}
+
+// Smooth-quant scales (spec 9.2): each expand_x row is int8(x * scales[e + shared_expert_num]) with
+// its own dynamic scale, i.e. quantised per (token, expert); equal to the plain reference bit for
+// bit in every form. Given without quant_int8 on one rank: every rank fails.
+TEST(EpQuant, SmoothScalesPerTokenAndExpert) {
+  Case c;
+  c.dtype = DType::bf16;
+  c.E = two_per_rank();
+  c.H = 32;
+  auto in = make_inputs(c, W(), 13);
+  const auto& mine = mine_of(in);
+  Comm comm(c.E);
+  for (int shared_num : {0, 1}) {
+    Rng g(99);
+    Tensor smooth = uniform({c.E + shared_num, c.H}, g, 0.25f, 2.25f);
+    ref::RankExpand r = ref::dispatch(views(in), comm.placement(), me(), true, smooth, shared_num);
+    for (Dispatcher disp : kDispatchers)
+      for (bool split : {false, true}) {
+        DispatchOptions o;
+        o.moe_expert_num = c.E;
+        o.dispatcher = disp;
+        o.quant_int8 = true;
+        o.smooth_scales = smooth;
+        o.shared_expert_num = shared_num;
+        SCOPED_TRACE(::testing::Message() << dispatcher_name(disp) << " split=" << split << " shared_expert_num=" << shared_num);
+        DispatchResult d = split ? moe_distribute_dispatch_start(comm, mine[0], mine[1], mine[2], o).wait()
+                                 : moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
+        EXPECT_TRUE(bit_equal(d.expand_x, r.expand_x));
+        EXPECT_TRUE(bit_equal(d.dynamic_scales, r.dynamic_scales));
+        EXPECT_EQ(assist_of(d), r.assist);
+      }
+  }
+  DispatchOptions bad;
+  bad.moe_expert_num = c.E;
+  Tensor smooth = full({c.E, c.H}, 1.f);
+  if (me() == W() - 1) bad.smooth_scales = smooth;  // without quant_int8
+  expect_all_throw("smooth_scales", [&] { moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], bad); });
+}
