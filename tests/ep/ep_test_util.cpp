@@ -138,7 +138,8 @@ std::vector<Tensor> single_process(const Inputs& in, const Experts& ex, int64_t 
         if (i >= 0) {
           accumulate_f32(static_cast<const char*>(ys.view().data) + i * row_bytes, dt, w, acc.data(), H);
         } else {
-          for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += w * special(int(r), t, in[r][1].ptr<int32_t>()[t * K + k] - E, h);
+          const int64_t s = in[r][1].ptr<int32_t>()[t * K + k] - E;
+          for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += w * special(s, float(get_as_double(in[r][0], t * H + h)), h);
         }
       }
       for (int64_t h = 0; h < H; ++h) set_from_double(o, t * H + h, acc[size_t(h)]);
@@ -147,6 +148,9 @@ std::vector<Tensor> single_process(const Inputs& in, const Experts& ex, int64_t 
   }
   return out;
 }
+
+Scenario::Scenario(const Case& c_, int64_t I, uint64_t seed, const SpecialFn& special)
+    : c(c_), ex(c.E, c.H, I), in(make_inputs(c, W(), seed)), want(single_process(in, ex, c.E, DType::f32, special)), comm(c.E) {}
 
 double norm_err(const TensorView& a, const TensorView& b) {
   double m = 0, s = 1e-30;

@@ -61,11 +61,24 @@ struct Experts {
 };
 
 // Output at column h of special expert s (= id - E: zero, then copy, then const experts, spec 9.3)
-// for token t of rank r.
-using SpecialFn = std::function<float(int r, int64_t t, int64_t s, int64_t h)>;
+// for a token whose x (their ori_x) is ori_x at that column.
+using SpecialFn = std::function<float(int64_t s, float ori_x, int64_t h)>;
 // The single-process MoE on the concatenated tokens of all ranks: rows sorted by expert (stable in
 // (rank, token) order), one grouped SwiGLU FFN over all experts, then out[t] = sum_k w * y in k order.
 std::vector<Tensor> single_process(const Inputs& in, const Experts& ex, int64_t E, DType out_dtype, const SpecialFn& special = {});
+
+// The usual set-up of an end-to-end test: every rank's inputs, experts of intermediate size I, the
+// single-process answer and a Comm with the contiguous placement.
+struct Scenario {
+  Scenario(const Case& c, int64_t I, uint64_t seed, const SpecialFn& special = {});
+  Case c;
+  Experts ex;
+  Inputs in;
+  std::vector<Tensor> want;
+  Comm comm;
+  const std::vector<Tensor>& mine() const { return mine_of(in); }
+  const Tensor& mine_want() const { return mine_of(want); }
+};
 
 double norm_err(const TensorView& a, const TensorView& b);
 bool bit_equal(const TensorView& a, const TensorView& b);

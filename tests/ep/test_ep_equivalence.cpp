@@ -13,19 +13,16 @@ using namespace ot::ep::test;
 TEST(EpEndToEnd, Fp32BitExactAndForms) {
   Case c;
   c.E = two_per_rank();
-  Experts ex(c.E, c.H, 8);
-  auto in = make_inputs(c, W(), 2);
-  auto want = single_process(in, ex, c.E, DType::f32);
-  Comm comm(c.E);
+  Scenario s(c, 8, 2);
   DispatchOptions o;
   o.moe_expert_num = c.E;
   o.dedup_combine = false;  // per-slot return, k-order sum: bit-identical
-  Tensor got = run_blocking(comm, mine_of(in), ex, o);
-  EXPECT_TRUE(bit_equal(got, mine_of(want))) << norm_err(got, mine_of(want));
+  Tensor got = run_blocking(s.comm, s.mine(), s.ex, o);
+  EXPECT_TRUE(bit_equal(got, s.mine_want())) << norm_err(got, s.mine_want());
   o.dedup_combine = true;  // partial sums on the expert rank: rounding differs
-  EXPECT_LE(norm_err(run_blocking(comm, mine_of(in), ex, o), mine_of(want)), 1e-6);
+  EXPECT_LE(norm_err(run_blocking(s.comm, s.mine(), s.ex, o), s.mine_want()), 1e-6);
   o.dispatcher = Dispatcher::all_gather;
-  EXPECT_LE(norm_err(run_blocking(comm, mine_of(in), ex, o), mine_of(want)), 1e-6);
+  EXPECT_LE(norm_err(run_blocking(s.comm, s.mine(), s.ex, o), s.mine_want()), 1e-6);
 }
 
 TEST(EpEndToEnd, Bf16WithinTolerance) {
@@ -34,19 +31,16 @@ TEST(EpEndToEnd, Bf16WithinTolerance) {
   c.E = 4 * W();
   c.K = 4;
   c.H = 32;
-  Experts ex(c.E, c.H, 16);
-  auto in = make_inputs(c, W(), 3);
-  auto want = single_process(in, ex, c.E, DType::f32);
-  Comm comm(c.E);
+  Scenario s(c, 16, 3);
   for (Dispatcher disp : kDispatchers)
     for (bool dedup : {true, false}) {
       DispatchOptions o;
       o.moe_expert_num = c.E;
       o.dispatcher = disp;
       o.dedup_combine = dedup;
-      Tensor got = run_blocking(comm, mine_of(in), ex, o);
+      Tensor got = run_blocking(s.comm, s.mine(), s.ex, o);
       EXPECT_EQ(got.dtype(), DType::bf16);
-      EXPECT_LE(norm_err(got, mine_of(want)), 1.5e-2) << dispatcher_name(disp) << " dedup=" << dedup;
+      EXPECT_LE(norm_err(got, s.mine_want()), 1.5e-2) << dispatcher_name(disp) << " dedup=" << dedup;
     }
 }
 
@@ -56,17 +50,14 @@ TEST(EpEdge, AllTokensToOneRankAndEmptyRanks) {
   c.K = 2;
   c.bs = [](int r) { return int64_t(r % 2 == 0 ? 0 : 5 + r); };
   c.pool = [](int, int64_t) { return std::vector<int>{0, 1}; };  // rank 0's experts only
-  Experts ex(c.E, c.H, 8);
-  auto in = make_inputs(c, W(), 9);
-  auto want = single_process(in, ex, c.E, DType::f32);
-  Comm comm(c.E);
+  Scenario s(c, 8, 9);
   for (Dispatcher disp : kDispatchers) {
     DispatchOptions o;
     o.moe_expert_num = c.E;
     o.dispatcher = disp;
     DispatchResult d;
-    Tensor got = run_blocking(comm, mine_of(in), ex, o, &d);
-    EXPECT_LE(norm_err(got, mine_of(want)), 1e-6);
+    Tensor got = run_blocking(s.comm, s.mine(), s.ex, o, &d);
+    EXPECT_LE(norm_err(got, s.mine_want()), 1e-6);
     if (me() != 0) {
       EXPECT_EQ(d.expand_x.size(0), 0);
     }

@@ -29,12 +29,10 @@ ExpertBatch remote_rows(const ExpertBatch& all, const std::vector<PendingDispatc
 TEST(EpOverlap, SplitFormMatchesBlocking) {
   Case c;
   c.E = two_per_rank();
-  Experts ex(c.E, c.H, 8);
-  auto in = make_inputs(c, W(), 5);
-  auto want = single_process(in, ex, c.E, DType::f32);
-  Comm comm(c.E);
-  ExpertFn fn = ex.local(comm.placement(), me());
-  const auto& mine = mine_of(in);
+  Scenario s(c, 8, 5);
+  Comm& comm = s.comm;
+  ExpertFn fn = s.ex.local(comm.placement(), me());
+  const auto& mine = s.mine();
   for (bool dedup : {false, true}) {
     DispatchOptions o;
     o.moe_expert_num = c.E;
@@ -57,7 +55,7 @@ TEST(EpOverlap, SplitFormMatchesBlocking) {
     PendingCombine pc = moe_distribute_combine_start(comm, y, d);
     while (!pc.test()) comm.progress();
     Tensor got = pc.wait();
-    EXPECT_LE(norm_err(got, mine_of(want)), dedup ? 1e-6 : 0.0) << "dedup=" << dedup;
+    EXPECT_LE(norm_err(got, s.mine_want()), dedup ? 1e-6 : 0.0) << "dedup=" << dedup;
   }
 }
 
@@ -65,14 +63,11 @@ TEST(EpOverlap, PipelinedFfnMatchesSingleProcess) {
   Case c;
   c.E = two_per_rank();
   c.bs = [](int r) { return int64_t(r == 1 ? 0 : 6 + 3 * r); };
-  Experts ex(c.E, c.H, 8);
-  auto in = make_inputs(c, W(), 6);
-  auto want = single_process(in, ex, c.E, DType::f32);
-  Comm comm(c.E);
-  const auto& mine = mine_of(in);
+  Scenario s(c, 8, 6);
+  const auto& mine = s.mine();
   Tensor shared = Tensor::empty(DType::f32, {mine[0].size(0), c.H});
   for (int64_t i = 0; i < shared.numel(); ++i) shared.ptr<float>()[i] = 0.25f * float(i % 7);
-  Tensor expect = Tensor::copy_of(mine_of(want));
+  Tensor expect = Tensor::copy_of(s.mine_want());
   for (int64_t i = 0; i < expect.numel(); ++i) expect.ptr<float>()[i] += shared.ptr<float>()[i];
   for (int chunks : {1, 2, 3})
     for (Dispatcher disp : kDispatchers) {
@@ -82,7 +77,7 @@ TEST(EpOverlap, PipelinedFfnMatchesSingleProcess) {
       f.dispatch.dedup_combine = false;
       f.chunks = chunks;
       SCOPED_TRACE(::testing::Message() << dispatcher_name(disp) << " chunks=" << chunks);
-      EXPECT_LE(norm_err(run_pipelined(comm, mine, ex, f), mine_of(want)), disp == Dispatcher::all_to_all ? 0.0 : 1e-6);
-      EXPECT_LE(norm_err(run_pipelined(comm, mine, ex, f, shared), expect), 1e-6);
+      EXPECT_LE(norm_err(run_pipelined(s.comm, mine, s.ex, f), s.mine_want()), disp == Dispatcher::all_to_all ? 0.0 : 1e-6);
+      EXPECT_LE(norm_err(run_pipelined(s.comm, mine, s.ex, f, shared), expect), 1e-6);
     }
 }

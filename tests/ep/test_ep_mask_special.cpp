@@ -79,20 +79,16 @@ TEST(EpSpecial, ZeroCopyConstExperts) {
     for (size_t i = 0; i < p.size(); ++i) p[i] = int(i);
     return p;
   };
-  Experts ex(c.E, c.H, 8);
-  auto in = make_inputs(c, W(), 51);
   Rng g(5);
   Tensor a1 = uniform({Q}, g, -1, 1), a2 = uniform({Q}, g, -1, 1), v = uniform({Q, c.H}, g, -1, 1);
-  auto special = [&](int r, int64_t t, int64_t s, int64_t h) -> float {
-    if (s < Z) return 0.f;
-    const float ox = in[size_t(r)][0].ptr<float>()[t * c.H + h];
-    if (s < Z + C) return ox;
-    const int64_t q = s - Z - C;
+  Scenario s(c, 8, 51, [&](int64_t sp, float ox, int64_t h) -> float {
+    if (sp < Z) return 0.f;
+    if (sp < Z + C) return ox;
+    const int64_t q = sp - Z - C;
     return a1.ptr<float>()[q] * ox + a2.ptr<float>()[q] * v.ptr<float>()[q * c.H + h];
-  };
-  auto want = single_process(in, ex, c.E, DType::f32, special);
-  Comm comm(c.E);
-  const auto& mine = mine_of(in);
+  });
+  Comm& comm = s.comm;
+  const auto& mine = s.mine();
   DispatchOptions o;
   o.moe_expert_num = c.E;
   o.zero_expert_num = Z, o.copy_expert_num = C, o.const_expert_num = Q;
@@ -100,23 +96,23 @@ TEST(EpSpecial, ZeroCopyConstExperts) {
   ci.ori_x = mine[0];
   ci.const_expert_alpha_1 = a1, ci.const_expert_alpha_2 = a2, ci.const_expert_v = v;
   // Only routed slots arrive.
-  const int64_t routed_here = rows_arriving(in, comm.placement(), [&](int, int64_t, int64_t, int e) { return e < c.E; });
+  const int64_t routed_here = rows_arriving(s.in, comm.placement(), [&](int, int64_t, int64_t, int e) { return e < c.E; });
   for (Dispatcher disp : kDispatchers)
     for (bool dedup : {false, true}) {
       o.dispatcher = disp;
       o.dedup_combine = dedup;
       SCOPED_TRACE(::testing::Message() << dispatcher_name(disp) << " dedup=" << dedup);
       DispatchResult d;
-      Tensor got = run_blocking(comm, mine, ex, o, &d, ci);
+      Tensor got = run_blocking(comm, mine, s.ex, o, &d, ci);
       EXPECT_EQ(d.expand_x.size(0), routed_here);
-      if (disp == Dispatcher::all_to_all && !dedup) EXPECT_TRUE(bit_equal(got, mine_of(want))) << norm_err(got, mine_of(want));
-      else EXPECT_LE(norm_err(got, mine_of(want)), 1e-6);
+      if (disp == Dispatcher::all_to_all && !dedup) EXPECT_TRUE(bit_equal(got, s.mine_want())) << norm_err(got, s.mine_want());
+      else EXPECT_LE(norm_err(got, s.mine_want()), 1e-6);
     }
   FfnOptions f;
   f.dispatch = o;
   f.chunks = 2;
   f.const_expert_alpha_1 = a1, f.const_expert_alpha_2 = a2, f.const_expert_v = v;
-  EXPECT_LE(norm_err(run_pipelined(comm, mine, ex, f), mine_of(want)), 1e-6);
+  EXPECT_LE(norm_err(run_pipelined(comm, mine, s.ex, f), s.mine_want()), 1e-6);
   DispatchResult d = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
   Tensor y = Tensor::zeros(DType::f32, {d.expand_x.size(0), c.H});
   CombineInputs missing = ci;

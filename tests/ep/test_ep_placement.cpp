@@ -28,20 +28,17 @@ TEST(EpPlacement, RedundantCopiesSplitTokens) {
   c.K = 2;
   c.bs = [](int r) { return int64_t(10 + r); };
   c.pool = [](int, int64_t t) { return std::vector<int>{0, int(1 + t % 3)}; };
-  Experts ex(c.E, c.H, 8);
-  auto in = make_inputs(c, W(), 8);
-  auto want = single_process(in, ex, c.E, DType::f32);
-  Comm comm(c.E);
+  Scenario s(c, 8, 8);
   std::vector<std::vector<int>> copies;
   for (int64_t e = 0; e < c.E; ++e) copies.push_back({int(e / (c.E / W()))});
   for (int q = 1; q < W(); ++q) copies[0].push_back(q);
-  comm.set_placement(Placement::from_copies(c.E, W(), copies));
+  s.comm.set_placement(Placement::from_copies(c.E, W(), copies));
   DispatchOptions o;
   o.moe_expert_num = c.E;
   DispatchResult d;
-  Tensor got = run_blocking(comm, mine_of(in), ex, o, &d);
-  EXPECT_LE(norm_err(got, mine_of(want)), 1e-6);
-  int64_t hot = d.expert_token_nums.ptr<int64_t>()[comm.placement().local_index(me(), 0)];
+  Tensor got = run_blocking(s.comm, s.mine(), s.ex, o, &d);
+  EXPECT_LE(norm_err(got, s.mine_want()), 1e-6);
+  int64_t hot = d.expert_token_nums.ptr<int64_t>()[s.comm.placement().local_index(me(), 0)];
   EXPECT_GT(hot, 0);  // every copy receives part of expert 0's tokens
 }
 

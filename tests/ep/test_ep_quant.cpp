@@ -11,14 +11,11 @@ TEST(EpQuant, Int8RowsWithinTolerance) {
   c.dtype = DType::bf16;
   c.E = two_per_rank();
   c.H = 32;
-  Experts ex(c.E, c.H, 16);
-  auto in = make_inputs(c, W(), 7);
-  auto want = single_process(in, ex, c.E, DType::f32);
-  Comm comm(c.E);
+  Scenario s(c, 16, 7);
   FfnOptions f;
   f.dispatch.moe_expert_num = c.E;
   f.dispatch.quant_int8 = true;
-  EXPECT_LE(norm_err(run_pipelined(comm, mine_of(in), ex, f), mine_of(want)), 3e-2);
+  EXPECT_LE(norm_err(run_pipelined(s.comm, s.mine(), s.ex, f), s.mine_want()), 3e-2);
 }
 
 // comm_quant_mode 2: combine rows travel as int8 with a per-row scale (dedup and per-slot forms);
@@ -28,11 +25,9 @@ TEST(EpQuant, CombineInt8RowsWithinTolerance) {
   c.dtype = DType::bf16;
   c.E = two_per_rank();
   c.H = 64;
-  Experts ex(c.E, c.H, 16);
-  auto in = make_inputs(c, W(), 9);
-  auto want = single_process(in, ex, c.E, DType::f32);
-  Comm comm(c.E);
-  const auto& mine = mine_of(in);
+  Scenario s(c, 16, 9);
+  Comm& comm = s.comm;
+  const auto& mine = s.mine();
   for (bool dedup : {true, false}) {
     DispatchOptions o;
     o.moe_expert_num = c.E;
@@ -42,11 +37,11 @@ TEST(EpQuant, CombineInt8RowsWithinTolerance) {
       o.comm_quant_mode = q;
       DispatchResult d = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
       Tensor y = Tensor::empty(DType::bf16, {d.expand_x.size(0), c.H});
-      ex.local(comm.placement(), me())(batch_of(d, y));
+      s.ex.local(comm.placement(), me())(batch_of(d, y));
       PendingCombine pc = moe_distribute_combine_start(comm, y, d);
       Tensor got = pc.wait();
       bytes[q / 2] = pc.bytes_sent();
-      EXPECT_LE(norm_err(got, mine_of(want)), q ? 3e-2 : 1.5e-2) << "dedup=" << dedup << " comm_quant_mode=" << q;
+      EXPECT_LE(norm_err(got, s.mine_want()), q ? 3e-2 : 1.5e-2) << "dedup=" << dedup << " comm_quant_mode=" << q;
     }
     if (bytes[0] > 0) {
       EXPECT_LT(bytes[1], bytes[0] * 2 / 3) << "int8 rows: about half of bf16";
