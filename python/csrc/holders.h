@@ -70,11 +70,16 @@ struct EpCommHolder : torch::CustomClassHolder {
   std::vector<int64_t> local_experts() const { return comm->placement().local_experts(comm->ep_rank_id()); }
   // Contiguous shards plus extra copies of the hottest experts (ot::ep::Placement::rebalanced).
   void rebalance(const std::vector<int64_t>& load, int64_t extra_per_rank);
+  // Ranks [0, S) hold the shared expert (local expert id num_experts), the routed experts are
+  // contiguous over [S, W) (ot::ep::Placement::shared_ranks); 0: contiguous over all ranks.
+  void set_shared_expert_ranks(int64_t shared_expert_rank_num);
   int64_t last_bytes_sent() const { return bytes_sent; }
+  int64_t num_experts;  // routed experts
   std::unique_ptr<ot::ep::Comm> comm;
   struct Pending {
     ot::ep::DispatchResult result;
     at::Tensor x_active_mask;  // the dispatch's view points into it
+    ot::ep::DispatchOptions opt;  // combine's attributes must be the dispatch's
   };
   std::map<const void*, Pending> pending;
   int64_t bytes_sent = 0;

@@ -130,16 +130,24 @@ void ep_finalize();
 using EpDispatchOut = std::tuple<Tensor, OptTensor, Tensor, Tensor, Tensor, Tensor, OptTensor>;
 EpDispatchOut moe_distribute_dispatch(const Tensor& x, const Tensor& expert_ids, const c10::intrusive_ptr<EpCommHolder>& group_ep,
                                       int64_t ep_world_size, int64_t ep_rank_id, int64_t moe_expert_num, const OptTensor& scales,
-                                      const OptTensor& x_active_mask, const OptTensor& expert_scales, int64_t quant_mode,
-                                      int64_t expert_token_nums_type, c10::string_view comm_alg);
+                                      const OptTensor& x_active_mask, const OptTensor& expert_scales, int64_t shared_expert_num,
+                                      int64_t shared_expert_rank_num, int64_t quant_mode, int64_t expert_token_nums_type,
+                                      c10::string_view comm_alg, int64_t zero_expert_num, int64_t copy_expert_num,
+                                      int64_t const_expert_num, bool dedup_combine, int64_t comm_quant_mode);
 Tensor moe_distribute_combine(const Tensor& expand_x, const Tensor& expert_ids, const Tensor& assist_info_for_combine,
                               const Tensor& ep_send_counts, const Tensor& expert_scales,
                               const c10::intrusive_ptr<EpCommHolder>& group_ep, int64_t ep_world_size, int64_t ep_rank_id,
-                              int64_t moe_expert_num, const OptTensor& shared_expert_x);
+                              int64_t moe_expert_num, const OptTensor& shared_expert_x, const OptTensor& ori_x,
+                              const OptTensor& const_expert_alpha_1, const OptTensor& const_expert_alpha_2,
+                              const OptTensor& const_expert_v, int64_t shared_expert_num, int64_t shared_expert_rank_num,
+                              int64_t comm_quant_mode, int64_t zero_expert_num, int64_t copy_expert_num, int64_t const_expert_num);
 Tensor ep_moe_ffn(const Tensor& x, const Tensor& expert_ids, const OptTensor& expert_scales,
                   const c10::intrusive_ptr<EpCommHolder>& group_ep, const c10::intrusive_ptr<MoeExpertsHolder>& experts,
                   int64_t moe_expert_num, c10::string_view comm_alg, int64_t chunks, int64_t quant_mode,
-                  const OptTensor& shared_expert_x, const OptTensor& x_active_mask);
+                  const OptTensor& shared_expert_x, const OptTensor& x_active_mask, const OptTensor& scales,
+                  int64_t shared_expert_num, int64_t shared_expert_rank_num, bool dedup_combine, int64_t comm_quant_mode,
+                  int64_t zero_expert_num, int64_t copy_expert_num, int64_t const_expert_num, const OptTensor& const_expert_alpha_1,
+                  const OptTensor& const_expert_alpha_2, const OptTensor& const_expert_v);
 #endif
 
 // gdn_ops.cpp (fla names and argument order)

@@ -130,6 +130,7 @@ TORCH_LIBRARY(ops_transformer, m) {
       .def("num_local_experts", &EpCommHolder::num_local_experts)
       .def("local_experts", &EpCommHolder::local_experts)
       .def("rebalance", &EpCommHolder::rebalance)
+      .def("set_shared_expert_ranks", &EpCommHolder::set_shared_expert_ranks)
       .def("last_bytes_sent", &EpCommHolder::last_bytes_sent);
   m.def("ep_init() -> (int world_size, int rank)", OT_OP(ep_init));
   m.def("ep_finalize() -> ()", OT_OP(ep_finalize));
@@ -137,16 +138,24 @@ TORCH_LIBRARY(ops_transformer, m) {
   for (const char* v : {"", "_v2"}) {
     m.def((std::string("moe_distribute_dispatch") + v + "(Tensor x, Tensor expert_ids, __torch__.torch.classes.ops_transformer.EpComm group_ep, "
           "int ep_world_size, int ep_rank_id, int moe_expert_num, *, Tensor? scales=None, Tensor? x_active_mask=None, "
-          "Tensor? expert_scales=None, int quant_mode=0, int expert_token_nums_type=1, str comm_alg=\"\") -> (Tensor expand_x, "
+          "Tensor? expert_scales=None, int shared_expert_num=1, int shared_expert_rank_num=0, int quant_mode=0, "
+          "int expert_token_nums_type=1, str comm_alg=\"\", int zero_expert_num=0, int copy_expert_num=0, int const_expert_num=0, "
+          "bool dedup_combine=True, int comm_quant_mode=0) -> (Tensor expand_x, "
           "Tensor? dynamic_scales, Tensor assist_info_for_combine, Tensor expert_token_nums, Tensor ep_recv_counts, "
           "Tensor tp_recv_counts, Tensor? expand_scales)").c_str(), OT_OP(moe_distribute_dispatch));
     m.def((std::string("moe_distribute_combine") + v + "(Tensor expand_x, Tensor expert_ids, Tensor assist_info_for_combine, "
           "Tensor ep_send_counts, Tensor expert_scales, __torch__.torch.classes.ops_transformer.EpComm group_ep, int ep_world_size, int ep_rank_id, "
-          "int moe_expert_num, *, Tensor? shared_expert_x=None) -> Tensor").c_str(), OT_OP(moe_distribute_combine));
+          "int moe_expert_num, *, Tensor? shared_expert_x=None, Tensor? ori_x=None, Tensor? const_expert_alpha_1=None, "
+          "Tensor? const_expert_alpha_2=None, Tensor? const_expert_v=None, int shared_expert_num=1, int shared_expert_rank_num=0, "
+          "int comm_quant_mode=0, int zero_expert_num=0, int copy_expert_num=0, int const_expert_num=0) -> Tensor").c_str(),
+          OT_OP(moe_distribute_combine));
   }
   m.def("ep_moe_ffn(Tensor x, Tensor expert_ids, Tensor? expert_scales, __torch__.torch.classes.ops_transformer.EpComm group_ep, "
         "__torch__.torch.classes.ops_transformer.MoeExperts experts, int moe_expert_num, *, str comm_alg=\"\", int chunks=2, "
-        "int quant_mode=0, Tensor? shared_expert_x=None, Tensor? x_active_mask=None) -> Tensor", OT_OP(ep_moe_ffn));
+        "int quant_mode=0, Tensor? shared_expert_x=None, Tensor? x_active_mask=None, Tensor? scales=None, int shared_expert_num=1, "
+        "int shared_expert_rank_num=0, bool dedup_combine=True, int comm_quant_mode=0, int zero_expert_num=0, int copy_expert_num=0, "
+        "int const_expert_num=0, Tensor? const_expert_alpha_1=None, Tensor? const_expert_alpha_2=None, Tensor? const_expert_v=None) "
+        "-> Tensor", OT_OP(ep_moe_ffn));
 #endif
 #ifdef OT_HAVE_GDN
   // ---- Gated DeltaNet (fla functional API; layout: "BTHD" default, "BNSD" head-major)
