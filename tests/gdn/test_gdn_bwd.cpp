@@ -11,6 +11,7 @@
 #include "ot/cpu.h"
 #include "ot/gdn.h"
 #include "ot/gdn_bwd.h"
+#include "gdn_bwd_test_util.h"
 #include "src/gdn/gdn_bwd_ref.h"
 #include "src/gdn/gdn_internal.h"
 
@@ -21,6 +22,7 @@ using namespace ot::gdn;
 namespace gd = ot::gdn::detail;
 using gd::Tok;
 using std::vector;
+using gdn_test::expect_grads_close;
 
 struct Case {
   int64_t B, T;
@@ -100,30 +102,6 @@ ChunkFwd run_fwd(const Case& c, const Inputs& in) {
   auto f = options<ChunkOptions>(c, in);
   f.save_for_backward = true;
   return chunk_gated_delta_rule_fwd(in.q, in.k, in.v, in.g, in.beta, f);
-}
-
-// RMS(a - b) / RMS(b): fla's err_ratio.
-double rel_rms(const TensorView& a, const TensorView& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    double x = get_as_double(a, i), y = get_as_double(b, i);
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-void expect_grads_close(const ChunkBwd& got, const ChunkBwd& want, double tol, const std::string& what) {
-  EXPECT_LT(rel_rms(got.dq, want.dq), tol) << what << " dq";
-  EXPECT_LT(rel_rms(got.dk, want.dk), tol) << what << " dk";
-  EXPECT_LT(rel_rms(got.dv, want.dv), tol) << what << " dv";
-  EXPECT_LT(rel_rms(got.dbeta, want.dbeta), tol) << what << " dbeta";
-  EXPECT_LT(rel_rms(got.dg, want.dg), tol) << what << " dg";
-  ASSERT_EQ(got.dh0.defined(), want.dh0.defined()) << what;
-  if (want.dh0.defined()) {
-    EXPECT_LT(rel_rms(got.dh0, want.dh0), tol) << what << " dh0";
-  }
 }
 
 std::string name_of(const Case& c) {

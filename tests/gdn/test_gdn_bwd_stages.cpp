@@ -13,11 +13,14 @@
 #include "ot/error.h"
 #include "ot/gdn.h"
 #include "ot/gdn_bwd.h"
+#include "gdn_bwd_test_util.h"
 
 namespace {
 
 using namespace ot;
 using namespace ot::gdn;
+using gdn_test::expect_grads_close;
+using gdn_test::rel_rms;
 
 struct Problem {
   Tensor q, k, v, g, beta, dO, h0, dht, cu;
@@ -67,16 +70,6 @@ Tensor group_sum(const Tensor& x, int64_t HK) {
   return r;
 }
 
-double rel_rms(const TensorView& a, const TensorView& b) {
-  EXPECT_EQ(a.numel(), b.numel());
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    double x = get_as_double(a, i), y = get_as_double(b, i);
-    num += (x - y) * (x - y), den += y * y;
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
 // Spec 6 "Order", stage by stage.
 ChunkBwd chain(const Problem& s, const TensorView& G, const TensorView& A) {
   Common c;
@@ -99,15 +92,6 @@ ChunkBwd chain(const Problem& s, const TensorView& G, const TensorView& A) {
   return r;
 }
 
-void expect_close(const ChunkBwd& a, const ChunkBwd& b, double tol, const char* what) {
-  EXPECT_LT(rel_rms(a.dq, b.dq), tol) << what << " dq";
-  EXPECT_LT(rel_rms(a.dk, b.dk), tol) << what << " dk";
-  EXPECT_LT(rel_rms(a.dv, b.dv), tol) << what << " dv";
-  EXPECT_LT(rel_rms(a.dbeta, b.dbeta), tol) << what << " dbeta";
-  EXPECT_LT(rel_rms(a.dg, b.dg), tol) << what << " dg";
-  EXPECT_LT(rel_rms(a.dh0, b.dh0), tol) << what << " dh0";
-}
-
 ChunkFwd forward(const Problem& s) {
   ChunkOptions f;
   f.cu_seqlens = s.cu, f.initial_state = s.h0, f.use_qk_l2norm_in_kernel = s.l2, f.save_for_backward = true;
@@ -126,7 +110,7 @@ TEST(GdnBwdStages, ChainEqualsFusedComposition) {
     ChunkBwdOptions o = bwd_opts(s);
     o.A = f.A;
     ChunkBwd fused = chunk_gated_delta_rule_bwd(s.q, s.k, s.v, f.g_cumsum, s.beta, s.dO, o);
-    expect_close(chain(s, f.g_cumsum, f.A), fused, 1e-5, l2 ? "l2 on" : "l2 off");
+    expect_grads_close(chain(s, f.g_cumsum, f.A), fused, 1e-5, l2 ? "l2 on" : "l2 off");
   }
 }
 
@@ -135,7 +119,7 @@ TEST(GdnBwdStages, ReferenceChainEqualsGroundTruth) {
   ChunkFwd f = forward(s);
   ChunkBwd truth = ref::recurrence_bwd(s.q, s.k, s.v, s.g, s.beta, s.dO, bwd_opts(s));
   cpu::ScopedForceRef force(true);
-  expect_close(chain(s, f.g_cumsum, f.A), truth, 1e-5, "stage references");
+  expect_grads_close(chain(s, f.g_cumsum, f.A), truth, 1e-5, "stage references");
 }
 
 // The forward of make(false) and the stage inputs w, u its backward recomputes.
