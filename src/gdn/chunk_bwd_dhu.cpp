@@ -29,7 +29,7 @@ BwdDhu chunk_gated_delta_rule_bwd_dhu(const TensorView& q, const TensorView& k, 
   const SeqInfo& s = resolve_seq(c, qt.B, qt.T, st, op);
   const int64_t N = s.num_seqs();
   if (dht.defined()) expect_state(dht, N, HV, DK, DV, false, op, "dht");
-  const float sc = scale ? *scale : 1.f / std::sqrt(float(DK));
+  const float sc = scale_or_default(scale, DK);
   BwdDhu r;
   r.dh = new_chunk_states(s, HV, DK, DV);
   r.dv2 = new_vec(c.layout, qt.packed, DType::f32, qt.B, qt.T, HV, DV);

@@ -28,7 +28,7 @@ BwdDqkwg chunk_bwd_dqkwg(const TensorView& q, const TensorView& k, const TensorV
   const SeqInfo& s = resolve_seq(c, qt.B, qt.T, st, op);
   const float* hp = chunk_states(h, s, HV, DK, DV, op, "h");
   const float* dhp = chunk_states(dh, s, HV, DK, DV, op, "dh");
-  const float sc = scale ? *scale : 1.f / std::sqrt(float(DK));
+  const float sc = scale_or_default(scale, DK);
   BwdDqkwg r;
   for (Tensor* x : {&r.dq, &r.dk, &r.dw}) *x = new_vec(c.layout, qt.packed, DType::f32, qt.B, qt.T, HV, DK);
   r.dg = new_scal(c.layout, qt.packed, DType::f32, qt.B, qt.T, HV);

@@ -23,7 +23,7 @@ Tensor chunk_bwd_dv_local(const TensorView& q, const TensorView& k, const Tensor
   expect_value_heads({{&dOt, "dO"}, {&Gt, "g_cumsum"}}, qt.B, qt.T, HV, qt.H, op);
   SeqInfo st;
   const SeqInfo& s = resolve_seq(c, qt.B, qt.T, st, op);
-  const float sc = scale ? *scale : 1.f / std::sqrt(float(DK));
+  const float sc = scale_or_default(scale, DK);
   Tensor out = new_vec(c.layout, qt.packed, DType::f32, qt.B, qt.T, HV, DV);
   Tok ot = tok_vec(out, c.layout, op, "dv_local");
   scope.args(dO.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast").flops(2.0 * double(qt.B * qt.T * HV) * kChunk * (DK + DV));

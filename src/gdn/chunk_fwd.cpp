@@ -17,23 +17,18 @@ using namespace detail;
 
 namespace {
 
-struct Args {
-  Tok q, k, v, g, beta;
-  int64_t B = 0, T = 0, HK = 0, HV = 0, DK = 0, DV = 0;
+struct Args : Qkv {
+  Tok g, beta;
   float scale = 1.f;
 };
 
 Args check(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta, const Layout l,
            std::optional<float> scale, const char* op) {
   Args a;
-  a.q = tok_vec(q, l, op, "q");
-  a.k = tok_vec(k, l, op, "k");
-  a.v = tok_vec(v, l, op, "v");
-  a.B = a.q.B, a.T = a.q.T, a.HK = a.q.H, a.DK = a.q.D, a.HV = a.v.H, a.DV = a.v.D;
-  expect_qkv(q, k, v, a.q, a.v, op);
+  static_cast<Qkv&>(a) = read_qkv(q, k, v, l, op);
   a.g = opt_scal(g, l, a.B, a.T, a.HV, op, "g");
   a.beta = opt_scal(beta, l, a.B, a.T, a.HV, op, "beta");
-  a.scale = scale ? *scale : 1.f / std::sqrt(float(a.DK));
+  a.scale = scale_or_default(scale, a.DK);
   return a;
 }
 

@@ -25,7 +25,7 @@ Tensor chunk_fwd_o(const TensorView& q, const TensorView& k, const TensorView& v
   const SeqInfo& s = resolve_seq(c, qt.B, qt.T, st, op);
   OT_CHECK(h.defined() && h.dtype == DType::f32 && h.is_contiguous() && h.numel() == s.num_chunks() * HV * DK * DV && h.ndim == 5, op, "h",
            ::ot::detail::cat("contiguous fp32 [.., ", s.num_chunks(), " chunks, ", HV, ", ", DK, ", ", DV, "]"), h.shape_str());
-  float sc = scale ? *scale : 1.f / std::sqrt(float(DK));
+  float sc = scale_or_default(scale, DK);
   Tensor out = new_vec(c.layout, vt.packed, q.dtype, qt.B, qt.T, HV, DV);
   Tok ot = tok_vec(out, c.layout, op, "o");
   int64_t group = HV / qt.H;

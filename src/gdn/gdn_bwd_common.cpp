@@ -8,12 +8,8 @@ namespace ot::gdn::detail {
 void check_bwd(BwdArgs& a, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
                const TensorView& dO, const ChunkBwdOptions& opt, bool gate_required, const char* op) {
   const Layout l = opt.layout;
-  a.q = tok_vec(q, l, op, "q");
-  a.k = tok_vec(k, l, op, "k");
-  a.v = tok_vec(v, l, op, "v");
+  static_cast<Qkv&>(a) = read_qkv(q, k, v, l, op);
   a.dO = tok_vec(dO, l, op, "dO");
-  a.B = a.q.B, a.T = a.q.T, a.HK = a.q.H, a.DK = a.q.D, a.HV = a.v.H, a.DV = a.v.D;
-  expect_qkv(q, k, v, a.q, a.v, op);
   OT_CHECK(dO.shape() == v.shape(), op, "dO", ::ot::detail::cat("the shape of o (= v) ", v.shape_str()), dO.shape_str());
   OT_CHECK(!gate_required || g.defined(), op, "g_cumsum", "the forward's chunk-local cumulative gate", "undefined");
   a.g = opt_scal(g, l, a.B, a.T, a.HV, op, gate_required ? "g_cumsum" : "g");
@@ -28,7 +24,7 @@ void check_bwd(BwdArgs& a, const TensorView& q, const TensorView& k, const Tenso
     expect_value_heads({{&a.A, "A"}}, a.B, a.T, a.HV, a.HK, op);
     expect_dim(a.A, kChunk, op, "A");
   }
-  a.scale = opt.scale ? *opt.scale : 1.f / std::sqrt(float(a.DK));
+  a.scale = scale_or_default(opt.scale, a.DK);
   a.S0 = state_ref(opt.initial_state);
   a.dht = state_ref(opt.dht);
   expect_finite(a.q, op, "q");

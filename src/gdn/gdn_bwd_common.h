@@ -5,9 +5,8 @@
 
 namespace ot::gdn::detail {
 
-struct BwdArgs {
-  Tok q, k, v, g, beta, dO, A;  // g: the cumulative gate (composition) or the raw gate (reference)
-  int64_t B = 0, T = 0, HK = 0, HV = 0, DK = 0, DV = 0;
+struct BwdArgs : Qkv {
+  Tok g, beta, dO, A;  // g: the cumulative gate (composition) or the raw gate (reference)
   float scale = 1.f;
   StateRef S0, dht;
   SeqInfo storage;

@@ -169,6 +169,15 @@ void expect_qkv(const TensorView& q, const TensorView& k, const TensorView& v, c
   OT_CHECK(qt.D >= 1 && qt.D <= 256, op, "q", "a key head dim in [1, 256]", qt.D);
   OT_CHECK(vt.D >= 1 && vt.D <= 256, op, "v", "a value head dim in [1, 256]", vt.D);
 }
+Qkv read_qkv(const TensorView& q, const TensorView& k, const TensorView& v, Layout l, const char* op) {
+  Qkv a;
+  a.q = tok_vec(q, l, op, "q");
+  a.k = tok_vec(k, l, op, "k");
+  a.v = tok_vec(v, l, op, "v");
+  a.B = a.q.B, a.T = a.q.T, a.HK = a.q.H, a.DK = a.q.D, a.HV = a.v.H, a.DV = a.v.D;
+  expect_qkv(q, k, v, a.q, a.v, op);
+  return a;
+}
 Tok opt_scal(const TensorView& x, Layout l, int64_t B, int64_t T, int64_t H, const char* op, const char* arg) {
   if (!x.defined()) return {};
   Tok t = tok_scal(x, l, op, arg);

@@ -1,8 +1,10 @@
 // Internal helpers of the GDN family: every token tensor, whatever its layout or rank, is read
 // through one strided (b, t, h, d) accessor, so the stages never copy a layout.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -70,6 +72,15 @@ void expect_like_q(const TensorView& k, const TensorView& q, const char* op);
 // The checks every composed operator makes of q, k, v (views qt of q, vt of v): k like q, v of
 // q's rank, batch and tokens, HV a multiple of HK, head dims in [1, 256].
 void expect_qkv(const TensorView& q, const TensorView& k, const TensorView& v, const Tok& qt, const Tok& vt, const char* op);
+// q, k, v as tokens in layout l, checked together (expect_qkv), with the sizes every composed
+// operator takes from them.
+struct Qkv {
+  Tok q, k, v;
+  int64_t B = 0, T = 0, HK = 0, HV = 0, DK = 0, DV = 0;
+};
+Qkv read_qkv(const TensorView& q, const TensorView& k, const TensorView& v, Layout l, const char* op);
+// The attention scale: the caller's, else 1 / sqrt(DK) (fla's default).
+inline float scale_or_default(const std::optional<float>& scale, int64_t DK) { return scale ? *scale : 1.f / std::sqrt(float(DK)); }
 // An optional scalar-per-token tensor (g, beta): undefined stays undefined, else checked to have
 // batch B, T tokens and H heads.
 Tok opt_scal(const TensorView& x, Layout l, int64_t B, int64_t T, int64_t H, const char* op, const char* arg);

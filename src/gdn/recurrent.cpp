@@ -64,9 +64,9 @@ RecurrentOut recurrent_gated_delta_rule(const TensorView& q, const TensorView& k
   const char* op = "recurrent_gated_delta_rule";
   trace::OpScope scope(op);
   Layout l = opt.layout;
-  Tok qt = tok_vec(q, l, op, "q"), kt = tok_vec(k, l, op, "k"), vt = tok_vec(v, l, op, "v");
-  expect_qkv(q, k, v, qt, vt, op);
-  int64_t B = qt.B, T = qt.T, HK = qt.H, HV = vt.H, DK = qt.D, DV = vt.D;
+  const Qkv a = read_qkv(q, k, v, l, op);
+  const Tok &qt = a.q, &kt = a.k, &vt = a.v;
+  const int64_t B = a.B, T = a.T, HK = a.HK, HV = a.HV, DK = a.DK, DV = a.DV;
   Tok gt = opt_scal(g, l, B, T, HV, op, "g"), bt = opt_scal(beta, l, B, T, HV, op, "beta");
   bool fused_gate = opt.A_log.defined() || opt.dt_bias.defined();
   if (fused_gate) {
@@ -79,7 +79,7 @@ RecurrentOut recurrent_gated_delta_rule(const TensorView& q, const TensorView& k
   SeqInfo sst;
   const SeqInfo& s = resolve_seq(opt, B, T, sst, op);
   int64_t N = s.num_seqs();
-  float scale = opt.scale ? *opt.scale : 1.f / std::sqrt(float(DK));
+  float scale = scale_or_default(opt.scale, DK);
 
   // Accepted-token counts and slots.
   bool cache = opt.state_cache.defined();
