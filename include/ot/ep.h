@@ -63,11 +63,26 @@ class Placement {
   void build_local();
 };
 
+struct CommOptions {
+  // Threads of ot's parallel regions in this process. Ranks on one node share its cores, so by
+  // default (-1) the Comm sets ot's count to the cores this process may run on divided by the
+  // number of this communicator's ranks on the node whose cores overlap them (4 ranks on 2 cores:
+  // 1 each; one rank per machine: all its cores), unless the count was chosen already:
+  // OT_NUM_THREADS or OMP_NUM_THREADS set, or ot::set_num_threads called with another value.
+  // 0: leave ot's count alone; > 0: set exactly that many. (A process-wide setting: ot has one pool.)
+  int threads = -1;
+  // Ranks on one node exchange rows through an MPI-3 shared-memory window (one copy per row; see
+  // docs/ep.md); false, or OT_EP_NODE_WINDOW=0 in the environment: MPI messages only (the path
+  // between machines). Every rank must pass the same value (the window is on only if all ask).
+  bool node_window = true;
+};
+
 // A communicator wrapper: the caller's MPI communicator (not owned; MPI_COMM_WORLD by default), the
 // expert placement and reusable communication buffers.
 class Comm {
  public:
-  Comm(MPI_Comm comm, int64_t num_experts);  // contiguous placement; collective (duplicates comm)
+  // Contiguous placement; collective (duplicates comm, finds the ranks on this node).
+  Comm(MPI_Comm comm, int64_t num_experts, const CommOptions& opt = {});
   explicit Comm(int64_t num_experts) : Comm(MPI_COMM_WORLD, num_experts) {}
   ~Comm();
   Comm(const Comm&) = delete;
@@ -75,6 +90,8 @@ class Comm {
 
   int ep_world_size() const { return world_; }
   int ep_rank_id() const { return rank_; }
+  int node_size() const { return node_size_; }            // ranks of this communicator on this node
+  int threads_per_rank() const { return node_threads_; }  // the node's cores shared out (CommOptions)
   MPI_Comm mpi() const { return comm_; }
   const Placement& placement() const { return placement_; }
   // Takes effect at the next dispatch; every rank must set the same placement.
@@ -89,7 +106,7 @@ class Comm {
 
  private:
   MPI_Comm comm_;
-  int world_ = 1, rank_ = 0;
+  int world_ = 1, rank_ = 0, node_size_ = 1, node_threads_ = 1;
   Placement placement_;
   std::unique_ptr<Impl> impl_;
 };

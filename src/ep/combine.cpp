@@ -68,6 +68,13 @@ struct PendingCombine::State {
   std::vector<const char*> rows_from;
   MPI_Request req = MPI_REQUEST_NULL;  // all_gather's reduce-scatter
   bool done = true;
+  // Node-window slots: the rows from q are in window where[q] - 1 (0: after q's record); held are
+  // freed once summed (or when the state dies: a call that threw).
+  std::vector<int64_t> where;
+  std::vector<std::pair<int, int64_t>> held;
+  ~State() {
+    for (auto [r, g] : held) comm->impl().window.release(r, SlotKind::combine, g);
+  }
   void decide_or_throw();
   void finish();
 };
@@ -112,6 +119,9 @@ void PendingCombine::State::decide_or_throw() {
     recs[size_t(r)] = r == me ? own.data() : ex.data(r);
     sizes[size_t(r)] = r == me ? own.size() : ex.size(r);
   }
+  held = slots_in_records(recs, sizes, me, 1);
+  where.assign(size_t(W), 0);
+  for (auto [r, g] : held) where[size_t(r)] = g + 1;
   decide(kOp, recs, sizes, kTable, {{0, kMisDtype}});
 }
 
@@ -176,11 +186,14 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
     st.msgbuf = PooledBuffer(comm.impl().pool, size_t(W) * rec);
     for (int q = 0; q < W; ++q) moff[size_t(q)] = size_t(q) * rec, mlen[size_t(q)] = rec;
   };
+  std::vector<int64_t> slot_gen(static_cast<size_t>(W), 0);  // meta field 1: node-window slot + 1 of the rows to q
   auto write_records = [&] {
     Meta meta;
     meta.f[0] = st.dtype_code;
-    for (int q = 0; q < W; ++q)
+    for (int q = 0; q < W; ++q) {
+      meta.f[1] = slot_gen[size_t(q)];
       if (q != me) write_record(st.msgbuf.data() + moff[size_t(q)], st.fault, meta, nullptr, 0);
+    }
   };
   if (!ok || !known) {
     records_only();
@@ -228,7 +241,7 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
         add_entries(d, y, d.ent_begin[size_t(j)], d.ent_begin[size_t(j) + 1], part + (st.rdispl[size_t(rv.src)] / H + rv.tok) * H);
       }
     });
-    bytes = (total - d.BS) * H * 4;
+    bytes = (total - d.BS) * H * 4 + int64_t(rec) * (W - 1);
     st.ex.wait();
     st.done = true;  // (nothing to finish if the records say stop)
     st.decide_or_throw();
@@ -240,21 +253,26 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
     st.quant = d.opt.comm_quant_mode == 2;
     st.row_bytes = st.quant ? 16 + size_t(H) : size_t(H) * yes;
     // Message to source r: [record][its deduplicated rows (dedup) or its slots (per-slot), in
-    // receive order], packed in place.
+    // receive order], packed in place; or the record alone, the rows written straight into r's
+    // node-window slot.
+    NodeWindow& win = comm.impl().window;
+    std::vector<char*> slot(static_cast<size_t>(W), nullptr);
     size_t total = 0;
     for (int r = 0; r < W; ++r) {
       if (r == me) continue;
       const int64_t n_send = dedup ? d.recv_rows[size_t(r)] : d.recv_slots[size_t(r)];
       st.rcount[size_t(r)] = checked_int(dedup ? d.send_rows[size_t(r)] : d.slots_to[size_t(r)], kOp, "receive rows");
+      int64_t gen = 0;
+      if (n_send > 0 && (slot[size_t(r)] = win.claim(r, SlotKind::combine, size_t(n_send) * st.row_bytes, &gen))) slot_gen[size_t(r)] = gen + 1;
       moff[size_t(r)] = total;
-      mlen[size_t(r)] = rec + size_t(n_send) * st.row_bytes;
+      mlen[size_t(r)] = rec + (slot[size_t(r)] ? 0 : size_t(n_send) * st.row_bytes);
       total += (mlen[size_t(r)] + 63) & ~size_t(63);
-      bytes += n_send * int64_t(st.row_bytes);
+      bytes += n_send * int64_t(st.row_bytes) + int64_t(rec);  // rows and the record
     }
     st.msgbuf = PooledBuffer(comm.impl().pool, std::max<size_t>(total, 64));
     write_records();
     std::vector<char*> base(static_cast<size_t>(W), nullptr);
-    for (int r = 0; r < W; ++r) base[size_t(r)] = st.msgbuf.data() + moff[size_t(r)] + rec;
+    for (int r = 0; r < W; ++r) base[size_t(r)] = slot[size_t(r)] ? slot[size_t(r)] : st.msgbuf.data() + moff[size_t(r)] + rec;
     if (dedup) {
       parallel_for(J, [&](int64_t j0, int64_t j1) {
         std::vector<float> acc(static_cast<size_t>(H));
@@ -290,6 +308,7 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
         }
       });
     }
+    win.publish();
     st.ex.start(comm, kTagCombine, st.msgbuf.data(), moff, mlen);
   }
   PendingAccess::bytes(pc) = bytes;
@@ -306,9 +325,10 @@ void PendingCombine::State::finish() {
     rows_from.assign(size_t(W), nullptr);
     for (int q = 0; q < W; ++q) {
       if (q == me) continue;
-      rows_from[size_t(q)] = ex.data(q) + record_bytes(0);
-      OT_CHECK(ex.size(q) == record_bytes(0) + size_t(rcount[size_t(q)]) * row_bytes, kOp, "message", "the size the dispatch implies",
-               ex.size(q));
+      const int64_t g = where[size_t(q)];
+      rows_from[size_t(q)] = g > 0 ? comm->impl().window.slot(q, SlotKind::combine, g - 1) : ex.data(q) + record_bytes(0);
+      OT_CHECK(ex.size(q) == record_bytes(0) + (g > 0 ? 0 : size_t(rcount[size_t(q)]) * row_bytes), kOp, "message",
+               "the size the dispatch implies", ex.size(q));
     }
   }
   const char* ybase = static_cast<const char*>(y.data);
@@ -380,6 +400,8 @@ void PendingCombine::State::finish() {
       else convert_from_f32(acc.data(), dst, y.dtype, H);
     }
   });
+  for (auto [r, g] : held) comm->impl().window.release(r, SlotKind::combine, g);
+  held.clear();
   ex.release();
   msgbuf.reset();
   sendbuf.reset();

@@ -1,8 +1,13 @@
 // The communicator wrapper, its buffer pool, the all-ranks agreement step and row helpers.
+#include <sched.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "ot/numeric.h"
+#include "ot/parallel.h"
 #include "src/ep/internal.h"
 
 namespace ot::ep {
@@ -47,13 +52,51 @@ MPI_Datatype Comm::Impl::row_type(int64_t bytes) {
 
 void Comm::Impl::untrack(MPI_Request* r) { inflight.erase(std::remove(inflight.begin(), inflight.end(), r), inflight.end()); }
 
-Comm::Comm(MPI_Comm comm, int64_t num_experts) : comm_(comm), impl_(std::make_unique<Impl>()) {
+// This process's share of its node's cores: the cores it may run on, divided among the ranks of
+// the node communicator whose CPU sets overlap its own (ranks bound to disjoint cores keep theirs).
+static int node_core_share(MPI_Comm node) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) return 1;
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  std::vector<cpu_set_t> all(static_cast<size_t>(n));
+  MPI_Allgather(&mine, int(sizeof(mine)), MPI_BYTE, all.data(), int(sizeof(mine)), MPI_BYTE, node);
+  int sharing = 0;
+  for (cpu_set_t& s : all) {
+    cpu_set_t both;
+    CPU_AND(&both, &s, &mine);
+    sharing += CPU_COUNT(&both) > 0;
+  }
+  return std::max(1, CPU_COUNT(&mine) / std::max(1, sharing));
+}
+
+// Whether ot's thread count was chosen (environment, or set to something other than its default,
+// which is the process's CPU count when neither variable is set).
+static bool threads_chosen() {
+  for (const char* v : {"OT_NUM_THREADS", "OMP_NUM_THREADS"})
+    if (const char* s = std::getenv(v); s && std::atoi(s) > 0) return true;
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) return true;
+  return ot::num_threads() != CPU_COUNT(&mine);
+}
+
+Comm::Comm(MPI_Comm comm, int64_t num_experts, const CommOptions& opt) : comm_(comm), impl_(std::make_unique<Impl>()) {
   int init = 0;
   MPI_Initialized(&init);
   OT_CHECK(init, "ep::Comm", "MPI", "MPI_Init called before creating the communicator", "not initialised");
+  OT_CHECK(opt.threads >= -1, "ep::Comm", "CommOptions::threads", "-1 (share the node's cores), 0 (leave) or > 0", opt.threads);
   MPI_Comm_size(comm_, &world_);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_dup(comm_, &impl_->wire);
+  MPI_Comm_split_type(impl_->wire, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &impl_->node);
+  MPI_Comm_size(impl_->node, &node_size_);
+  node_threads_ = node_core_share(impl_->node);
+  if (opt.threads > 0) ot::set_num_threads(opt.threads);
+  else if (opt.threads == -1 && !threads_chosen()) ot::set_num_threads(node_threads_);
+  const char* env = std::getenv("OT_EP_NODE_WINDOW");
+  impl_->window.init(impl_->wire, impl_->node, opt.node_window && !(env && std::string(env) == "0"));
   placement_ = Placement::contiguous(num_experts, world_);
 }
 
@@ -62,6 +105,8 @@ Comm::~Comm() {
   MPI_Finalized(&fin);
   if (fin) return;
   for (auto& [b, t] : impl_->row_types) MPI_Type_free(&t);
+  impl_->window.free();
+  MPI_Comm_free(&impl_->node);
   MPI_Comm_free(&impl_->wire);
 }
 

@@ -56,8 +56,10 @@ const std::vector<FaultText> kTable = {
     {"smooth_scales", "given on every rank or on none"},
     {"placement", "the same local expert count on sender and receiver"},
 };
-enum Field { fBS, fK, fH, fE, fDtype, fQuant, fDisp, fDedup, fType, fHash, fTag, fRows, fShared, fCommQuant, fForm, fSpecial, fSmooth };
-static_assert(fSmooth < kMetaFields);
+enum Field {
+  fBS, fK, fH, fE, fDtype, fQuant, fDisp, fDedup, fType, fHash, fTag, fRows, fShared, fCommQuant, fForm, fSpecial, fSmooth, fWindowNeed
+};
+static_assert(fWindowNeed < kMetaFields);
 
 Fault validate(const Comm& comm, const TensorView& x, const TensorView& ids, const TensorView& w, const DispatchOptions& o) {
   const int W = comm.ep_world_size();
@@ -156,6 +158,10 @@ DispatchResult moe_distribute_dispatch(Comm& comm, const TensorView& x, const Te
   // Blocking form: one round (records and rows in one message per peer) under all_to_all.
   PendingDispatch pd = dispatch_start_tagged(comm, x, ids, w, opt, 0, false);
   return std::move(pd.wait());
+}
+
+DispatchState::~DispatchState() {
+  for (auto [r, g] : held) comm->impl().window.release(r, SlotKind::dispatch, g);
 }
 
 // Receive layout from slot counts per (local expert l, source r): blocks in (l, r) order.
@@ -296,7 +302,8 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   // 2. Route (valid arguments only): the destination of each active slot, one row per token and
   // remote destination rank, and slot counts per (destination, its local expert): they travel in
   // the records, so every rank knows its receive layout from the messages it gets.
-  std::vector<std::vector<int64_t>> extra(static_cast<size_t>(W));  // per q: [rows to q, slots per local expert of q]
+  // Per q: [rows to q, slots per local expert of q, node-window slot of the rows (index + 1, 0: in the message)].
+  std::vector<std::vector<int64_t>> extra(static_cast<size_t>(W));
   std::vector<int64_t> gathered;  // all_gather: tokens this rank contributes (any sent slot)
   if (fault.code == 0) {
     st.BS = x.size(0), st.K = ids.size(1), st.H = x.size(1), st.E = opt.moe_expert_num;
@@ -304,7 +311,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     meta.f[fBS] = st.BS, meta.f[fK] = st.K, meta.f[fH] = st.H;
     const int64_t BS = st.BS, K = st.K, E = st.E;
     const int64_t K_routed = opt.shared_expert_rank_num > 0 ? K - 1 : K;  // the shared column is last
-    for (int q = 0; q < W; ++q) extra[size_t(q)].assign(size_t(1) + P.local_experts(q).size(), 0);
+    for (int q = 0; q < W; ++q) extra[size_t(q)].assign(size_t(2) + P.local_experts(q).size(), 0);
     const TensorView& m = mask;
     auto active = [&](int64_t t, int64_t k) {
       if (!m.defined()) return true;
@@ -352,6 +359,22 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   const bool sender_quant = opt.quant_int8 && !opt.smooth_scales.defined();
   st.fmt = RowFormat(st.K, st.H, sender_quant ? 1 : xes);
   const RowFormat& fmt = st.fmt;
+  // One-round form: rows to a rank on this node go straight into its window slot when one is free
+  // (the message is then the record alone); the slot size every rank wants travels in the records.
+  NodeWindow& win = comm.impl().window;
+  std::vector<char*> slot(static_cast<size_t>(W), nullptr);
+  if (one_round && fault.code == 0) {
+    size_t need = 0;
+    const size_t ret_row = size_t(st.H) * std::max<size_t>(xes, 2) + 16;  // a combine row (dtype or int8 + scale)
+    for (int q = 0; q < W; ++q) {
+      if (q == me) continue;
+      const size_t rows = size_t(st.send_rows[size_t(q)]);
+      need = std::max({need, rows * fmt.stride, size_t(opt.dedup_combine ? rows : size_t(st.slots_to[size_t(q)])) * ret_row});
+      int64_t gen = 0;
+      if (rows > 0 && (slot[size_t(q)] = win.claim(q, SlotKind::dispatch, rows * fmt.stride, &gen))) extra[size_t(q)].back() = gen + 1;
+    }
+    meta.f[fWindowNeed] = int64_t(need);
+  }
   auto pack_row = [&](char* row, int64_t t, int q) {
     const int32_t* idr = ids.ptr<int32_t>() + t * ids.stride(0);
     RowFormat::token(row) = int32_t(t);
@@ -380,7 +403,8 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     rec_len[size_t(q)] = record_bytes(extra[size_t(q)].size());
     if (q == me) continue;
     moff[size_t(q)] = total;
-    mlen[size_t(q)] = rec_len[size_t(q)] + (one_round && ok ? size_t(st.send_rows[size_t(q)]) * fmt.stride : 0);
+    mlen[size_t(q)] = rec_len[size_t(q)] + (one_round && ok && !slot[size_t(q)] ? size_t(st.send_rows[size_t(q)]) * fmt.stride : 0);
+    st.bytes_sent += int64_t(rec_len[size_t(q)]);  // the record is on the wire too
     total += (mlen[size_t(q)] + 63) & ~size_t(63);
   }
   st.msgbuf = PooledBuffer(comm.impl().pool, std::max<size_t>(total, 64));
@@ -390,8 +414,9 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   write_record(own.data(), fault, meta, extra[size_t(me)].data(), extra[size_t(me)].size());
   if (one_round && ok) {
     std::vector<char*> base(static_cast<size_t>(W));
-    for (int q = 0; q < W; ++q) base[size_t(q)] = st.msgbuf.data() + moff[size_t(q)] + rec_len[size_t(q)];
+    for (int q = 0; q < W; ++q) base[size_t(q)] = slot[size_t(q)] ? slot[size_t(q)] : st.msgbuf.data() + moff[size_t(q)] + rec_len[size_t(q)];
     pack_rows(base);
+    win.publish();
   }
   st.ex = std::make_unique<PeerExchange>();
   st.ex->start(comm, kTagDispatch, st.msgbuf.data(), moff, mlen);
@@ -421,6 +446,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     recs[size_t(r)] = r == me ? own.data() : st.ex->data(r);
     rec_size[size_t(r)] = r == me ? own.size() : st.ex->size(r);
   }
+  st.held = slots_in_records(recs, rec_size, me, -1);  // freed by ~DispatchState if the decision throws
   Decision dec = decide(kOp, recs, rec_size, kTable,
                         {{fK, kMisK}, {fH, kMisH}, {fDtype, kMisDtype}, {fE, kMisE}, {fQuant, kMisOpt}, {fDisp, kMisOpt},
                          {fDedup, kMisOpt}, {fType, kMisOpt}, {fHash, kMisPlacement}, {fTag, kMisTag}, {fShared, kMisOpt},
@@ -435,9 +461,10 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   st.rows_from.assign(size_t(W), nullptr);
   std::vector<int64_t> cnt(size_t(L * W), 0);  // slots per (local expert l, source r)
   for (int r = 0; r < W; ++r) {
+    if (one_round) st.window_need = std::max(st.window_need, size_t(dec.meta[size_t(r)].f[fWindowNeed]));
     st.all_bs[size_t(r)] = dec.meta[size_t(r)].f[fBS];
     st.all_rows[size_t(r)] = dec.meta[size_t(r)].f[fRows];
-    if (dec.n_extra[size_t(r)] != 1 + L) throw Error(kOp, "placement", kTable[kPlacementL].expected, detail::cat("rank ", r, ": ", dec.n_extra[size_t(r)] - 1));
+    if (dec.n_extra[size_t(r)] != 2 + L) throw Error(kOp, "placement", kTable[kPlacementL].expected, detail::cat("rank ", r, ": ", dec.n_extra[size_t(r)] - 1));
     const int64_t* rec = dec.extra[size_t(r)];
     st.recv_rows[size_t(r)] = rec[0];
     for (int64_t l = 0; l < L; ++l) {
@@ -457,9 +484,10 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     for (int r = 0; r < W; ++r) {
       if (r == me) continue;
       st.rcount[size_t(r)] = checked_int(st.recv_rows[size_t(r)], kOp, "receive rows");
-      st.rows_from[size_t(r)] = st.ex->data(r) + record_bytes(size_t(1 + L));
-      OT_CHECK(st.ex->size(r) == record_bytes(size_t(1 + L)) + size_t(st.recv_rows[size_t(r)]) * fmt.stride, kOp, "message",
-               "the size its record announces", st.ex->size(r));
+      const int64_t where = dec.extra[size_t(r)][1 + L];  // node-window slot + 1, or 0: after the record
+      st.rows_from[size_t(r)] = where > 0 ? win.slot(r, SlotKind::dispatch, where - 1) : st.ex->data(r) + record_bytes(size_t(2 + L));
+      OT_CHECK(st.ex->size(r) == record_bytes(size_t(2 + L)) + (where > 0 ? 0 : size_t(st.recv_rows[size_t(r)]) * fmt.stride), kOp,
+               "message", "the size its record announces", st.ex->size(r));
     }
   } else if (a2a) {
     int64_t ro = 0;
@@ -480,7 +508,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
       ro += st.all_rows[size_t(r)];
     }
     const int64_t G = int64_t(gathered.size());
-    st.bytes_sent = G * int64_t(fmt.stride) * (W - 1);
+    st.bytes_sent += G * int64_t(fmt.stride) * (W - 1);
     st.recvbuf = PooledBuffer(comm.impl().pool, size_t(ro) * fmt.stride);
     for (int r = 0; r < W; ++r) st.rows_from[size_t(r)] = st.recvbuf.data() + size_t(st.rdispl[size_t(r)]) * fmt.stride;
     char* own_rows = st.recvbuf.data() + size_t(st.rdispl[size_t(me)]) * fmt.stride;
@@ -549,6 +577,10 @@ void DispatchState::finish_receive(DispatchResult& res) {
     }
   });
   // The received rows and the caller's inputs are no longer needed.
+  NodeWindow& win = comm->impl().window;
+  for (auto [r, g] : held) win.release(r, SlotKind::dispatch, g);
+  held.clear();
+  win.reserve(window_need);  // every rank calls it with the same need (collective when it grows)
   ex.reset();
   msgbuf.reset();
   sendbuf.reset();

@@ -66,8 +66,52 @@ class TensorPool {
 
 class PeerExchange;
 
+// ---- Node window: the ranks of a Comm that share a node exchange rows through an MPI-3
+// shared-memory window (MPI_Win_allocate_shared, as DeepEP's intranode kernels use NVLink buffers):
+// the sender writes its rows straight into a slot of the receiver's segment, and its message
+// carries only the record, which says so; the receiver reads the rows in place and frees the slot.
+// One copy per row instead of two (pack into a send buffer, then MPI's transfer). Each (receiver,
+// source, kind) slot has one writer (the source) and one reader; a slot that is still busy (calls
+// in flight) or too small makes that message carry its rows instead, so the window is an
+// optimisation that never changes results. Ranks on other nodes always use messages.
+enum class SlotKind { dispatch = 0, combine = 1 };
+class NodeWindow {
+ public:
+  NodeWindow() = default;
+  NodeWindow(const NodeWindow&) = delete;
+  NodeWindow& operator=(const NodeWindow&) = delete;
+  void init(MPI_Comm wire, MPI_Comm node, bool enabled);  // collective over wire
+  void free();                                            // collective over the node
+  bool enabled() const { return enabled_; }
+  size_t capacity() const { return gens_.empty() ? 0 : gens_.back().cap; }
+  void publish() const;  // after writing into claimed slots, before the records go out
+  // Sender: the slot (receiver q, this rank, kind) of the newest window when q is on this node,
+  // free, and at least `bytes` large: marks it busy and returns it (gen: its window, for the
+  // record); else null.
+  char* claim(int q, SlotKind k, size_t bytes, int64_t* gen);
+  // Receiver: the rows source r put in this rank's slot of window gen; release() frees the slot.
+  const char* slot(int r, SlotKind k, int64_t gen) const;
+  void release(int r, SlotKind k, int64_t gen);
+  // Collective over the wire communicator (every rank, same `need`): a window whose slots hold
+  // `need` bytes when the newest is smaller. Older windows are freed once every slot is idle.
+  void reserve(size_t need);
+
+ private:
+  struct Gen { MPI_Win win = MPI_WIN_NULL; std::vector<char*> seg; size_t cap = 0; };
+  std::vector<Gen> gens_;
+  std::vector<int> node_rank_;  // [W] node rank of each wire rank, -1 on other nodes
+  MPI_Comm node_ = MPI_COMM_NULL;
+  int n_ = 1, me_ = 0;
+  bool enabled_ = false;
+  size_t header() const;
+  int* state(const Gen& g, int receiver, SlotKind k, int src) const;
+  char* data(const Gen& g, int receiver, SlotKind k, int src) const;
+};
+
 struct Comm::Impl {
   MPI_Comm wire = MPI_COMM_NULL;  // a private duplicate of the caller's communicator (our tags only)
+  MPI_Comm node = MPI_COMM_NULL;  // the ranks of `wire` on this node (MPI_COMM_TYPE_SHARED)
+  NodeWindow window;
   std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
   TensorPool tensors;
   std::map<int64_t, MPI_Datatype> row_types;  // contiguous byte rows, by size
@@ -197,6 +241,11 @@ struct DispatchState {
   std::vector<const char*> rows_from;  // [W] first received row from each rank
   std::vector<int> scount, sdispl, rcount, rdispl;
   MPI_Request req = MPI_REQUEST_NULL;
+  // Node-window slots holding rows sent to this rank: (source, window); freed after the fan-out
+  // (or when the state dies: a call that threw).
+  std::vector<std::pair<int, int64_t>> held;
+  size_t window_need = 0;  // one-round form: slot bytes the ranks need; the window grows after the call
+  ~DispatchState();
   bool planned = false;   // receive layout known (from the agreement round)
   bool received = false;  // finish_receive ran: combine may use this state
   int64_t bytes_sent = 0;
@@ -206,6 +255,12 @@ struct DispatchState {
   void finish_receive(DispatchResult& res);  // fan out the received rows (after the transfer)
   const float* smooth_row(int l) const;
 };
+
+// Slots named by the well-formed, fault-free records among `rec` (this rank's own excluded): the
+// window index + 1 in record field `at` (an extra value when at < 0: the last one), 0 = none.
+// Read before the decision, so a call that throws still frees the slots peers wrote.
+std::vector<std::pair<int, int64_t>> slots_in_records(const std::vector<const char*>& rec, const std::vector<size_t>& size, int me,
+                                                      int meta_field);
 
 // Access to the pending handles' internals for the implementation files.
 struct PendingAccess {

@@ -12,7 +12,6 @@
 #include <fstream>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -114,14 +113,6 @@ void write_trace(MPI_Comm comm, const std::string& path, const std::vector<trace
   OT_CHECK(f.good(), "ot demo", "--trace", "a writable file", path);
 }
 
-// Threads per rank when not given: the cores shared by the ranks on this machine.
-void default_threads(const DemoConfig& cfg) {
-  if (cfg.run.threads > 0 || std::getenv("OT_NUM_THREADS") || std::getenv("OMP_NUM_THREADS")) return;
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  const int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
-  set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / ranks_here));
-}
-
 }  // namespace
 
 int run_demo_ep(const DemoConfig& cfg, const std::string& trace_file) {
@@ -137,10 +128,13 @@ int run_demo_ep(const DemoConfig& cfg, const std::string& trace_file) {
     MPI_Finalize();
     throw Error("ot demo --ep", "model.moe.experts", detail::cat("a multiple of the number of ranks (", W, ")"), detail::cat(E));
   }
-  default_threads(cfg);
   int rc = 1;
   {
-    ep::Comm comm(world, E);
+    // Threads: run.threads / --threads when given, else the Comm shares this node's cores among
+    // the ranks on it (see docs/ep.md).
+    ep::CommOptions co;
+    co.threads = cfg.run.threads > 0 ? cfg.run.threads : -1;
+    ep::Comm comm(world, E, co);
     const std::vector<int64_t>& local = comm.placement().local_experts(me);
     ExpertParallel ep;
     ep.rank = me;
