@@ -92,6 +92,8 @@ class Comm {
   int ep_rank_id() const { return rank_; }
   int node_size() const { return node_size_; }            // ranks of this communicator on this node
   int threads_per_rank() const { return node_threads_; }  // the node's cores shared out (CommOptions)
+  bool node_window() const;       // rows between the ranks of this node go through shared memory
+  int64_t window_sends() const;   // messages whose rows this rank wrote into a peer's window slot
   MPI_Comm mpi() const { return comm_; }
   const Placement& placement() const { return placement_; }
   // Takes effect at the next dispatch; every rank must set the same placement.

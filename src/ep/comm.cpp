@@ -110,6 +110,9 @@ Comm::~Comm() {
   MPI_Comm_free(&impl_->wire);
 }
 
+bool Comm::node_window() const { return impl_->window.enabled(); }
+int64_t Comm::window_sends() const { return impl_->window.claims(); }
+
 void Comm::set_placement(Placement p) {
   OT_CHECK(p.world_size() == world_, "ep::Comm::set_placement", "placement", "a placement over the communicator's ranks", p.world_size());
   placement_ = std::move(p);

@@ -85,6 +85,7 @@ class NodeWindow {
   bool enabled() const { return enabled_; }
   size_t capacity() const { return gens_.empty() ? 0 : gens_.back().cap; }
   void publish() const;  // after writing into claimed slots, before the records go out
+  int64_t claims() const { return claims_; }
   // Sender: the slot (receiver q, this rank, kind) of the newest window when q is on this node,
   // free, and at least `bytes` large: marks it busy and returns it (gen: its window, for the
   // record); else null.
@@ -103,6 +104,7 @@ class NodeWindow {
   MPI_Comm node_ = MPI_COMM_NULL;
   int n_ = 1, me_ = 0;
   bool enabled_ = false;
+  int64_t claims_ = 0;
   size_t header() const;
   int* state(const Gen& g, int receiver, SlotKind k, int src) const;
   char* data(const Gen& g, int receiver, SlotKind k, int src) const;

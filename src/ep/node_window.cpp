@@ -56,6 +56,7 @@ char* NodeWindow::claim(int q, SlotKind k, size_t bytes, int64_t* gen) {
   if (__atomic_load_n(st, __ATOMIC_ACQUIRE) != 0) return nullptr;  // the receiver has not read the last rows
   __atomic_store_n(st, 1, __ATOMIC_RELAXED);
   *gen = int64_t(gens_.size()) - 1;
+  ++claims_;
   return data(g, nq, k, me_);
 }
 

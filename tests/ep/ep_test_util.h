@@ -80,6 +80,10 @@ struct Scenario {
   const Tensor& mine_want() const { return mine_of(want); }
 };
 
+// Bytes of the record at the head of every message (bytes_sent counts it): fault code, value, 20
+// meta fields, a count and n_extra values of 8 bytes, padded to 64.
+inline int64_t record_bytes(int64_t n_extra) { return (8 * (23 + n_extra) + 63) / 64 * 64; }
+
 double norm_err(const TensorView& a, const TensorView& b);
 bool bit_equal(const TensorView& a, const TensorView& b);
 

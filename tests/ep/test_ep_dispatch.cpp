@@ -43,7 +43,9 @@ TEST(EpDispatch, LayoutMatchesReference) {
   }
 }
 
-// A token with several experts on one rank crosses the wire once; bytes_sent says so.
+// A token with several experts on one rank crosses the wire once; bytes_sent says so (rows with
+// their headers, plus one record per peer: dispatch's carries the row count, a slot count per local
+// expert and the node-window slot; combine's none).
 TEST(EpDispatch, DedupByteCounts) {
   Case c;
   c.dtype = DType::bf16;
@@ -74,16 +76,17 @@ TEST(EpDispatch, DedupByteCounts) {
   o.moe_expert_num = c.E;
   const auto& mine = mine_of(in);
   DispatchResult d = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
-  EXPECT_EQ(d.bytes_sent, rows_out * stride(c.H * 2));
+  const int64_t peers = W() - 1, recs = peers * record_bytes(2 + c.E / W());
+  EXPECT_EQ(d.bytes_sent, rows_out * stride(c.H * 2) + recs);
   if (W() > 1) {
     EXPECT_LT(rows_out, slots_out + 1);
   }
   Tensor y = Tensor::copy_of(d.expand_x);
   PendingCombine pc = moe_distribute_combine_start(comm, y, d);
-  EXPECT_EQ(pc.bytes_sent(), rows_in * c.H * 2);  // one partial row per received token
+  EXPECT_EQ(pc.bytes_sent(), rows_in * c.H * 2 + peers * record_bytes(0));  // one partial row per received token
   pc.wait();
   o.quant_int8 = true;
-  EXPECT_EQ(moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o).bytes_sent, rows_out * stride(c.H));
+  EXPECT_EQ(moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o).bytes_sent, rows_out * stride(c.H) + recs);
 }
 
 // The Comm reuses output storage (expand_x, x_out) once the caller has dropped earlier results, and
