@@ -219,6 +219,7 @@ void DispatchState::place_local(DispatchResult& res) {
   const size_t xes = dtype_size(dtype), out_row = size_t(H) * (opt.quant_int8 ? 1 : xes);
   char* ex = static_cast<char*>(res.expand_x.view().data);
   const TensorView& x = x_view;
+  const bool stream = size_t(A) * out_row >= kStreamBytes;
   parallel_for(int64_t(copies.size()), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const char* src = static_cast<const char*>(x.data) + copies[size_t(i)].t * x.stride(0) * int64_t(xes);
@@ -226,8 +227,9 @@ void DispatchState::place_local(DispatchResult& res) {
       if (opt.quant_int8)
         res.dynamic_scales.ptr<float>()[copies[size_t(i)].dst] =
             quantize_row_int8(src, dtype, H, reinterpret_cast<int8_t*>(dst), smooth_row(copies[size_t(i)].l));
-      else std::memcpy(dst, src, out_row);
+      else copy_row(dst, src, out_row, stream);
     }
+    stream_fence();
   });
 }
 
@@ -565,6 +567,7 @@ void DispatchState::finish_receive(DispatchResult& res) {
   }
   char* ex_rows = static_cast<char*>(res.expand_x.view().data);
   const bool quant = opt.quant_int8, wire_int8 = quant && !opt.smooth_scales.defined();
+  const bool stream = size_t(A) * out_row >= kStreamBytes;
   parallel_for(int64_t(copies.size()), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const Copy& c = copies[size_t(i)];
@@ -572,9 +575,10 @@ void DispatchState::finish_receive(DispatchResult& res) {
       const char* src = fmt.payload(const_cast<char*>(c.row));
       if (quant && !wire_int8)  // smooth scales: quantise per (token, expert) here
         res.dynamic_scales.ptr<float>()[c.dst] = quantize_row_int8(src, dtype, H, reinterpret_cast<int8_t*>(dst), smooth_row(c.l));
-      else std::memcpy(dst, src, out_row);
+      else copy_row(dst, src, out_row, stream);
       if (wire_int8) res.dynamic_scales.ptr<float>()[c.dst] = RowFormat::qscale(const_cast<char*>(c.row));
     }
+    stream_fence();
   });
   // The received rows and the caller's inputs are no longer needed.
   NodeWindow& win = comm->impl().window;

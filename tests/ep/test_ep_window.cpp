@@ -160,3 +160,24 @@ TEST(EpWindow, ThreadsShareTheNode) {
   EXPECT_EQ(ot::num_threads(), 3);
   ot::set_num_threads(before);
 }
+
+// A receive layout past kStreamBytes (16 MB here) is written with non-temporal stores: same rows,
+// through the messages (first call) and the window (second call).
+TEST(EpWindow, LargeLayoutStreamsTheSameRows) {
+  Case c;
+  c.E = two_per_rank();
+  c.K = 4;
+  c.H = 4096;  // 16 KB fp32 rows, BS x K = 1280 of them arrive per rank on average (20 MB)
+  c.bs = [](int) { return int64_t(320); };
+  auto in = make_inputs(c, W(), 41);
+  Comm comm(MPI_COMM_WORLD, c.E, window_on(true));
+  ref::RankExpand r = ref::dispatch(views(in), comm.placement(), me(), false);
+  const auto& mine = mine_of(in);
+  for (int call = 0; call < 2; ++call) {
+    DispatchOptions o;
+    o.moe_expert_num = c.E;
+    DispatchResult d = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
+    EXPECT_TRUE(bit_equal(d.expand_x, r.expand_x)) << "call " << call;
+    EXPECT_EQ(assist_of(d), r.assist);
+  }
+}
