@@ -1,7 +1,6 @@
 // Expert-parallel ops (include/ot/ep.h) with torch_npu's npu_moe_distribute_{dispatch,combine}_v2
 // argument lists; group_ep is an EpComm object (torch_npu: an HCCL group name). MPI is initialised
 // by ep_init (unless the caller, e.g. mpi4py, already did) and finalised by ep_finalize at exit.
-#include <climits>
 #include <utility>
 
 #include "bridge.h"
