@@ -1,4 +1,6 @@
 // Scalar epilogue (any C column stride): the reference order of operations for every fast path.
+#include <cstdint>
+
 #include "ot/numeric.h"
 #include "src/gemm/epilogue_math.h"
 #include "src/gemm/internal.h"
@@ -17,6 +19,16 @@ static void store_c(const EpiArgs& e, int64_t off, float x) {
     case DType::bf16: static_cast<uint16_t*>(e.c)[off] = f32_to_bf16(x); break;
     case DType::f16: static_cast<uint16_t*>(e.c)[off] = f32_to_f16(x); break;
     default: static_cast<float*>(e.c)[off] = x; break;
+  }
+}
+
+void prefetch_c(const EpiArgs& e, int64_t m0, int rows, int64_t col0, int width) {
+  const size_t es = dtype_size(e.c_dtype);
+  for (int r = 0; r < rows; ++r) {
+    int64_t crow = e.scatter_rows ? e.scatter_rows[m0 + r] : m0 + r;
+    const char* p = static_cast<const char*>(e.c) + size_t(crow * e.ldc + col0) * es;
+    uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63), end = reinterpret_cast<uintptr_t>(p + size_t(width) * es);
+    for (; a < end; a += 64) __builtin_prefetch(reinterpret_cast<const void*>(a), 0, 2);
   }
 }
 

@@ -147,6 +147,9 @@ inline float acc_scale(const EpiArgs& e, int64_t m) {
 }
 void epilogue_scalar(const EpiArgs& e, const EpiBlock& b);
 void epilogue_avx512(const EpiArgs& e, const EpiBlock& b);
+// Prefetches (into L2) the C elements that rows [m0, m0+rows) x columns [col0, col0+width) of an
+// epilogue will read (through scatter_rows when set).
+void prefetch_c(const EpiArgs& e, int64_t m0, int rows, int64_t col0, int width);
 
 // Packs rows [m0, m0+mc) of the logical A (row i at a.data + (rows ? rows[i] : i)*rs, columns by cs)
 // into row-major fp32 or bf16 with row stride lda (>= K, zero padding up to lda; rows up to mc_pad).

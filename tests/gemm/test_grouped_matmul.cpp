@@ -54,6 +54,43 @@ TEST(GroupedGemm, RaggedGroupsScatterAccumulateRaceFree) {
   }
 }
 
+// Every row count of one row block (0..41: each split into balanced micro-tiles, e.g. 25 -> 7+6+6+6)
+// with K over several K blocks (the tile accumulates across them) and the prefetched scatter-add
+// epilogue, as the MoE down GEMM runs it.
+TEST(GroupedGemm, EveryRowCountBalancedTilesScatterAccumulate) {
+  const int64_t N = 100, K = 400, rows_out = 37;
+  for (cpu::Isa isa : isa_paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (DType t : {DType::bf16, DType::f32}) {
+      Tensor x = random_tensor(t, {64, K}, 2), w = random_tensor(t, {K, N}, 4);
+      PackedB pw = prepack(w, BLayout::KN);
+      std::mt19937 rng(5);
+      std::vector<std::vector<int32_t>> gather(42), scatter(42);
+      std::vector<Group> groups(42);
+      Tensor c_fast = random_tensor(DType::f32, {rows_out, N}, 8), c_ref = Tensor::copy_of(c_fast);
+      for (int64_t M = 0; M < 42; ++M) {
+        for (int64_t i = 0; i < M; ++i) {
+          gather[size_t(M)].push_back(int32_t(rng() % 64));
+          scatter[size_t(M)].push_back(int32_t(rng() % rows_out));
+        }
+        Group& gr = groups[size_t(M)];
+        gr.M = M;
+        gr.a = {x.view().data, t, K, gather[size_t(M)].data()};
+        gr.b = &pw;
+        gr.c = {c_fast.view().data, DType::f32, N};
+        gr.ep.scatter_rows = scatter[size_t(M)].data();
+        gr.ep.accumulate = true;
+      }
+      grouped_gemm(groups.data(), int64_t(groups.size()));
+      for (Group gr : groups) {
+        gr.c.data = c_ref.view().data;
+        ref::gemm(gr.M, gr.a, w, BLayout::KN, gr.c, gr.ep);
+      }
+      EXPECT_LE(norm_err(c_fast, c_ref), 1e-5) << "isa=" << isa_str(isa) << " " << dtype_name(t);
+    }
+  }
+}
+
 TEST(GroupedGemm, IndependentOutputsWithSwiglu) {
   const int64_t N = 2 * 70, K = 96;
   const std::vector<int64_t> Ms = {64, 0, 3, 200};
