@@ -161,7 +161,7 @@ DispatchResult moe_distribute_dispatch(Comm& comm, const TensorView& x, const Te
 }
 
 DispatchState::~DispatchState() {
-  for (auto [r, g] : held) comm->impl().window.release(r, SlotKind::dispatch, g);
+  for (auto [r, g] : held) comm->impl().window.release_peer(r, SlotKind::dispatch, g);
 }
 
 // Receive layout from slot counts per (local expert l, source r): blocks in (l, r) order.
@@ -304,7 +304,8 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   // 2. Route (valid arguments only): the destination of each active slot, one row per token and
   // remote destination rank, and slot counts per (destination, its local expert): they travel in
   // the records, so every rank knows its receive layout from the messages it gets.
-  // Per q: [rows to q, slots per local expert of q, node-window slot of the rows (index + 1, 0: in the message)].
+  // Per q: [rows to q, slots per local expert of q, rows in this rank's window slot (pulled), the
+  // window of that slot + 1 (0: the rows are in the message)].
   std::vector<std::vector<int64_t>> extra(static_cast<size_t>(W));
   std::vector<int64_t> gathered;  // all_gather: tokens this rank contributes (any sent slot)
   if (fault.code == 0) {
@@ -313,7 +314,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     meta.f[fBS] = st.BS, meta.f[fK] = st.K, meta.f[fH] = st.H;
     const int64_t BS = st.BS, K = st.K, E = st.E;
     const int64_t K_routed = opt.shared_expert_rank_num > 0 ? K - 1 : K;  // the shared column is last
-    for (int q = 0; q < W; ++q) extra[size_t(q)].assign(size_t(2) + P.local_experts(q).size(), 0);
+    for (int q = 0; q < W; ++q) extra[size_t(q)].assign(size_t(3) + P.local_experts(q).size(), 0);
     const TensorView& m = mask;
     auto active = [&](int64_t t, int64_t k) {
       if (!m.defined()) return true;
@@ -361,22 +362,42 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   const bool sender_quant = opt.quant_int8 && !opt.smooth_scales.defined();
   st.fmt = RowFormat(st.K, st.H, sender_quant ? 1 : xes);
   const RowFormat& fmt = st.fmt;
-  // One-round form: rows to a rank on this node go straight into its window slot when one is free
-  // (the message is then the record alone); the slot size every rank wants travels in the records.
+  // One-round form: every token bound for a rank on this node is written once into this rank's
+  // window slot, and those ranks read what they need from it in place (their message is the record
+  // alone), when the slot is free and large enough; the slot size every rank wants travels in the
+  // records.
   NodeWindow& win = comm.impl().window;
-  std::vector<char*> slot(static_cast<size_t>(W), nullptr);
+  std::vector<int> readers;       // on-node ranks that pull from this rank's slot
+  std::vector<int64_t> pull_tok;  // tokens in the slot, ascending
+  char* own_slot = nullptr;
   if (one_round && fault.code == 0) {
     size_t need = 0;
     const size_t ret_row = size_t(st.H) * std::max<size_t>(xes, 2) + 16;  // a combine row (dtype or int8 + scale)
     for (int q = 0; q < W; ++q) {
       if (q == me) continue;
       const size_t rows = size_t(st.send_rows[size_t(q)]);
-      need = std::max({need, rows * fmt.stride, size_t(opt.dedup_combine ? rows : size_t(st.slots_to[size_t(q)])) * ret_row});
-      int64_t gen = 0;
-      if (rows > 0 && (slot[size_t(q)] = win.claim(q, SlotKind::dispatch, rows * fmt.stride, &gen))) extra[size_t(q)].back() = gen + 1;
+      need = std::max(need, size_t(opt.dedup_combine ? rows : size_t(st.slots_to[size_t(q)])) * ret_row);
+      if (rows > 0 && win.on_node(q)) readers.push_back(q);
     }
+    for (int64_t t = 0; t < st.BS; ++t)
+      for (int q : readers)
+        if (st.token_pos[size_t(t * W + q)] >= 0) {
+          pull_tok.push_back(t);
+          break;
+        }
+    need = std::max(need, pull_tok.size() * fmt.stride);
+    int64_t gen = 0;
+    if ((own_slot = win.claim_own(SlotKind::dispatch, pull_tok.size() * fmt.stride, readers, &gen)))
+      for (int q : readers) {
+        std::vector<int64_t>& e = extra[size_t(q)];
+        e[e.size() - 2] = int64_t(pull_tok.size());
+        e.back() = gen + 1;
+      }
+    else readers.clear();
     meta.f[fWindowNeed] = int64_t(need);
   }
+  std::vector<char> pulled_by(static_cast<size_t>(W), 0);
+  for (int q : readers) pulled_by[size_t(q)] = 1;
   auto pack_row = [&](char* row, int64_t t, int q) {
     const int32_t* idr = ids.ptr<int32_t>() + t * ids.stride(0);
     RowFormat::token(row) = int32_t(t);
@@ -394,7 +415,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
       for (int64_t t = t0; t < t1; ++t)
         for (int q = 0; q < W; ++q) {
           int32_t pos = st.token_pos[size_t(t * W + q)];
-          if (q != me && pos >= 0) pack_row(base[size_t(q)] + size_t(pos) * fmt.stride, t, q);
+          if (q != me && pos >= 0 && base[size_t(q)]) pack_row(base[size_t(q)] + size_t(pos) * fmt.stride, t, q);
         }
     });
   };
@@ -405,7 +426,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     rec_len[size_t(q)] = record_bytes(extra[size_t(q)].size());
     if (q == me) continue;
     moff[size_t(q)] = total;
-    mlen[size_t(q)] = rec_len[size_t(q)] + (one_round && ok && !slot[size_t(q)] ? size_t(st.send_rows[size_t(q)]) * fmt.stride : 0);
+    mlen[size_t(q)] = rec_len[size_t(q)] + (one_round && ok && !pulled_by[size_t(q)] ? size_t(st.send_rows[size_t(q)]) * fmt.stride : 0);
     st.bytes_sent += int64_t(rec_len[size_t(q)]);  // the record is on the wire too
     total += (mlen[size_t(q)] + 63) & ~size_t(63);
   }
@@ -416,9 +437,14 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   write_record(own.data(), fault, meta, extra[size_t(me)].data(), extra[size_t(me)].size());
   if (one_round && ok) {
     std::vector<char*> base(static_cast<size_t>(W));
-    for (int q = 0; q < W; ++q) base[size_t(q)] = slot[size_t(q)] ? slot[size_t(q)] : st.msgbuf.data() + moff[size_t(q)] + rec_len[size_t(q)];
+    for (int q = 0; q < W; ++q) base[size_t(q)] = pulled_by[size_t(q)] ? nullptr : st.msgbuf.data() + moff[size_t(q)] + rec_len[size_t(q)];
     pack_rows(base);
-    win.publish();
+    if (own_slot) {  // each token once, all its slots named; readers keep the ones placed on them
+      parallel_for(int64_t(pull_tok.size()), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) pack_row(own_slot + size_t(i) * fmt.stride, pull_tok[size_t(i)], -1);
+      });
+      win.publish();
+    }
   }
   st.ex = std::make_unique<PeerExchange>();
   st.ex->start(comm, kTagDispatch, st.msgbuf.data(), moff, mlen);
@@ -461,12 +487,13 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   st.recv_rows.assign(size_t(W), 0);
   st.recv_slots.assign(size_t(W), 0);
   st.rows_from.assign(size_t(W), nullptr);
+  st.pulled.assign(size_t(W), 0);
   std::vector<int64_t> cnt(size_t(L * W), 0);  // slots per (local expert l, source r)
   for (int r = 0; r < W; ++r) {
     if (one_round) st.window_need = std::max(st.window_need, size_t(dec.meta[size_t(r)].f[fWindowNeed]));
     st.all_bs[size_t(r)] = dec.meta[size_t(r)].f[fBS];
     st.all_rows[size_t(r)] = dec.meta[size_t(r)].f[fRows];
-    if (dec.n_extra[size_t(r)] != 2 + L) throw Error(kOp, "placement", kTable[kPlacementL].expected, detail::cat("rank ", r, ": ", dec.n_extra[size_t(r)] - 1));
+    if (dec.n_extra[size_t(r)] != 3 + L) throw Error(kOp, "placement", kTable[kPlacementL].expected, detail::cat("rank ", r, ": ", dec.n_extra[size_t(r)] - 1));
     const int64_t* rec = dec.extra[size_t(r)];
     st.recv_rows[size_t(r)] = rec[0];
     for (int64_t l = 0; l < L; ++l) {
@@ -486,9 +513,13 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     for (int r = 0; r < W; ++r) {
       if (r == me) continue;
       st.rcount[size_t(r)] = checked_int(st.recv_rows[size_t(r)], kOp, "receive rows");
-      const int64_t where = dec.extra[size_t(r)][1 + L];  // node-window slot + 1, or 0: after the record
-      st.rows_from[size_t(r)] = where > 0 ? win.slot(r, SlotKind::dispatch, where - 1) : st.ex->data(r) + record_bytes(size_t(2 + L));
-      OT_CHECK(st.ex->size(r) == record_bytes(size_t(2 + L)) + (where > 0 ? 0 : size_t(st.recv_rows[size_t(r)]) * fmt.stride), kOp,
+      const int64_t where = dec.extra[size_t(r)][2 + L];  // r's window slot + 1, or 0: after the record
+      if (where > 0) {  // all of r's tokens bound for this node: keep those with slots placed here
+        st.pulled[size_t(r)] = 1;
+        st.rcount[size_t(r)] = checked_int(dec.extra[size_t(r)][1 + L], kOp, "window rows");
+      }
+      st.rows_from[size_t(r)] = where > 0 ? win.peer_own(r, SlotKind::dispatch, where - 1) : st.ex->data(r) + record_bytes(size_t(3 + L));
+      OT_CHECK(st.ex->size(r) == record_bytes(size_t(3 + L)) + (where > 0 ? 0 : size_t(st.recv_rows[size_t(r)]) * fmt.stride), kOp,
                "message", "the size its record announces", st.ex->size(r));
     }
   } else if (a2a) {
@@ -549,7 +580,7 @@ void DispatchState::finish_receive(DispatchResult& res) {
       bool any = false;
       for (int64_t k = 0; k < K; ++k) {  // the slots of this row that are ours
         const int32_t e = idr[k];
-        if (e < 0 || (!a2a && P.destination(r, tok, e) != me)) continue;
+        if (e < 0 || ((!a2a || pulled[size_t(r)]) && P.destination(r, tok, e) != me)) continue;
         if (!any) {
           recv.push_back({int32_t(r), tok, a2a ? ret++ : -1});
           any = true;
@@ -582,7 +613,7 @@ void DispatchState::finish_receive(DispatchResult& res) {
   });
   // The received rows and the caller's inputs are no longer needed.
   NodeWindow& win = comm->impl().window;
-  for (auto [r, g] : held) win.release(r, SlotKind::dispatch, g);
+  for (auto [r, g] : held) win.release_peer(r, SlotKind::dispatch, g);
   held.clear();
   win.reserve(window_need);  // every rank calls it with the same need (collective when it grows)
   ex.reset();

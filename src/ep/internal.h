@@ -67,10 +67,12 @@ class TensorPool {
 class PeerExchange;
 
 // ---- Node window: the ranks of a Comm that share a node exchange rows through an MPI-3
-// shared-memory window (MPI_Win_allocate_shared, as DeepEP's intranode kernels use NVLink buffers):
-// the sender writes its rows straight into a slot of the receiver's segment, and its message
-// carries only the record, which says so; the receiver reads the rows in place and frees the slot.
-// One copy per row instead of two (pack into a send buffer, then MPI's transfer). Each (receiver,
+// shared-memory window (MPI_Win_allocate_shared, as DeepEP's intranode kernels use NVLink buffers).
+// Dispatch: the sender writes each token once into its own slot and every on-node receiver reads
+// the rows it needs in place (pull). Combine: the expert rank writes each partial row straight into
+// the source rank's slot (push). Messages carry only the records, which say so; readers free the
+// slots. One copy per row instead of pack + MPI transfer, and dispatch packs a token once, not once
+// per destination rank. Each (receiver,
 // source, kind) slot has one writer (the source) and one reader; a slot that is still busy (calls
 // in flight) or too small makes that message carry its rows instead, so the window is an
 // optimisation that never changes results. Ranks on other nodes always use messages.
@@ -93,6 +95,13 @@ class NodeWindow {
   // Receiver: the rows source r put in this rank's slot of window gen; release() frees the slot.
   const char* slot(int r, SlotKind k, int64_t gen) const;
   void release(int r, SlotKind k, int64_t gen);
+  // Dispatch (pull): this rank's own slot of kind k, which several on-node readers (wire ranks)
+  // read in place; free once every reader of its last rows has released it. Claiming marks it
+  // unread by `readers`. Readers use peer_own / release_peer.
+  char* claim_own(SlotKind k, size_t bytes, const std::vector<int>& readers, int64_t* gen);
+  const char* peer_own(int r, SlotKind k, int64_t gen) const;
+  void release_peer(int r, SlotKind k, int64_t gen);
+  bool on_node(int q) const { return enabled_ && node_rank_[size_t(q)] >= 0; }
   // Collective over the wire communicator (every rank, same `need`): a window whose slots hold
   // `need` bytes when the newest is smaller. Older windows are freed once every slot is idle.
   void reserve(size_t need);
@@ -251,10 +260,11 @@ struct DispatchState {
   std::unique_ptr<PeerExchange> ex;  // the records (and, one-round form, the rows)
   PooledBuffer msgbuf, sendbuf, recvbuf;
   std::vector<const char*> rows_from;  // [W] first received row from each rank
+  std::vector<char> pulled;            // [W] rows_from[r] is r's own window slot: every token of r, filter by destination
   std::vector<int> scount, sdispl, rcount, rdispl;
   MPI_Request req = MPI_REQUEST_NULL;
-  // Node-window slots holding rows sent to this rank: (source, window); freed after the fan-out
-  // (or when the state dies: a call that threw).
+  // Node-window slots this rank reads (source's own slot, window); freed after the fan-out (or
+  // when the state dies: a call that threw).
   std::vector<std::pair<int, int64_t>> held;
   size_t window_need = 0;  // one-round form: slot bytes the ranks need; the window grows after the call
   ~DispatchState();

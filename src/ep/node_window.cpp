@@ -1,8 +1,10 @@
 // The node window (see internal.h): MPI-3 shared memory between the ranks of one node.
-// Segment of receiver q: state words [kind][source], one cache line each, then the slots
-// [kind][source] of `cap` bytes. A state word is 1 while its slot holds rows not yet read: only the
-// source sets it (claim) and only the receiver clears it (release), so no lock is needed; the rows
-// are published by the record message that follows them (MPI_Win_sync + the message's ordering).
+// Segment of rank q: state words [kind][rank], one cache line each, then slots [kind][rank] of `cap`
+// bytes. Push (combine): slot [k][s] of q holds rows from source s for q; its state word is 1 until
+// q has read them. Pull (dispatch): slot [k][q] of q is q's own, read by several ranks; state word
+// [k][s] of q is 1 until reader s has read it. Each word is set only by the writer (claim) and
+// cleared only by its reader (release), so no lock is needed; the rows are published by the record
+// message that follows them (MPI_Win_sync + the message's ordering).
 #include <algorithm>
 
 #include "src/ep/internal.h"
@@ -65,6 +67,30 @@ const char* NodeWindow::slot(int r, SlotKind k, int64_t gen) const {
   MPI_Win_sync(g.win);  // the rows were published before the record arrived
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
   return data(g, me_, k, node_rank_[size_t(r)]);
+}
+
+char* NodeWindow::claim_own(SlotKind k, size_t bytes, const std::vector<int>& readers, int64_t* gen) {
+  if (!enabled_ || gens_.empty() || bytes > gens_.back().cap || readers.empty()) return nullptr;
+  const Gen& g = gens_.back();
+  for (int s = 0; s < n_; ++s)
+    if (__atomic_load_n(state(g, me_, k, s), __ATOMIC_ACQUIRE) != 0) return nullptr;  // a reader is not done
+  for (int q : readers) __atomic_store_n(state(g, me_, k, node_rank_[size_t(q)]), 1, __ATOMIC_RELAXED);
+  *gen = int64_t(gens_.size()) - 1;
+  claims_ += int64_t(readers.size());
+  return data(g, me_, k, me_);
+}
+
+const char* NodeWindow::peer_own(int r, SlotKind k, int64_t gen) const {
+  const Gen& g = gens_.at(size_t(gen));
+  MPI_Win_sync(g.win);
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  const int nr = node_rank_[size_t(r)];
+  return data(g, nr, k, nr);
+}
+
+void NodeWindow::release_peer(int r, SlotKind k, int64_t gen) {
+  const Gen& g = gens_.at(size_t(gen));
+  __atomic_store_n(state(g, node_rank_[size_t(r)], k, me_), 0, __ATOMIC_RELEASE);
 }
 
 void NodeWindow::publish() const {
