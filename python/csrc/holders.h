@@ -63,8 +63,12 @@ struct MoeFfnSavedHolder : torch::CustomClassHolder {
 // or a caller's communicator (an mpi4py handle), plus the dispatches awaiting their combine, found
 // by their assist_info_for_combine tensor so combine keeps torch_npu's argument list.
 struct EpCommHolder : torch::CustomClassHolder {
-  EpCommHolder(int64_t num_experts, int64_t comm_handle);
+  // threads, node_window: ot::ep::CommOptions.
+  EpCommHolder(int64_t num_experts, int64_t comm_handle, int64_t threads, bool node_window);
   int64_t ep_world_size() const { return comm->ep_world_size(); }
+  int64_t node_size() const { return comm->node_size(); }
+  int64_t threads_per_rank() const { return comm->threads_per_rank(); }
+  bool node_window() const { return comm->node_window(); }
   int64_t ep_rank_id() const { return comm->ep_rank_id(); }
   int64_t num_local_experts() const { return comm->num_local_experts(); }
   std::vector<int64_t> local_experts() const { return comm->placement().local_experts(comm->ep_rank_id()); }

@@ -124,7 +124,14 @@ def main():
         y = ep.ep_moe_ffn(x2, ids2, w2, shared, moe.MoeExperts(g2[loc2], u2[loc2], d2[loc2]), E2, shared_expert_rank_num=1)
         assert rel(y, want) < 1e-5, f"rank {r} shared-expert ranks ep_moe_ffn: {rel(y, want)}"
 
-    # 5. A bad option on the last rank only: every rank raises, naming it; nobody is left waiting.
+    # 5. Communicator options: messages only (no node window), ot's thread count left alone.
+    plain = ep.EpComm(E, threads=0, node_window=False)
+    assert not plain.node_window() and plain.node_size() == W, (plain.node_window(), plain.node_size())
+    for dedup in (True, False):
+        y = ep.ep_moe_ffn(x, ids, w, plain, store, E, dedup_combine=dedup)
+        assert rel(y, y_ref) < 1e-5, f"rank {r} without the node window dedup={dedup}: {rel(y, y_ref)}"
+
+    # 6. A bad option on the last rank only: every rank raises, naming it; nobody is left waiting.
     last = r == W - 1
     expect_error("scales", lambda: ep.moe_distribute_dispatch_v2(x, ids, group, W, r, E, expert_scales=w,
                                                                  scales=scales if last else None))  # without quant_mode 2
