@@ -1,6 +1,7 @@
 // Weighted combine of gathered rows, AVX-512: the output row is built 128 lanes at a time in eight
 // fp32 registers (no accumulator round trip through memory per input row), the next output's rows
-// are prefetched block by block, and whole output lines may be stored non-temporally.
+// are prefetched block by block, and whole output lines may be stored non-temporally. Also the
+// streaming row copy of init routing and permute.
 #include <cstdint>
 
 #include "src/core/cvt_avx512.h"
@@ -78,5 +79,16 @@ void combine_rows_avx512(const WeightedRow* rows, int n, DType t, int64_t H, voi
 }
 
 void stream_fence_avx512() { _mm_sfence(); }
+
+// Whole 64-byte lines, non-temporal (dst aligned); the next source row is prefetched a line per line.
+void copy_row_avx512(void* dst, const void* src, size_t bytes, const void* next) {
+  const char* s = static_cast<const char*>(src);
+  char* d = static_cast<char*>(dst);
+  const char* n = static_cast<const char*>(next);
+  for (size_t o = 0; o < bytes; o += 64) {
+    if (n) _mm_prefetch(n + o, _MM_HINT_T0);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + o), _mm512_loadu_si512(s + o));
+  }
+}
 
 }  // namespace ot::moe::impl

@@ -20,6 +20,13 @@ void combine_rows(const WeightedRow* rows, int n, DType t, int64_t H, void* out,
   for (int j = 0; j < n; ++j) accumulate_f32(rows[j].p, t, rows[j].w, acc, H);
   convert_from_f32(acc, out, out_t, H);
 }
+void copy_row_avx512(void* dst, const void* src, size_t bytes, const void* next);
+void copy_row(void* dst, const void* src, size_t bytes, bool stream, const void* next) {
+  if (stream && cpu::has(cpu::Isa::avx512) && (reinterpret_cast<uintptr_t>(dst) & 63) == 0 && bytes % 64 == 0)
+    return copy_row_avx512(dst, src, bytes, next);
+  if (next) prefetch_row(next, bytes);
+  std::memcpy(dst, src, bytes);
+}
 void stream_fence() {
   if (cpu::has(cpu::Isa::avx512)) stream_fence_avx512();
 }

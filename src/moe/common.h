@@ -80,6 +80,11 @@ struct WeightedRow {
 void combine_rows(const WeightedRow* rows, int n, DType t, int64_t H, void* out, DType out_t, const WeightedRow* next = nullptr,
                   int n_next = 0, bool stream = false);
 void stream_fence();
+// One row copy of `bytes` (row gathers of init routing and permute). stream: non-temporal stores when
+// dst is 64-byte aligned and bytes a multiple of 64 (call stream_fence() before the results are read
+// by another thread), so an output far larger than the caches is not read for ownership first.
+// `next` (optional): the source row copied after this one, prefetched line by line meanwhile.
+void copy_row(void* dst, const void* src, size_t bytes, bool stream, const void* next = nullptr);
 // Whether non-temporal stores pay off for an output of this many bytes.
 bool stream_output(size_t bytes);
 

@@ -59,9 +59,14 @@ void init_v1_fast(const InitV1Plan& p, InitRoutingResult& r) {
     eei[i] = ids[perm[i]];
   }
   size_t es = dtype_size(p.x.dtype), rb = size_t(p.H) * es;
-  parallel_for(p.active_tokens * p.K, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-      std::memcpy(static_cast<char*>(r.expanded_x.view().data) + size_t(i) * rb, row_ptr(p.x, rid[perm[size_t(i)]] % p.N, p.H), rb);
+  const int64_t rows = p.active_tokens * p.K;
+  const bool stream = stream_output(size_t(rows) * rb);
+  parallel_for(rows, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const void* next = i + 1 < i1 ? row_ptr(p.x, rid[perm[size_t(i + 1)]] % p.N, p.H) : nullptr;
+      copy_row(static_cast<char*>(r.expanded_x.view().data) + size_t(i) * rb, row_ptr(p.x, rid[perm[size_t(i)]] % p.N, p.H), rb, stream, next);
+    }
+    if (stream) stream_fence();
   });
 }
 
@@ -137,10 +142,10 @@ float quant_dynamic_row(const float* xs, int64_t H, int8_t* q) {
 }
 
 // Writes expanded row `i` (from token n, sorted expert e) into dst (quantised when asked).
-static void emit_row(const InitV2Plan& p, int64_t n, int64_t e, char* dst, float* scale_out, float* buf) {
+// stream / next: see copy_row.
+static void emit_row(const InitV2Plan& p, int64_t n, int64_t e, char* dst, float* scale_out, float* buf, bool stream, const void* next) {
   if (p.o.quant_mode < 0) {
-    size_t rb = size_t(p.H) * dtype_size(p.x.dtype);
-    std::memcpy(dst, row_ptr(p.x, n, p.H), rb);
+    copy_row(dst, row_ptr(p.x, n, p.H), size_t(p.H) * dtype_size(p.x.dtype), stream, next);
     if (scale_out && p.scale == InitV2Plan::Scale::per_token) *scale_out = p.smooth.ptr<float>()[n];
     return;
   }
@@ -215,14 +220,17 @@ InitRoutingV2Result init_v2_fast(const InitV2Plan& p) {
   size_t rb = size_t(p.H) * dtype_size(xt);
   char* ex = static_cast<char*>(r.expanded_x.view().data);
   float* es = want_scale ? r.expanded_scale.ptr<float>() : nullptr;
+  const bool stream = stream_output(size_t(out_rows) * rb);
   parallel_for(r.available, [&](int64_t i0, int64_t i1) {
     std::vector<float> buf(static_cast<size_t>(p.H));
     for (int64_t i = i0; i < i1; ++i) {
       int32_t d = dst[size_t(i)];
       if (d < 0) continue;
       int32_t j = perm[size_t(i)];
-      emit_row(p, j / p.K, key[size_t(j)] + p.start, ex + size_t(d) * rb, es ? es + d : nullptr, buf.data());
+      const void* next = i + 1 < i1 ? row_ptr(p.x, perm[size_t(i + 1)] / p.K, p.H) : nullptr;
+      emit_row(p, j / p.K, key[size_t(j)] + p.start, ex + size_t(d) * rb, es ? es + d : nullptr, buf.data(), stream, next);
     }
+    if (stream) stream_fence();
   });
   return r;
 }

@@ -54,8 +54,11 @@ void permute_fast(const PermutePlan& p, TokenPermuteResult& r) {
   }
   size_t rb = size_t(p.H) * dtype_size(p.tokens.dtype);
   char* out = static_cast<char*>(r.permuted_tokens.view().data);
+  const bool stream = stream_output(size_t(p.rows) * rb);
   parallel_for(p.rows, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) std::memcpy(out + size_t(i) * rb, row_ptr(p.tokens, src[size_t(i)], p.H), rb);
+    for (int64_t i = i0; i < i1; ++i)
+      copy_row(out + size_t(i) * rb, row_ptr(p.tokens, src[size_t(i)], p.H), rb, stream, i + 1 < i1 ? row_ptr(p.tokens, src[size_t(i + 1)], p.H) : nullptr);
+    if (stream) stream_fence();
   });
 }
 

@@ -50,13 +50,18 @@ inline bool limits_groups(const RouterSpec& s) { return s.select == Select::gati
 inline bool select_on_logits(const RouterSpec& s) {
   return s.select == Select::topk_softmax || (s.bias.empty() && !(limits_groups(s) && s.group_mode == 1));
 }
-// Per-thread row buffers of the fast executors (rows padded to a multiple of 16 floats).
+// Rows the vector kernel carries through each of its phases together (independent dependency
+// chains for the out-of-order core; one row's chain is several hundred cycles long).
+constexpr int kRouterBlock = 8;
+// Per-thread row buffers of the fast executors (rows padded to a multiple of 16 floats; xr, sc and
+// key hold kRouterBlock rows `stride` apart, the scalar row uses the first).
 struct RouterScratch {
   explicit RouterScratch(const RouterSpec& s);
   ~RouterScratch();
   RouterScratch(const RouterScratch&) = delete;
   RouterScratch& operator=(const RouterScratch&) = delete;
   float *xr, *sc, *key, *gs, *kv, *vals;
+  int64_t stride;
   int32_t* ki;
   float* cand;       // [E + 80]: candidates of the vector top-k (compressed stores run 16 past)
   int32_t* cand_id;  // [E + 80]: their expert ids, likewise
