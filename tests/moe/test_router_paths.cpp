@@ -209,3 +209,28 @@ TEST(MoeInitRoutingQuant, Int8OutputFeedsPermute) {
   expect_same(p.permuted_tokens, pr.permuted_tokens, "permuted int8");
   EXPECT_OT_ERROR(moe_token_permute(Tensor::zeros(DType::u8, {18, 32}), rows), "tokens");
 }
+
+// The vector top-k's edges: E not a multiple of 16 (padding lanes in the column maxima), k = E and
+// k = 16 (every candidate chosen), 19 rows (a block of 8 plus a tail), and rows whose candidates
+// overflow the 16-lane fast path (flat rows: the general vector top-k, then the scalar row on ties)
+// mixed with ordinary rows in one block.
+TEST(MoeRouterPaths, VectorTopKEdges) {
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (DType t : {DType::f32, DType::bf16})
+      for (int64_t E : {1, 5, 16, 17, 31, 33, 200})
+        for (int64_t k : {int64_t(1), int64_t(7), int64_t(15), int64_t(16), E}) {
+          if (k > E || k > 16) continue;
+          std::string what = std::string(cpu::isa_name(isa)) + " " + dtype_name(t) + " E" + std::to_string(E) + " k" + std::to_string(k);
+          Tensor x = randn(t, {19, E}, uint32_t(E * 7 + k), 2.f);
+          for (int64_t row : {2, 9, 10, 18})  // flat rows (all equal) and two-level rows
+            for (int64_t e = 0; e < E; ++e) set_from_double(x, row * E + e, row % 2 ? 0.5 * double(e % 2) : 0.25);
+          expect_match(moe_gating_top_k_softmax(x, k), ref::moe_gating_top_k_softmax(x, k), t, what + " v1");
+          expect_match(moe_gating_top_k_softmax_v2(x, k, {}, 1, false), ref::moe_gating_top_k_softmax_v2(x, k, {}, 1, false), t,
+                       what + " v2 renorm 1");
+          GatingTopKOptions o;
+          o.k = k; o.norm_type = 1; o.out_flag = true;
+          expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), t, what + " gating sigmoid");
+        }
+  }
+}
