@@ -2,10 +2,12 @@
 // gradients), TN = A^T x B on row views (weight gradients). Both reuse the engine's micro-kernels
 // (never AMX: it needs 32-row, 32-deep tiles and these shapes are thin) and its panel layouts;
 // what is new is where the packing happens and how C is written:
-//   NT: units = (job, block of 4 panels of 48 output columns). Each panel of W^T is packed into
-//       per-thread scratch right before the unit's row tiles use it (a 16x16 dword transpose: a
-//       bf16 k-pair is one dword), so a weight that changes every training step is read once and
-//       never packed as a whole. A is used in place when it is already in the kernel's dtype.
+//   NT: units = (job, block of 4 panels of 48 output columns). Each panel of W^T is packed in K
+//       chunks of the kernel's kc (a 16x16 dword transpose: a bf16 k-pair is one dword) into an
+//       L1 buffer right before all the unit's row tiles run over it, so a weight that changes
+//       every training step is read once (prefetched a chunk ahead), never packed as a whole, and
+//       its transposed chunk is consumed from L1. A is used in place when already in the kernel's
+//       dtype.
 //   TN: K is a group's rows (often 1..64). A^T and B are packed once per job (pairs padded to 2,
 //       not 32), then units = (job, 128 rows of M, 4 panels) run the kernel over the whole K into
 //       an L1 tile that is streamed to C (fp32 gradients are write-once: no read-for-ownership).
@@ -30,6 +32,7 @@ namespace {
 
 constexpr int64_t kMB = 128;  // TN rows per unit
 constexpr int64_t kPB = 4;    // panels per unit
+constexpr int64_t kNtMB = 256;  // NT/NN rows per block (each W^T chunk is packed once per block)
 
 struct Scratch { Buf panel, a, tile; };
 Scratch& scratch() {
@@ -109,48 +112,57 @@ void nt_reference(const NtJob& j, WForm f) {
   }
 }
 
-// Panel p of B = W^T (NT) or W (NN): [Kp][48] f32 or [Kp/2][48][2] bf16, zero-padded.
-void pack_nt_panel(const NtJob& j, WForm f, Layout l, int64_t Kp, int64_t p, char* dst) {
-  const int64_t n0 = p * kNR, K0 = j.w[0].K, K = K0 + j.w[1].K;
+// Rows [k0, k0 + kn) of panel p of B = W^T (NT) or W (NN): [kn][48] f32 or [kn/2][48][2] bf16,
+// zero-padded (k0 even; kn may run past K into the pair/K padding). pf: prefetch the next chunk.
+void pack_nt_chunk(const NtJob& j, WForm f, Layout l, int64_t p, int64_t k0, int64_t kn, char* dst, bool pf) {
+  const int64_t n0 = p * kNR, K0 = j.w[0].K, K = K0 + j.w[1].K, k1 = std::min(K, k0 + kn);
   const int w = int(std::min<int64_t>(kNR, j.N - n0));
   const size_t es = dtype_size(j.w_dtype);
   const bool avx = cpu::has(cpu::Isa::avx512);
+  const int64_t per = l == Layout::f32 ? 1 : 2;  // k per dword of the panel
+  const size_t row = size_t(kNR) * 4;            // bytes per dword row of the panel
   if (f == WForm::nt) {
     const bool dword_src = l == Layout::f32 ? j.w_dtype == DType::f32 : (j.w_dtype == DType::bf16 && K0 % 2 == 0);
     if (dword_src && avx) {
-      int64_t pos = 0;  // dwords (pairs or floats) written so far
-      const int64_t per = l == Layout::f32 ? 1 : 2;
-      for (int s = 0; s < 2; ++s) {
+      int64_t pos = 0;  // dword rows written so far
+      for (int s = 0, base = 0; s < 2; base += int(j.w[s].K), ++s) {
         const NtSegment& sg = j.w[s];
-        int64_t P = sg.K / per;
-        if (P > 0) transpose_dwords_avx512(at(sg.data, j.w_dtype, n0 * sg.ld), sg.ld * int64_t(es), w, P, reinterpret_cast<uint32_t*>(dst) + pos * kNR);
+        const int64_t a = std::max<int64_t>(k0, base), b = std::min<int64_t>(k1, base + sg.K);
+        const int64_t P = b > a ? (b - a) / per : 0;  // whole dwords of this segment in the chunk
+        if (P > 0)
+          transpose_dwords_avx512(at(sg.data, j.w_dtype, n0 * sg.ld + (a - base)), sg.ld * int64_t(es), w, P,
+                                  reinterpret_cast<uint32_t*>(dst) + pos * kNR, pf ? kn * int64_t(es) : 0);
         pos += P;
       }
-      const size_t row = size_t(kNR) * 4;
-      std::memset(dst + size_t(pos) * row, 0, size_t(Kp / per - pos) * row);
-      if (l != Layout::f32 && K % 2 == 1)  // the last segment's odd element pairs with padding
-        for (int c = 0; c < w; ++c) put(l, dst, K - 1, c, 0.f, nt_w(j, f, K - 1, n0 + c));
+      std::memset(dst + size_t(pos) * row, 0, size_t(kn / per - pos) * row);
+      if (l != Layout::f32 && K % 2 == 1 && K - 1 >= k0 && K - 1 < k0 + kn)  // the odd last element pairs with padding
+        for (int c = 0; c < w; ++c) put(l, dst, K - 1 - k0, c, 0.f, nt_w(j, f, K - 1, n0 + c));
       return;
     }
   } else if (l != Layout::f32 && j.w_dtype == DType::bf16 && K0 % 2 == 0 && avx) {
     // two rows interleaved per k-pair; an odd last segment pairs its tail with zeros
     uint16_t* d = reinterpret_cast<uint16_t*>(dst);
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0, base = 0; s < 2; base += int(j.w[s].K), ++s) {
       const NtSegment& sg = j.w[s];
-      if (sg.K > 0) pack_rows_vnni_avx512(static_cast<const uint16_t*>(sg.data) + n0, sg.ld, sg.K, w, d + (s ? K0 : 0) * kNR);
+      const int64_t a = std::max<int64_t>(k0, base), b = std::min<int64_t>(k1, base + sg.K);
+      if (b > a) pack_rows_vnni_avx512(static_cast<const uint16_t*>(sg.data) + (a - base) * sg.ld + n0, sg.ld, b - a, w, d + (a - k0) * kNR);
     }
-    const int64_t done = (K + 1) / 2;
-    std::memset(dst + size_t(done) * 2 * kNR * 2, 0, size_t(Kp / 2 - done) * 2 * kNR * 2);
+    const int64_t done = (k1 - k0 + 1) / 2;
+    std::memset(dst + size_t(done) * row, 0, size_t(kn / 2 - done) * row);
     return;
   }
-  std::memset(dst, 0, size_t(Kp) * kNR * layout_elt(l));
+  std::memset(dst, 0, size_t(kn) * kNR * layout_elt(l));
   for (int c = 0; c < w; ++c)
-    for (int64_t k = 0; k < K; ++k) {
+    for (int64_t k = k0; k < k1; ++k) {
       const char* src = nt_w(j, f, k, n0 + c);
-      put(l, dst, k, c, elem(src, j.w_dtype, 0), l != Layout::f32 ? src : nullptr);
+      put(l, dst, k - k0, c, elem(src, j.w_dtype, 0), l != Layout::f32 ? src : nullptr);
     }
 }
 
+// Unit ub = panels [4 ub, 4 ub + 4) for all rows. Per panel, K runs in chunks of the kernel's kc:
+// each chunk of W^T is packed into an L1 buffer right before every row tile of the block runs
+// over it (the transposed weights are produced and consumed in L1; W streams from memory once,
+// prefetched a chunk ahead). C accumulates in place over the chunks (a tile for an edge panel).
 void nt_unit(const NtJob& j, WForm f, int64_t ub) {
   const Layout l = layout_for(j.a.dtype, j.w_dtype);
   const Kernel kern = thin_kernel(l);
@@ -158,37 +170,38 @@ void nt_unit(const NtJob& j, WForm f, int64_t ub) {
   const size_t elt = layout_elt(l);
   const DType kdt = l == Layout::f32 ? DType::f32 : DType::bf16;
   const bool in_place = !j.a.rows && j.a.dtype == kdt && Kp == K;
+  const int64_t kc = std::max<int64_t>(2, std::min(kern.kc, Kp));  // even, so chunks start at pairs
   Scratch& s = scratch();
-  char* panel = s.panel.get(std::max<size_t>(64, size_t(Kp) * kNR * elt));
-  float* tile = reinterpret_cast<float*>(s.tile.get(size_t(kMB) * kNR * 4));
+  char* panel = s.panel.get(size_t(kc) * kNR * elt);
   const int64_t p0 = ub * kPB, p1 = std::min(panels_of(j.N), p0 + kPB);
-  for (int64_t p = p0; p < p1; ++p) {
-    pack_nt_panel(j, f, l, Kp, p, panel);
-    const int64_t n0 = p * kNR;
-    const int w = int(std::min<int64_t>(kNR, j.N - n0));
-    for (int64_t m0 = 0; m0 < j.M; m0 += kMB) {
-      const int64_t mc = std::min(kMB, j.M - m0);
-      const char* a;
-      int64_t lda;
-      if (in_place) {
-        a = at(j.a.data, j.a.dtype, m0 * j.a.ld);
-        lda = j.a.ld;
-      } else {
-        lda = std::max<int64_t>(Kp, 2);
-        char* buf = s.a.get(size_t(mc * lda) * elt + 64);
-        pack_a({j.a.data, j.a.dtype, j.a.ld, 1, j.a.rows}, m0, mc, mc, K, l, buf, lda);
-        a = buf;
-      }
-      for (int64_t ir = 0; ir < mc; ir += kern.mr) {
-        int rows = int(std::min<int64_t>(kern.mr, mc - ir));
-        float* c = j.c + (m0 + ir) * j.ldc + n0;
-        if (w == kNR) {
-          kern.fn(rows, Kp, a + size_t(ir * lda) * elt, lda, panel, c, j.ldc, j.accumulate);
-        } else {
-          kern.fn(rows, Kp, a + size_t(ir * lda) * elt, lda, panel, tile, kNR, false);
-          store_tile(tile, kNR, rows, w, c, DType::f32, j.ldc, j.accumulate);
+  for (int64_t m0 = 0; m0 < j.M; m0 += kNtMB) {
+    const int64_t mc = std::min(kNtMB, j.M - m0);
+    const char* a;
+    int64_t lda;
+    if (in_place) {
+      a = at(j.a.data, j.a.dtype, m0 * j.a.ld);
+      lda = j.a.ld;
+    } else {  // converted / gathered rows, once per row block
+      lda = std::max<int64_t>(Kp, 2);
+      char* buf = s.a.get(size_t(mc * lda) * elt + 64);
+      pack_a({j.a.data, j.a.dtype, j.a.ld, 1, j.a.rows}, m0, mc, mc, K, l, buf, lda);
+      a = buf;
+    }
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * kNR;
+      const int w = int(std::min<int64_t>(kNR, j.N - n0));
+      float* tile = w == kNR ? nullptr : reinterpret_cast<float*>(s.tile.get(size_t(mc) * kNR * 4));
+      for (int64_t pc = 0; pc < Kp || pc == 0; pc += kc) {
+        const int64_t kcur = std::min(kc, Kp - pc);
+        pack_nt_chunk(j, f, l, p, pc, kcur, panel, pc + kcur < Kp);
+        for (int64_t ir = 0; ir < mc; ir += kern.mr) {
+          const int rows = int(std::min<int64_t>(kern.mr, mc - ir));
+          const char* ap = a + size_t(ir * lda + pc) * elt;
+          if (tile) kern.fn(rows, kcur, ap, lda, panel, tile + ir * kNR, kNR, pc > 0);
+          else kern.fn(rows, kcur, ap, lda, panel, j.c + (m0 + ir) * j.ldc + n0, j.ldc, pc > 0 || j.accumulate);
         }
       }
+      if (tile) store_tile(tile, kNR, int(mc), w, j.c + m0 * j.ldc + n0, DType::f32, j.ldc, j.accumulate);
     }
   }
 }

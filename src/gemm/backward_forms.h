@@ -10,7 +10,8 @@ namespace ot::gemm::detail {
 // dst[p * 48 + j] = row j's dword p, for j < rows (<= 48) and p < P; rows j >= `rows` get zeros.
 // Row j starts at src + j * ld_bytes (any alignment). A bf16 k-pair is one dword, so this packs
 // a vnni panel from [N][K] storage (P = K/2 pairs); for fp32 it packs an f32 panel (P = K).
-void transpose_dwords_avx512(const char* src, int64_t ld_bytes, int rows, int64_t P, uint32_t* dst);
+// pf_bytes > 0: also prefetch (into L2) the same rows pf_bytes further on (the next K chunk).
+void transpose_dwords_avx512(const char* src, int64_t ld_bytes, int rows, int64_t P, uint32_t* dst, int64_t pf_bytes = 0);
 
 // bf16 k-pair panel [ceil(K/2)][48][2] from K rows of `width` (<= 48) bf16 columns (row k at
 // src + k * ld): rows 2p and 2p+1 interleaved; columns >= width and the odd tail's partner are 0.

@@ -32,14 +32,18 @@ static inline void transpose16(__m512i r[16]) {
   }
 }
 
-void transpose_dwords_avx512(const char* src, int64_t ld_bytes, int rows, int64_t P, uint32_t* dst) {
+void transpose_dwords_avx512(const char* src, int64_t ld_bytes, int rows, int64_t P, uint32_t* dst, int64_t pf_bytes) {
   for (int64_t p0 = 0; p0 < P; p0 += 16) {
     const int np = int(P - p0 < 16 ? P - p0 : 16);
     const __mmask16 m = __mmask16((1u << np) - 1);
     for (int j0 = 0; j0 < kNR; j0 += 16) {
       __m512i r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = j0 + i < rows ? _mm512_maskz_loadu_epi32(m, src + (j0 + i) * ld_bytes + p0 * 4) : _mm512_setzero_si512();
+      for (int i = 0; i < 16; ++i) {
+        const char* s = src + (j0 + i) * ld_bytes + p0 * 4;
+        if (j0 + i >= rows) { r[i] = _mm512_setzero_si512(); continue; }
+        if (pf_bytes) _mm_prefetch(s + pf_bytes, _MM_HINT_T1);
+        r[i] = _mm512_maskz_loadu_epi32(m, s);
+      }
       transpose16(r);
       for (int q = 0; q < np; ++q) _mm512_store_si512(dst + (p0 + q) * kNR + j0, r[q]);
     }

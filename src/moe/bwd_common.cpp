@@ -47,11 +47,7 @@ GmmBwdPlan plan_grouped_matmul_backward(const char* op, const TensorView& dy, co
   OT_CHECK(x.ndim == 2, op, "x", "[M, K]", x.shape_str());
   OT_CHECK(w.ndim == 3, op, "weight", "[G, K, N]", w.shape_str());
   OT_CHECK(dy.ndim == 2, op, "dy", "[M, N]", dy.shape_str());
-  check_float(op, "x", x);
-  check_float(op, "weight", w);
-  check_float(op, "dy", dy);
-  check_row_major(op, "x", x);
-  check_row_major(op, "dy", dy);
+  check_float_args(op, {{"x", x}, {"weight", w, false}, {"dy", dy}});
   p.M = x.sizes[0];
   p.K = x.sizes[1];
   p.G = w.sizes[0];
@@ -65,8 +61,7 @@ GmmBwdPlan plan_grouped_matmul_backward(const char* op, const TensorView& dy, co
     check_shape(op, "bias", opt.bias, {p.G, p.N});
   }
   if (opt.pre_act.defined()) {
-    check_float(op, "pre_act", opt.pre_act);
-    check_row_major(op, "pre_act", opt.pre_act);
+    check_float_args(op, {{"pre_act", opt.pre_act}});
     check_shape(op, "pre_act", opt.pre_act, {p.M, p.N});
   }
   if (opt.dweight_out.defined()) {
@@ -83,12 +78,7 @@ GmmBwdPlan plan_grouped_matmul_backward(const char* op, const TensorView& dy, co
 
 void check_act_backward(const char* op, gemm::Act act, const TensorView& z, const TensorView& dy, const TensorView& dz) {
   OT_CHECK(z.ndim == 2, op, "z", "[M, N]", z.shape_str());
-  check_float(op, "z", z);
-  check_float(op, "dy", dy);
-  check_float(op, "dz", dz);
-  check_row_major(op, "z", z);
-  check_row_major(op, "dy", dy);
-  check_row_major(op, "dz", dz);
+  check_float_args(op, {{"z", z}, {"dy", dy}, {"dz", dz}});
   int64_t M = z.sizes[0], N = z.sizes[1];
   if (act == gemm::Act::swiglu) OT_CHECK(N % 2 == 0, op, "z", "an even width ([gate | up])", z.shape_str());
   check_shape(op, "dy", dy, {M, act == gemm::Act::swiglu ? N / 2 : N});

@@ -1,6 +1,7 @@
 // Validation and planning shared by the MoE backward entry points and their references.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "ot/error.h"
@@ -33,6 +34,17 @@ inline void check_shape(const char* op, const char* arg, const TensorView& v, co
 }
 inline void check_row_major(const char* op, const char* arg, const TensorView& v) {
   OT_CHECK(v.last_dim_contiguous(), op, arg, "unit stride in the last dim", v.shape_str());
+}
+// Float arguments, row-major unless marked otherwise (every dtype is checked before any stride).
+struct FloatArg {
+  const char* name;
+  const TensorView& v;
+  bool row_major = true;
+};
+inline void check_float_args(const char* op, std::initializer_list<FloatArg> args) {
+  for (const FloatArg& a : args) check_float(op, a.name, a.v);
+  for (const FloatArg& a : args)
+    if (a.row_major) check_row_major(op, a.name, a.v);
 }
 
 }  // namespace ot::moe::bwd

@@ -81,7 +81,8 @@ TEST(GemmNt, MatchesReferenceAcrossIsaAndShapes) {
     for (auto dt : {std::pair{DType::bf16, DType::bf16}, std::pair{DType::f32, DType::f32}, std::pair{DType::f16, DType::bf16},
                     std::pair{DType::f32, DType::bf16}})
       for (NtCase cs : {NtCase{1, 97, 130, 0}, NtCase{9, 48, 64, 64}, NtCase{33, 200, 31, 0}, NtCase{17, 47, 2, 3}, NtCase{130, 96, 66, 34},
-                        NtCase{8, 1, 1, 0}, NtCase{5, 50, 0, 0}, NtCase{0, 10, 4, 0}, NtCase{7, 100, 7, 9}})
+                        NtCase{8, 1, 1, 0}, NtCase{5, 50, 0, 0}, NtCase{0, 10, 4, 0}, NtCase{7, 100, 7, 9},
+                        NtCase{3, 49, 250, 161}, NtCase{300, 20, 40, 0}})  // K chunks across segments; 2 row blocks
         for (bool gather : {false, true})
           for (bool acc : {false, true}) {
             cs.a = dt.first;
