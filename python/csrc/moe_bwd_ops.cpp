@@ -185,7 +185,7 @@ MoeFfnTrainOut moe_ffn_forward_train(const Tensor& x, const Tensor& router, cons
 MoeFfnBwdOut moe_ffn_backward(const Tensor& dy, const Tensor& x, const Tensor& router, const Tensor& gate, const Tensor& up,
                               const Tensor& down, const c10::intrusive_ptr<MoeFfnSavedHolder>& saved, const OptTensor& shared_gate,
                               const OptTensor& shared_up, const OptTensor& shared_down, double aux_loss_coeff, double z_loss_coeff,
-                              c10::string_view layout) {
+                              c10::string_view layout, c10::optional<c10::ScalarType> weight_grad_dtype) {
   const char* op = "moe_ffn_backward";
   OT_CHECK(saved.defined(), op, "saved", "the MoeFfnSaved returned by moe_ffn_forward_train", "None");
   const bool tl = torch_layout(layout, op);
@@ -193,6 +193,8 @@ MoeFfnBwdOut moe_ffn_backward(const Tensor& dy, const Tensor& x, const Tensor& r
   moe::MoeFfnBackwardOptions bo;
   bo.aux_loss_coeff = float(aux_loss_coeff);
   bo.z_loss_coeff = float(z_loss_coeff);
+  // None: fp32 (master accumulators); bfloat16: half the written bytes (the library checks the choice)
+  if (weight_grad_dtype) bo.weight_grad_dtype = to_ot(*weight_grad_dtype, op, "weight_grad_dtype");
   // Autograd hands over gradients that may be expanded or strided: the kernel reads dy row-major.
   Tensor dyc = dy.contiguous();
   auto g = moe::moe_ffn_backward(view(dyc, op, "dy"), view(x, op, "x"), w, saved->saved, saved->opt, bo);

@@ -119,7 +119,7 @@ using MoeFfnBwdOut = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, OptTenso
 MoeFfnBwdOut moe_ffn_backward(const Tensor& dy, const Tensor& x, const Tensor& router, const Tensor& gate, const Tensor& up,
                               const Tensor& down, const c10::intrusive_ptr<MoeFfnSavedHolder>& saved, const OptTensor& shared_gate,
                               const OptTensor& shared_up, const OptTensor& shared_down, double aux_loss_coeff, double z_loss_coeff,
-                              c10::string_view layout);
+                              c10::string_view layout, c10::optional<c10::ScalarType> weight_grad_dtype);
 #endif
 
 #ifdef OT_HAVE_EP

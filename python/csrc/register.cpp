@@ -117,8 +117,8 @@ TORCH_LIBRARY(ops_transformer, m) {
         "-> (Tensor y, Tensor router_logits, Tensor topk_ids, Tensor topk_weights, Tensor expert_counts, int dropped, __torch__.torch.classes.ops_transformer.MoeFfnSaved saved)", OT_OP(moe_ffn_forward_train));
   m.def("moe_ffn_backward(Tensor dy, Tensor x, Tensor router, Tensor gate, Tensor up, Tensor down, "
         "__torch__.torch.classes.ops_transformer.MoeFfnSaved saved, *, Tensor? shared_gate=None, Tensor? shared_up=None, "
-        "Tensor? shared_down=None, float aux_loss_coeff=0.0, float z_loss_coeff=0.0, str layout=\"torch\") "
-        "-> (Tensor dx, Tensor d_router, Tensor d_gate, Tensor d_up, Tensor d_down, Tensor? d_shared_gate, "
+        "Tensor? shared_down=None, float aux_loss_coeff=0.0, float z_loss_coeff=0.0, str layout=\"torch\", "
+        "ScalarType? weight_grad_dtype=None) -> (Tensor dx, Tensor d_router, Tensor d_gate, Tensor d_up, Tensor d_down, Tensor? d_shared_gate, "
         "Tensor? d_shared_up, Tensor? d_shared_down, float aux_loss, float z_loss)", OT_OP(moe_ffn_backward));
 #endif
 #ifdef OT_HAVE_EP

@@ -399,8 +399,12 @@ class _MoeFfn(torch.autograd.Function):
     def backward(ctx, dy, dlogits, *_):
         x, router, gate, up, down, sg, su, sd = ctx.saved_tensors
         dy = torch.zeros_like(x) if dy is None else dy.to(x.dtype)
+        # bf16 experts get their gradients in bf16 from the library (rounded once from the fp32 sum,
+        # as .to(bf16) would, but with half the bytes written); other dtypes get fp32.
+        gdt = torch.bfloat16 if gate.dtype == up.dtype == down.dtype == torch.bfloat16 else None
         dx, dr, dg, du, dd, dsg, dsu, dsd, _, _ = ops.moe_ffn_backward(
-            dy, x, router, gate, up, down, ctx.saved, shared_gate=sg, shared_up=su, shared_down=sd, layout=ctx.layout)
+            dy, x, router, gate, up, down, ctx.saved, shared_gate=sg, shared_up=su, shared_down=sd, layout=ctx.layout,
+            weight_grad_dtype=gdt)
         if dlogits is not None:  # losses on the router logits (aux, z): logits = x router^T
             dl = dlogits.float()
             dx = (dx.float() + dl @ router.float()).to(x.dtype)

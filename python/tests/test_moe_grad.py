@@ -130,6 +130,31 @@ def test_moe_ffn_bf16_realistic_grads():
         assert t.grad.dtype == torch.bfloat16 and rel_err(t.grad, w) < 4e-2, name
 
 
+@need("moe_ffn_backward")
+def test_moe_ffn_backward_weight_grad_dtype():
+    """bf16 expert gradients are the fp32 ones rounded once (what .to(bf16) gives), in both layouts."""
+    x, R, g, u, d = (t.detach().bfloat16() for t in make_layer(16, 32, 4, 24, seed=3))
+    dy = torch.randn(16, 32).bfloat16()
+    for layout, w in (("torch", (g, u, d)), ("EHI", tuple(t.transpose(1, 2).contiguous() for t in (g, u, d)))):
+        saved = ot.ops.moe_ffn_forward_train(x, R, *w, k=2, layout=layout)[6]
+        f32 = ot.ops.moe_ffn_backward(dy, x, R, *w, saved, layout=layout)
+        b16 = ot.ops.moe_ffn_backward(dy, x, R, *w, saved, layout=layout, weight_grad_dtype=torch.bfloat16)
+        for i in (2, 3, 4):  # d_gate, d_up, d_down
+            assert f32[i].dtype == torch.float32 and b16[i].dtype == torch.bfloat16 and b16[i].shape == f32[i].shape
+            assert torch.equal(b16[i], f32[i].bfloat16()), (layout, i)
+        assert torch.equal(b16[0], f32[0]) and torch.equal(b16[1], f32[1])  # dx, d router unchanged
+        with pytest.raises(RuntimeError, match="weight_grad_dtype"):
+            ot.ops.moe_ffn_backward(dy, x, R, *w, saved, layout=layout, weight_grad_dtype=torch.float16)
+    # the autograd path hands bf16 experts bf16 gradients (the library's, no fp32 round trip)
+    leaves = [t.clone().requires_grad_() for t in (x, R, g, u, d)]
+    y, *_ = moe.moe_ffn(leaves[0], leaves[1], tuple(leaves[2:]), k=2)
+    (y.float() * dy.float()).sum().backward()
+    saved = ot.ops.moe_ffn_forward_train(x, R, g, u, d, k=2)[6]
+    want = ot.ops.moe_ffn_backward(dy, x, R, g, u, d, saved)
+    for t, w in zip(leaves[2:], want[2:5]):
+        assert t.grad.dtype == torch.bfloat16 and torch.equal(t.grad, w.bfloat16())
+
+
 # ---- modules vs their plain-PyTorch twins ---------------------------------------------------------
 
 @need("moe_ffn_backward")
