@@ -149,8 +149,9 @@ std::vector<Tensor> single_process(const Inputs& in, const Experts& ex, int64_t 
   return out;
 }
 
-Scenario::Scenario(const Case& c_, int64_t I, uint64_t seed, const SpecialFn& special)
-    : c(c_), ex(c.E, c.H, I), in(make_inputs(c, W(), seed)), want(single_process(in, ex, c.E, DType::f32, special)), comm(c.E) {}
+Scenario::Scenario(const Case& c_, int64_t I, uint64_t seed, const SpecialFn& special, const CommOptions& copt)
+    : c(c_), ex(c.E, c.H, I), in(make_inputs(c, W(), seed)), want(single_process(in, ex, c.E, DType::f32, special)),
+      comm(MPI_COMM_WORLD, c.E, copt) {}
 
 double norm_err(const TensorView& a, const TensorView& b) {
   double m = 0, s = 1e-30;

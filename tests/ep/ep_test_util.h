@@ -68,9 +68,9 @@ using SpecialFn = std::function<float(int64_t s, float ori_x, int64_t h)>;
 std::vector<Tensor> single_process(const Inputs& in, const Experts& ex, int64_t E, DType out_dtype, const SpecialFn& special = {});
 
 // The usual set-up of an end-to-end test: every rank's inputs, experts of intermediate size I, the
-// single-process answer and a Comm with the contiguous placement.
+// single-process answer and a Comm (options `copt`) with the contiguous placement.
 struct Scenario {
-  Scenario(const Case& c, int64_t I, uint64_t seed, const SpecialFn& special = {});
+  Scenario(const Case& c, int64_t I, uint64_t seed, const SpecialFn& special = {}, const CommOptions& copt = {});
   Case c;
   Experts ex;
   Inputs in;

@@ -21,6 +21,20 @@ CommOptions window_on(bool on) {
   return o;
 }
 
+Case window_case() {
+  Case c;
+  c.E = two_per_rank();
+  return c;
+}
+
+// Combine without the per-rank pre-sum: one row back per (token, expert slot), so more rows use the window.
+DispatchOptions per_slot_options(const Case& c) {
+  DispatchOptions o;
+  o.moe_expert_num = c.E;
+  o.dedup_combine = false;
+  return o;
+}
+
 // Whether a token of rank `from` routes to rank `to`.
 bool routes(const Inputs& in, const Placement& p, int from, int to) {
   const Tensor& ids = in[size_t(from)][1];
@@ -88,16 +102,10 @@ TEST(EpWindow, SameAsMessagesAsTheBatchGrows) {
 // Combines in flight together: the second finds its slots still holding the first's unread rows
 // and sends its rows in the messages instead; both are right.
 TEST(EpWindow, BusySlotsFallBackToMessages) {
-  Case c;
-  c.E = two_per_rank();
-  Experts ex(c.E, c.H, 8);
-  auto in = make_inputs(c, W(), 21);
-  auto want = single_process(in, ex, c.E, DType::f32);
-  Comm comm(MPI_COMM_WORLD, c.E, window_on(true));
-  DispatchOptions o;
-  o.moe_expert_num = c.E;
-  o.dedup_combine = false;
-  const auto& mine = mine_of(in);
+  Scenario s(window_case(), 8, 21, {}, window_on(true));
+  auto& [c, ex, in, want, comm] = s;
+  const DispatchOptions o = per_slot_options(c);
+  const auto& mine = s.mine();
   run_blocking(comm, mine, ex, o);  // grows the window
   DispatchResult d1 = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
   DispatchResult d2 = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
@@ -120,16 +128,10 @@ TEST(EpWindow, BusySlotsFallBackToMessages) {
 // A bad argument on one rank after its peers wrote rows into its slots: every rank throws, the
 // slots are freed, and the next call goes through the window again.
 TEST(EpWindow, FailedCallFreesSlots) {
-  Case c;
-  c.E = two_per_rank();
-  Experts ex(c.E, c.H, 8);
-  auto in = make_inputs(c, W(), 31);
-  auto want = single_process(in, ex, c.E, DType::f32);
-  Comm comm(MPI_COMM_WORLD, c.E, window_on(true));
-  DispatchOptions o;
-  o.moe_expert_num = c.E;
-  o.dedup_combine = false;
-  const auto& mine = mine_of(in);
+  Scenario s(window_case(), 8, 31, {}, window_on(true));
+  auto& [c, ex, in, want, comm] = s;
+  const DispatchOptions o = per_slot_options(c);
+  const auto& mine = s.mine();
   run_blocking(comm, mine, ex, o);  // grows the window
   DispatchOptions bad = o;
   bad.expert_token_nums_type = me() == W() - 1 ? 7 : 1;
