@@ -24,6 +24,24 @@ inline const char* weight_of(const TensorView& w, int64_t g) {
 }
 inline int64_t weight_ld(const TensorView& w) { return w.strides[w.ndim - 2]; }
 
+// v itself when its last dim is contiguous (rows addressable by one stride), else a contiguous
+// copy held in `hold` (2-D or 3-D weight views).
+TensorView row_major(const TensorView& v, Tensor& hold);
+
+// The gate, up and down weights of one FFN call, each row-major: [G, H, I], [G, H, I], [G, I, H]
+// (or 2-D); a strided view is replaced by a contiguous copy that this object keeps alive.
+struct FfnWeights {
+  FfnWeights() = default;
+  FfnWeights(const TensorView& gate, const TensorView& up, const TensorView& down)
+      : g(row_major(gate, hold_[0])), u(row_major(up, hold_[1])), d(row_major(down, hold_[2])) {}
+
+ private:
+  Tensor hold_[3];  // declared first: initialised before the views that may point into it
+
+ public:
+  TensorView g, u, d;
+};
+
 // SwiGLU FFNs over row spans (rows of span i use weights `group`), forward and backward, each
 // projection one grouped engine call over all spans. Routed experts: gathered rows and the routed
 // weights as scale; the shared expert: one span of all tokens.
@@ -32,7 +50,7 @@ struct FfnRowsForward {
   DType dt = DType::f32;
   const void* xs = nullptr;          // [A, H] rows (dt)
   std::vector<Span> spans;
-  TensorView wg, wu, wd;             // [G, H, I], [G, H, I], [G, I, H] (or 2-D), row-major rows
+  FfnWeights w;
   void* z = nullptr;                 // out: [A, 2I] pre-activation (dt)
   float* out = nullptr;              // out: [A, H] fp32 down projection (added to with out_acc)
   bool out_acc = false;
@@ -47,7 +65,7 @@ struct FfnRowsBackward {
   const void* z = nullptr;           // [A, 2I] stored pre-activation (dt)
   const float* scale = nullptr;      // [A] routed weights (output = scale * FFN), or none
   std::vector<Span> spans;
-  TensorView wg, wu, wd;
+  FfnWeights w;
   void *dg = nullptr, *du = nullptr, *dd = nullptr;  // weight gradients, contiguous, in gdt
   DType gdt = DType::f32;
   bool acc = false;                  // add to the weight gradients (groups without rows untouched)
@@ -56,9 +74,6 @@ struct FfnRowsBackward {
   float* dot = nullptr;              // [A] d scale (dy . FFN(x) per row), or none
 };
 void ffn_rows_backward(const FfnRowsBackward& f);
-// v itself when its last dim is contiguous (rows addressable by one stride), else a contiguous
-// copy held in `hold` (2-D or 3-D weight views).
-TensorView row_major(const TensorView& v, Tensor& hold);
 // Sorted row of each flat (t, k) slot, -1 when the pair was dropped.
 std::vector<int32_t> row_of_slot(const RoutingPlan& p, int64_t TK);
 // The router stage of moe_ffn through the public routers (gating_top_k with its scores).

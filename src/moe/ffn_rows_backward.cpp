@@ -63,8 +63,8 @@ void ffn_rows_forward(const FfnRowsForward& f) {
   std::vector<gemm::NtJob> jobs;
   for (const Span& s : f.spans) {  // z = [x Wg | x Wu]
     const char* x = at(f.xs, dt, s.offset * H);
-    jobs.push_back(job(s.count, I, x, dt, H, weight_of(f.wg, s.group), H, weight_ld(f.wg), zf + s.offset * 2 * I, 2 * I, false));
-    jobs.push_back(job(s.count, I, x, dt, H, weight_of(f.wu, s.group), H, weight_ld(f.wu), zf + s.offset * 2 * I + I, 2 * I, false));
+    jobs.push_back(job(s.count, I, x, dt, H, weight_of(f.w.g, s.group), H, weight_ld(f.w.g), zf + s.offset * 2 * I, 2 * I, false));
+    jobs.push_back(job(s.count, I, x, dt, H, weight_of(f.w.u, s.group), H, weight_ld(f.w.u), zf + s.offset * 2 * I + I, 2 * I, false));
   }
   gemm::grouped_gemm_nn(jobs.data(), int64_t(jobs.size()));
   SwigluFwd p;  // z stored in dt, a = silu(g) u from it
@@ -75,7 +75,7 @@ void ffn_rows_forward(const FfnRowsForward& f) {
   swiglu_forward(p, A);
   jobs.clear();
   for (const Span& s : f.spans)
-    jobs.push_back(job(s.count, H, at(a, dt, s.offset * I), dt, I, weight_of(f.wd, s.group), I, weight_ld(f.wd), f.out + s.offset * H, H, f.out_acc));
+    jobs.push_back(job(s.count, H, at(a, dt, s.offset * I), dt, I, weight_of(f.w.d, s.group), I, weight_ld(f.w.d), f.out + s.offset * H, H, f.out_acc));
   gemm::grouped_gemm_nn(jobs.data(), int64_t(jobs.size()));
 }
 
@@ -88,7 +88,7 @@ void ffn_rows_backward(const FfnRowsBackward& f) {
   // g = dy Wd^T: the gradient of the down projection's input (before the routed weight)
   std::vector<gemm::NtJob> nt;
   for (const Span& s : f.spans)
-    nt.push_back(job(s.count, I, at(f.dys, dt, s.offset * H), dt, H, weight_of(f.wd, s.group), H, weight_ld(f.wd), gr + s.offset * I, I, false));
+    nt.push_back(job(s.count, I, at(f.dys, dt, s.offset * H), dt, H, weight_of(f.w.d, s.group), H, weight_ld(f.w.d), gr + s.offset * I, I, false));
   gemm::grouped_gemm_nt(nt.data(), int64_t(nt.size()));
   SwigluBwd p;
   p.N = I;
@@ -113,9 +113,9 @@ void ffn_rows_backward(const FfnRowsBackward& f) {
   // dx rows = dz_gate Wg^T + dz_up Wu^T (two K segments of one job)
   nt.clear();
   for (const Span& s : f.spans) {
-    gemm::NtJob j = job(s.count, H, at(dz, dt, s.offset * 2 * I), dt, 2 * I, weight_of(f.wg, s.group), I, weight_ld(f.wg), f.dx + s.offset * H, H,
+    gemm::NtJob j = job(s.count, H, at(dz, dt, s.offset * 2 * I), dt, 2 * I, weight_of(f.w.g, s.group), I, weight_ld(f.w.g), f.dx + s.offset * H, H,
                         f.dx_acc);
-    j.w[1] = {weight_of(f.wu, s.group), I, weight_ld(f.wu)};
+    j.w[1] = {weight_of(f.w.u, s.group), I, weight_ld(f.w.u)};
     nt.push_back(j);
   }
   gemm::grouped_gemm_nt(nt.data(), int64_t(nt.size()));

@@ -116,7 +116,6 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
   g.d_up = given ? bo.d_up_out : Tensor::empty(gdt, {E, H, I});
   g.d_down = given ? bo.d_down_out : Tensor::empty(gdt, {E, I, H});
   const size_t es = dtype_size(x.dtype);
-  Tensor hold_g, hold_u, hold_d;  // row-major copies only if a weight view is strided
   // Rows in expert order: x and dy gathered; the routed experts' backward (dx rows in fp32).
   char* xs = static_cast<char*>(bwd::scratch(0, size_t(A * H) * es));
   char* dys = static_cast<char*>(bwd::scratch(1, size_t(A * H) * es));
@@ -134,9 +133,7 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
   routed.z = s.z.view().data;
   routed.scale = s.plan.weight.data();
   routed.spans = bwd::expert_spans(s.plan);
-  routed.wg = bwd::row_major(w.gate, hold_g);
-  routed.wu = bwd::row_major(w.up, hold_u);
-  routed.wd = bwd::row_major(w.down, hold_d);
+  routed.w = bwd::FfnWeights(w.gate, w.up, w.down);
   routed.dg = g.d_gate.view().data;
   routed.du = g.d_up.view().data;
   routed.dd = g.d_down.view().data;
@@ -165,7 +162,6 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
   gemm::matmul(gemm::MatView::of(dlogits), gemm::MatView::of(w.router), {dxa, DType::f32, T, H, H, 1});
   if (d.Is > 0) {
     const int64_t Is = d.Is;
-    Tensor hsg, hsu, hsd;
     g.d_shared_gate = Tensor::empty(DType::f32, {H, Is});
     g.d_shared_up = Tensor::empty(DType::f32, {H, Is});
     g.d_shared_down = Tensor::empty(DType::f32, {Is, H});
@@ -178,9 +174,7 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
     sh.dys = dy.data;
     sh.z = s.shared_z.view().data;
     if (T > 0) sh.spans = {{0, 0, T}};
-    sh.wg = bwd::row_major(w.shared_gate, hsg);
-    sh.wu = bwd::row_major(w.shared_up, hsu);
-    sh.wd = bwd::row_major(w.shared_down, hsd);
+    sh.w = bwd::FfnWeights(w.shared_gate, w.shared_up, w.shared_down);
     sh.dg = g.d_shared_gate.view().data;
     sh.du = g.d_shared_up.view().data;
     sh.dd = g.d_shared_down.view().data;

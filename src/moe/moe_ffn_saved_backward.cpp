@@ -125,7 +125,6 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
   // Routed experts on gathered rows (o = FFN rows in fp32), then the shared expert straight into
   // the fp32 accumulator, then each token's weighted rows.
   const int64_t A = int64_t(s.plan.token.size());
-  Tensor hold_g, hold_u, hold_d;
   void* xs = bwd::scratch(0, size_t(A * H) * dtype_size(x.dtype));
   bwd::gather_rows(x, s.plan.token.data(), A, xs);
   s.z = Tensor::empty(x.dtype, {A, 2 * I});
@@ -136,9 +135,7 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
   f.dt = x.dtype;
   f.xs = xs;
   f.spans = bwd::expert_spans(s.plan);
-  f.wg = bwd::row_major(w.gate, hold_g);
-  f.wu = bwd::row_major(w.up, hold_u);
-  f.wd = bwd::row_major(w.down, hold_d);
+  f.w = bwd::FfnWeights(w.gate, w.up, w.down);
   f.z = s.z.view().data;
   f.out = o_rows;
   bwd::ffn_rows_forward(f);
@@ -147,16 +144,13 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
   else std::memset(acc, 0, size_t(T * H) * 4);
   if (d.Is > 0 && T > 0) {
     s.shared_z = Tensor::empty(x.dtype, {T, 2 * d.Is});
-    Tensor hsg, hsu, hsd;
     bwd::FfnRowsForward sh;
     sh.H = H;
     sh.I = d.Is;
     sh.dt = x.dtype;
     sh.xs = x.data;
     sh.spans = {{0, 0, T}};
-    sh.wg = bwd::row_major(w.shared_gate, hsg);
-    sh.wu = bwd::row_major(w.shared_up, hsu);
-    sh.wd = bwd::row_major(w.shared_down, hsd);
+    sh.w = bwd::FfnWeights(w.shared_gate, w.shared_up, w.shared_down);
     sh.z = s.shared_z.view().data;
     sh.out = acc;
     sh.out_acc = true;
