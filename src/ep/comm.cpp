@@ -1,5 +1,4 @@
 // The communicator wrapper, its buffer pool, the all-ranks agreement step and row helpers.
-#include <emmintrin.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -268,39 +267,18 @@ PeerExchange::~PeerExchange() {
   if (active_) wait();
 }
 
-void copy_row(void* dst, const void* src, size_t bytes, bool stream) {
-#if defined(__SSE2__)
-  if (stream && (reinterpret_cast<uintptr_t>(dst) & 15) == 0 && bytes % 64 == 0) {
-    auto* d = static_cast<__m128i*>(dst);
-    const auto* s = static_cast<const __m128i*>(src);
-    for (size_t i = 0; i < bytes / 16; i += 4) {
-      __m128i a = _mm_loadu_si128(s + i), b = _mm_loadu_si128(s + i + 1), c = _mm_loadu_si128(s + i + 2), e = _mm_loadu_si128(s + i + 3);
-      _mm_stream_si128(d + i, a), _mm_stream_si128(d + i + 1, b), _mm_stream_si128(d + i + 2, c), _mm_stream_si128(d + i + 3, e);
-    }
-    return;
-  }
-#endif
-  std::memcpy(dst, src, bytes);
-}
-
-void stream_fence() {
-#if defined(__SSE2__)
-  _mm_sfence();
-#endif
-}
-
 void load_row_f32(const void* src, DType t, int64_t n, float* dst) {
   if (t == DType::f32) std::memcpy(dst, src, size_t(n) * 4);
   else convert_to_f32(src, t, dst, n);
 }
 
 float quantize_row_int8(const void* src, DType t, int64_t n, int8_t* dst, const float* smooth) {
-  std::vector<float> tmp;
+  thread_local std::vector<float> tmp;  // per row in the packing loops: grows once per thread
   const float* v;
   if (t == DType::f32 && !smooth) {
     v = static_cast<const float*>(src);
   } else {
-    tmp.resize(static_cast<size_t>(n));
+    if (tmp.size() < size_t(n)) tmp.resize(size_t(n));
     load_row_f32(src, t, n, tmp.data());
     if (smooth)  // spec 9.2: xs = fp32(x) * scales[e], quantised per (token, expert)
       for (int64_t i = 0; i < n; ++i) tmp[size_t(i)] *= smooth[i];

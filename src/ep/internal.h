@@ -211,17 +211,9 @@ struct RowFormat {
 
 // Dynamic int8 of one row: xs = x (* smooth, per column, when given), d = max|xs| / 127,
 // q = round_half_even(xs / d) saturated; returns d.
+// Bytes of one expand_x row: H int8 values (their scale is in dynamic_scales) or H of x's dtype.
+inline size_t expand_row_bytes(int64_t H, DType t, bool quant_int8) { return size_t(H) * (quant_int8 ? 1 : dtype_size(t)); }
 float quantize_row_int8(const void* src, DType t, int64_t n, int8_t* dst, const float* smooth = nullptr);
-// Copies a row into expand_x; with `stream`, non-temporal stores (16-byte aligned rows whose size is
-// a multiple of 64; otherwise memcpy): a large expand_x does not fit the caches and is not read
-// again in this call, so streaming skips reading every destination line before writing it (a third
-// of a copy's memory traffic). A small one is better left in the cache for the experts. Call
-// stream_fence() before the rows are handed on.
-void copy_row(void* dst, const void* src, size_t bytes, bool stream);
-// expand_x bytes from which dispatch streams (measured: at H = 7168 bf16, 4 ranks on 2 cores, BS
-// 512 (58 MB per rank) gained ~20 %, BS 32 (3.6 MB) lost ~10 %).
-constexpr size_t kStreamBytes = size_t(16) << 20;
-void stream_fence();
 // Copies one row, converting to f32 when needed (combine sums).
 void load_row_f32(const void* src, DType t, int64_t n, float* dst);
 
