@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "src/core/cvt_avx512.h"
 #include "src/gemm/backward_forms.h"
 
 namespace ot::gemm::detail {
@@ -98,14 +99,6 @@ void pack_cols_vnni_avx512(const uint16_t* src, int64_t ld, int64_t K, int64_t M
   }
 }
 
-// fp32 -> bf16, round to nearest even, NaN kept quiet (ot::f32_to_bf16 in 16 lanes).
-static inline __m256i to_bf16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
-  r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-}
-static inline __m512 from_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 
 void store_tile_avx512(const float* tile, int64_t ldt, int rows, int width, void* c, DType c_dtype, int64_t ldc, bool accumulate) {
   const bool bf = c_dtype == DType::bf16;
@@ -117,7 +110,7 @@ void store_tile_avx512(const float* tile, int64_t ldt, int rows, int width, void
     if (!accumulate && (reinterpret_cast<uintptr_t>(d) & 63) == 0) {
       for (; j + line <= width; j += line) {
         if (bf) {
-          __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(to_bf16(_mm512_loadu_ps(t + j))), to_bf16(_mm512_loadu_ps(t + j + 16)), 1);
+          __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(simd::f32_to_bf16x16(_mm512_loadu_ps(t + j))), simd::f32_to_bf16x16(_mm512_loadu_ps(t + j + 16)), 1);
           _mm512_stream_si512(reinterpret_cast<__m512i*>(d + j * 2), v);
         } else {
           _mm512_stream_ps(reinterpret_cast<float*>(d) + j, _mm512_loadu_ps(t + j));
@@ -129,8 +122,8 @@ void store_tile_avx512(const float* tile, int64_t ldt, int rows, int width, void
       __m512 v = _mm512_maskz_loadu_ps(mk, t + j);
       if (bf) {
         uint16_t* dp = reinterpret_cast<uint16_t*>(d) + j;
-        if (accumulate) v = _mm512_add_ps(v, from_bf16(_mm256_maskz_loadu_epi16(mk, dp)));
-        _mm256_mask_storeu_epi16(dp, mk, to_bf16(v));
+        if (accumulate) v = _mm512_add_ps(v, simd::bf16x16_to_f32(_mm256_maskz_loadu_epi16(mk, dp)));
+        _mm256_mask_storeu_epi16(dp, mk, simd::f32_to_bf16x16(v));
       } else {
         float* dp = reinterpret_cast<float*>(d) + j;
         if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, dp));

@@ -40,13 +40,11 @@ class WeightMem {
   WeightMem& operator=(WeightMem&& o) noexcept;
   ~WeightMem();
   char* get() const { return p_; }
-  bool huge() const { return huge_; }
 
  private:
   void release();
   char* p_ = nullptr;
   size_t len_ = 0;   // mapped length (0: heap allocation)
-  bool huge_ = false;
 };
 
 inline constexpr int kNR = 48;

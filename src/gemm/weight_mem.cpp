@@ -34,7 +34,7 @@ WeightMem::WeightMem(size_t bytes) {
       if (a + len + kHuge > s + len) munmap(reinterpret_cast<void*>(s + len), a + len + kHuge - (s + len));
       p_ = reinterpret_cast<char*>(s);
       len_ = len;
-      huge_ = madvise(p_, len, MADV_HUGEPAGE) == 0;  // before the first touch (the pack writes it)
+      (void)madvise(p_, len, MADV_HUGEPAGE);  // before the first touch (the pack writes it); failure is harmless
       return;
     }
   }
@@ -47,7 +47,6 @@ WeightMem& WeightMem::operator=(WeightMem&& o) noexcept {
     release();
     p_ = std::exchange(o.p_, nullptr);
     len_ = std::exchange(o.len_, 0);
-    huge_ = std::exchange(o.huge_, false);
   }
   return *this;
 }

@@ -1,6 +1,7 @@
 // AVX-512 SwiGLU passes of the MoE training path (16 lanes, fp32 math, bf16/fp32 storage): the
 // forward's a = silu(g) u with the stored pre-activation, and the backward's one pass from the
 // down projection's input gradient to dz, the routed weight's gradient and the scaled a.
+#include "src/core/cvt_avx512.h"
 #include "src/gemm/vec_math_avx512.h"
 #include "src/moe/bwd_common.h"
 
@@ -12,24 +13,17 @@ inline __mmask16 tail(int64_t left) { return left >= 16 ? __mmask16(0xffff) : __
 
 inline __m512 load(const void* p, DType t, int64_t i, __mmask16 m) {
   if (t == DType::bf16)
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i)), 16));
+    return simd::bf16x16_to_f32(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
   return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
 }
 
-// fp32 -> bf16 bits, round to nearest even, NaN kept quiet (ot::f32_to_bf16 in 16 lanes).
-inline __m256i bf16_bits(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
-  r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-}
 // v rounded through dtype t (what storing and reloading it gives).
 inline __m512 round_to(__m512 v, DType t) {
   if (t != DType::bf16) return v;
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_bits(v)), 16));
+  return simd::bf16x16_to_f32(simd::f32_to_bf16x16(v));
 }
 inline void store(void* p, DType t, int64_t i, __mmask16 m, __m512 v) {
-  if (t == DType::bf16) _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p) + i, m, bf16_bits(v));
+  if (t == DType::bf16) _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p) + i, m, simd::f32_to_bf16x16(v));
   else _mm512_mask_storeu_ps(static_cast<float*>(p) + i, m, v);
 }
 inline const char* row(const void* p, DType t, int64_t ld, int64_t r) { return static_cast<const char*>(p) + r * ld * int64_t(dtype_size(t)); }

@@ -69,7 +69,7 @@ std::vector<int64_t> read_ints(const char* op, const char* arg, const TensorView
 
 void* scratch(int slot, size_t bytes) {
   struct Buf { void* p = nullptr; size_t n = 0; ~Buf() { aligned_free(p); } };
-  thread_local Buf bufs[4];
+  thread_local Buf bufs[12];
   Buf& b = bufs[slot];
   bytes = bytes < 64 ? 64 : bytes;
   if (b.n < bytes) {

@@ -6,6 +6,10 @@
 #include "ot/moe_bwd.h"
 #include "src/moe/bwd_common.h"
 
+namespace ot::moe::impl {
+void* scratch(int slot, size_t bytes);  // src/moe/common.h (that header clashes with ot::moe::detail here)
+}
+
 namespace ot::moe::bwd {
 
 struct FfnDims { int64_t T = 0, H = 0, E = 0, K = 0, I = 0, Is = 0; };
@@ -14,9 +18,9 @@ void check_ffn(const char* op, const TensorView& x, const MoeFfnWeights& w, cons
 std::vector<Span> expert_spans(const RoutingPlan& p);
 // out[i] = src[rows[i]] (same dtype, contiguous [n, H] at out).
 void gather_rows(const TensorView& src, const int32_t* rows, int64_t n, void* out);
-// Grow-only per-thread scratch (slots 0..7) reused across calls: the backward's row buffers are
-// tens of MB, and fresh ones cost page faults on every call. Valid until the slot's next use.
-void* scratch(int slot, size_t bytes);
+// The training paths' slots 0..7 of the shared per-thread scratch (impl::scratch 4..11): the
+// backward's row buffers are tens of MB, and fresh ones cost page faults on every call.
+inline void* scratch(int slot, size_t bytes) { return impl::scratch(4 + slot, bytes); }
 
 // Weight W_g of a stack ([G, R, C] row-major rows, or one [R, C] matrix for G = 1).
 inline const char* weight_of(const TensorView& w, int64_t g) {

@@ -40,21 +40,6 @@ gemm::NtJob job(int64_t n, int64_t N, const void* a, DType dt, int64_t lda, cons
 
 }  // namespace
 
-void* scratch(int slot, size_t bytes) {
-  struct Buf {
-    AlignedPtr<char> p;
-    size_t cap = 0;
-  };
-  thread_local Buf bufs[8];
-  Buf& b = bufs[slot];
-  bytes = std::max<size_t>(bytes, 64);
-  if (bytes > b.cap) {
-    b.p = make_aligned<char>(bytes);
-    b.cap = bytes;
-  }
-  return b.p.get();
-}
-
 void ffn_rows_forward(const FfnRowsForward& f) {
   const int64_t A = rows_of(f.spans), H = f.H, I = f.I;
   const DType dt = f.dt;

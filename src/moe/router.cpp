@@ -22,7 +22,7 @@ RouterScratch::RouterScratch(const RouterSpec& s) {
   size_t ep = size_t((s.E + 15) / 16 * 16), kp = size_t(std::max<int64_t>(s.k, 16)), g = size_t(s.groups);
   const size_t rows = kRouterBlock;
   stride = int64_t(ep);
-  size_t n = 3 * rows * ep + 2 * ep + g + 3 * kp + 3 * 80 + ep / 2 + 12 * 16;  // floats, each piece rounded up to 16
+  size_t n = 3 * rows * ep + 2 * ep + g + 3 * kp + 3 * 80 + 12 * 16;  // floats, each piece rounded up to 16
   mem = aligned_alloc64(n * 4);
   float* f = static_cast<float*>(mem);
   auto take = [&](size_t n) { float* p = f; f += (n + 15) / 16 * 16; return p; };
@@ -30,7 +30,6 @@ RouterScratch::RouterScratch(const RouterSpec& s) {
   ki = reinterpret_cast<int32_t*>(take(kp));
   cand_id = reinterpret_cast<int32_t*>(take(ep + 80));
   rank = reinterpret_cast<int32_t*>(take(80));
-  amask = reinterpret_cast<uint16_t*>(take(ep / 2));
 }
 RouterScratch::~RouterScratch() { aligned_free(mem); }
 

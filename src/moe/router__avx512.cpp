@@ -20,10 +20,9 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kMaxCand = 64;
 
-// e^x (gemm::vm::exp_unclamped); Clamp limits x to [-104, 89], where it is about 1 ulp. Unclamped
-// it serves finite softmax arguments (<= 0) and gives NaN for x = -inf.
-template <bool Clamp = true> inline __m512 exp_ps(__m512 x) {
-  if (Clamp) x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.f)), _mm512_set1_ps(89.f));
+// e^x (gemm::vm::exp_unclamped) with x limited to [-104, 89], where it is about 1 ulp.
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.f)), _mm512_set1_ps(89.f));
   return gemm::vm::exp_unclamped(x);
 }
 // 1 / (1 + e^-x): reciprocal estimate (2^-14) and one Newton step (about 1 ulp; vdivps is slow).

@@ -66,7 +66,6 @@ struct RouterScratch {
   float* cand;       // [E + 80]: candidates of the vector top-k (compressed stores run 16 past)
   int32_t* cand_id;  // [E + 80]: their expert ids, likewise
   int32_t* rank;     // [80]
-  uint16_t* amask;  // allowed lanes of each 16-expert block
   void* mem;
 };
 // One row, scalar: the fallback of the vector kernel and the path of non-AVX-512 machines.
