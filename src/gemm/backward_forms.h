@@ -1,11 +1,29 @@
-// Internals of the backward forms (grouped_gemm_nt / grouped_gemm_tn): the vectorised pieces live
-// in backward_forms__avx512.cpp, the drivers and scalar fallbacks in backward_forms.cpp.
+// Internals of the backward forms: NT/NN (grouped_gemm_nt / _nn: backward_forms.cpp, vectorised
+// pieces in backward_forms__avx512.cpp) and TN (grouped_gemm_tn: tn_form.cpp, tn_form__avx512.cpp).
+// What both use is declared here.
 #pragma once
 #include <cstdint>
 
+#include "ot/numeric.h"
 #include "src/gemm/internal.h"
 
 namespace ot::gemm::detail {
+
+// Element `off` of a bf16 / fp16 / fp32 array, as fp32 (scalar fallbacks and references).
+inline float elem(const void* p, DType t, int64_t off) {
+  switch (t) {
+    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[off]);
+    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[off]);
+    default: return static_cast<const float*>(p)[off];
+  }
+}
+inline const char* at(const void* p, DType t, int64_t off) { return static_cast<const char*>(p) + off * int64_t(dtype_size(t)); }
+inline int64_t pad_pairs(Layout l, int64_t K) { return l == Layout::f32 ? K : (K + 1) / 2 * 2; }  // no K padding beyond a pair
+inline int64_t panels_of(int64_t N) { return (N + kNR - 1) / kNR; }
+inline Kernel thin_kernel(Layout l) { return select_kernel(l, 1); }  // M = 1: never the AMX tiles
+
+// store_tile_avx512 below, or its scalar equivalent below AVX-512.
+void store_tile(const float* tile, int64_t ldt, int rows, int width, void* c, DType c_dtype, int64_t ldc, bool accumulate);
 
 // dst[p * 48 + j] = row j's dword p, for j < rows (<= 48) and p < P; rows j >= `rows` get zeros.
 // Row j starts at src + j * ld_bytes (any alignment). A bf16 k-pair is one dword, so this packs
@@ -16,7 +34,7 @@ void transpose_dwords_avx512(const char* src, int64_t ld_bytes, int rows, int64_
 // bf16 k-pair panel [ceil(K/2)][48][2] from K rows of `width` (<= 48) bf16 columns (row k at
 // src + k * ld): rows 2p and 2p+1 interleaved; columns >= width and the odd tail's partner are 0.
 void pack_rows_vnni_avx512(const uint16_t* src, int64_t ld, int64_t K, int width, uint16_t* dst);
-// A^T for the TN form: src [K][M] bf16 (row k at src + k * ld) -> dst [M][2 * ceil(K/2)] bf16
+// A^T for the TN form (tn_form__avx512.cpp): src [K][M] bf16 (row k at src + k * ld) -> dst [M][2 * ceil(K/2)] bf16
 // (row stride ldd), pairs (k, k+1) adjacent, the odd tail's partner 0.
 void pack_cols_vnni_avx512(const uint16_t* src, int64_t ld, int64_t K, int64_t M, uint16_t* dst, int64_t ldd);
 

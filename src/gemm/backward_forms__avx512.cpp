@@ -1,37 +1,14 @@
-// AVX-512 pieces of the backward forms: the 16x16 dword transpose that packs W^T panels, and the
-// tile store with streaming writes for weight gradients.
+// AVX-512 pieces of the backward forms: the 16x16 dword transpose that packs W^T panels, the
+// two-row vnni interleave, and the tile store with streaming writes.
 #include <immintrin.h>
 
 #include <cstring>
 
 #include "src/core/cvt_avx512.h"
 #include "src/gemm/backward_forms.h"
+#include "src/gemm/transpose_avx512.h"
 
 namespace ot::gemm::detail {
-
-// In-register transpose of 16 rows of 16 dwords (unpack 32/64, then two lane shuffles).
-static inline void transpose16(__m512i r[16]) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int g = 0; g < 4; ++g) {  // rows 4g..4g+3: u[4g+q] holds column 4L+q of them in lane L
-    __m512i a = t[4 * g], b = t[4 * g + 1], c = t[4 * g + 2], d = t[4 * g + 3];
-    u[4 * g + 0] = _mm512_unpacklo_epi64(a, c);
-    u[4 * g + 1] = _mm512_unpackhi_epi64(a, c);
-    u[4 * g + 2] = _mm512_unpacklo_epi64(b, d);
-    u[4 * g + 3] = _mm512_unpackhi_epi64(b, d);
-  }
-  for (int q = 0; q < 4; ++q) {
-    __m512i x0 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x88), x1 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xDD);
-    __m512i y0 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x88), y1 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xDD);
-    r[q] = _mm512_shuffle_i32x4(x0, y0, 0x88);
-    r[8 + q] = _mm512_shuffle_i32x4(x0, y0, 0xDD);
-    r[4 + q] = _mm512_shuffle_i32x4(x1, y1, 0x88);
-    r[12 + q] = _mm512_shuffle_i32x4(x1, y1, 0xDD);
-  }
-}
 
 void transpose_dwords_avx512(const char* src, int64_t ld_bytes, int rows, int64_t P, uint32_t* dst, int64_t pf_bytes) {
   for (int64_t p0 = 0; p0 < P; p0 += 16) {
@@ -49,13 +26,6 @@ void transpose_dwords_avx512(const char* src, int64_t ld_bytes, int rows, int64_
       for (int q = 0; q < np; ++q) _mm512_store_si512(dst + (p0 + q) * kNR + j0, r[q]);
     }
   }
-}
-
-// dword i of the result = (a[i], b[i]) for the 16 bf16 of a (low half) and b (high half).
-static inline __m512i interleave16(__m256i a, __m256i b) {
-  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2,
-                                       17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
 }
 
 void pack_rows_vnni_avx512(const uint16_t* src, int64_t ld, int64_t K, int width, uint16_t* dst) {
@@ -77,28 +47,6 @@ void pack_rows_vnni_avx512(const uint16_t* src, int64_t ld, int64_t K, int width
     _mm512_storeu_si512(d + 64, _mm512_permutex2var_epi16(a1, lo, b1));
   }
 }
-
-void pack_cols_vnni_avx512(const uint16_t* src, int64_t ld, int64_t K, int64_t M, uint16_t* dst, int64_t ldd) {
-  const int64_t P = (K + 1) / 2;
-  for (int64_t m0 = 0; m0 < M; m0 += 16) {
-    const int nm = int(M - m0 < 16 ? M - m0 : 16);
-    const __mmask16 mm = __mmask16((1u << nm) - 1);
-    for (int64_t p0 = 0; p0 < P; p0 += 16) {
-      const int np = int(P - p0 < 16 ? P - p0 : 16);
-      __m512i r[16];
-      for (int q = 0; q < 16; ++q) {  // r[q] = pair p0 + q of columns m0.. (dword per column)
-        if (q >= np) { r[q] = _mm512_setzero_si512(); continue; }
-        const int64_t k = 2 * (p0 + q);
-        __m256i a = _mm256_maskz_loadu_epi16(mm, src + k * ld + m0);
-        __m256i b = k + 1 < K ? _mm256_maskz_loadu_epi16(mm, src + (k + 1) * ld + m0) : _mm256_setzero_si256();
-        r[q] = interleave16(a, b);
-      }
-      transpose16(r);  // r[i] = column m0 + i: pairs p0..p0+15
-      for (int i = 0; i < nm; ++i) _mm512_mask_storeu_epi32(dst + (m0 + i) * ldd + 2 * p0, __mmask16((1u << np) - 1), r[i]);
-    }
-  }
-}
-
 
 void store_tile_avx512(const float* tile, int64_t ldt, int rows, int width, void* c, DType c_dtype, int64_t ldc, bool accumulate) {
   const bool bf = c_dtype == DType::bf16;
