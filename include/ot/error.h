@@ -13,9 +13,10 @@ class Error : public std::runtime_error {
   const std::string& op() const { return op_; }
   const std::string& arg() const { return arg_; }
   const std::string& expected() const { return expected_; }
+  const std::string& got() const { return got_; }  // empty when the check streamed nothing
 
  private:
-  std::string op_, arg_, expected_;
+  std::string op_, arg_, expected_, got_;
 };
 
 namespace detail {

@@ -12,12 +12,6 @@ namespace {
 
 bool g_we_initialised = false;
 
-// What an ot::Error says after "got " (empty when nothing).
-std::string got_of(const ot::Error& e) {
-  const std::string what = e.what(), head = e.op() + ": argument '" + e.arg() + "': expected " + e.expected() + ", got ";
-  return what.size() > head.size() ? what.substr(head.size()) : "";
-}
-
 // Binding-level checks, decided like the library's own (ot/ep.h): every rank records its first
 // failing check, one allreduce finds the lowest rank with one, and every rank throws that rank's
 // error (naming the same argument), so a bad argument on one rank never leaves its peers inside a
@@ -33,7 +27,7 @@ class AgreedChecks {
     try {
       return py::view(t, op_, arg);
     } catch (const ot::Error& e) {
-      (*this)(false, arg, e.expected(), got_of(e));
+      (*this)(false, arg, e.expected(), e.got());
       return {};
     }
   }
@@ -65,7 +59,7 @@ template <class F> auto torch_names(F&& f) -> decltype(f()) {
     return f();
   } catch (const ot::Error& e) {
     for (auto [lib, torch] : renamed)
-      if (e.arg() == lib) throw ot::Error(e.op(), torch, e.expected(), got_of(e));
+      if (e.arg() == lib) throw ot::Error(e.op(), torch, e.expected(), e.got());
     throw;
   }
 }

@@ -34,11 +34,12 @@ def reference(x, ids, w, g, u, d, special=None):
     return y
 
 
-def expect_error(arg, fn):
+def expect_error(arg, fn, got=None):
     try:
         fn()
     except RuntimeError as e:
         assert f"'{arg}'" in str(e), f"expected an error naming {arg!r}: {e}"
+        assert got is None or f", got {got}" in str(e), f"expected an error saying it got {got!r}: {e}"
         return
     raise AssertionError(f"rank {ep.init()[1]}: no error naming {arg!r}")
 
@@ -136,7 +137,8 @@ def main():
     expect_error("scales", lambda: ep.moe_distribute_dispatch_v2(x, ids, group, W, r, E, expert_scales=w,
                                                                  scales=scales if last else None))  # without quant_mode 2
     expect_error("scales", lambda: ep.moe_distribute_dispatch_v2(x, ids, group, W, r, E, expert_scales=w, quant_mode=2,
-                                                                 scales=scales[1:] if last else scales))
+                                                                 scales=scales[1:] if last else scales),
+                 got=f"rank {W - 1}: {E}")  # the library's smooth_scales error, renamed with its parts
     expect_error("quant_mode", lambda: ep.moe_distribute_dispatch_v2(x, ids, group, W, r, E, expert_scales=w,
                                                                      quant_mode=1 if last else 0))
     expect_error("comm_alg", lambda: ep.ep_moe_ffn(x, ids, w, group, store, E, comm_alg="ring" if last else ""))

@@ -9,6 +9,6 @@ static std::string format(const std::string& op, const std::string& arg, const s
 }
 
 Error::Error(std::string op, std::string arg, std::string expected, std::string got)
-    : std::runtime_error(format(op, arg, expected, got)), op_(std::move(op)), arg_(std::move(arg)), expected_(std::move(expected)) {}
+    : std::runtime_error(format(op, arg, expected, got)), op_(std::move(op)), arg_(std::move(arg)), expected_(std::move(expected)), got_(std::move(got)) {}
 
 }  // namespace ot

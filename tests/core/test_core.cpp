@@ -83,7 +83,17 @@ TEST(Error, MessageNamesOperatorArgumentAndExpectedForm) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()), "moe_init_routing: argument 'expert_idx': expected int32, got int64");
+    EXPECT_EQ(e.op(), "moe_init_routing");
     EXPECT_EQ(e.arg(), "expert_idx");
+    EXPECT_EQ(e.expected(), "int32");
+    EXPECT_EQ(e.got(), "int64");
+  }
+  try {
+    OT_CHECK(false, "op", "arg", "form");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "op: argument 'arg': expected form");
+    EXPECT_EQ(e.got(), "");
   }
 }
 
