@@ -8,6 +8,7 @@
 #include "ot/numeric.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
+#include "src/core/elem_at.h"
 #include "src/moe/act_grad_math.h"
 #include "src/moe/bwd_common.h"
 
@@ -17,8 +18,6 @@ namespace bwd {
 
 namespace {
 
-const char* row(const void* p, DType t, int64_t ld, int64_t m) { return static_cast<const char*>(p) + m * ld * int64_t(dtype_size(t)); }
-char* row(void* p, DType t, int64_t ld, int64_t m) { return static_cast<char*>(p) + m * ld * int64_t(dtype_size(t)); }
 
 bool vectorised(std::initializer_list<DType> ts) {
   if (!cpu::has(cpu::Isa::avx512)) return false;
@@ -32,11 +31,11 @@ void swiglu_forward_rows(const SwigluFwd& p, int64_t m0, int64_t m1) {
   const DType zr = p.zo ? p.zot : p.zt;
   std::vector<float> z(static_cast<size_t>(2 * N)), a(static_cast<size_t>(N));
   for (int64_t m = m0; m < m1; ++m) {
-    convert_to_f32(row(p.z, p.zt, p.ldz, m), p.zt, z.data(), 2 * N);
+    convert_to_f32(row_at(p.z, p.zt, p.ldz, m), p.zt, z.data(), 2 * N);
     for (float& v : z) v = round_to(zr, v);
-    if (p.zo) convert_from_f32(z.data(), row(p.zo, p.zot, p.ldzo, m), p.zot, 2 * N);
+    if (p.zo) convert_from_f32(z.data(), row_at(p.zo, p.zot, p.ldzo, m), p.zot, 2 * N);
     for (int64_t j = 0; j < N; ++j) a[size_t(j)] = z[size_t(j)] * detail::sigmoid(z[size_t(j)]) * z[size_t(j + N)];
-    convert_from_f32(a.data(), row(p.a, p.at, p.lda, m), p.at, N);
+    convert_from_f32(a.data(), row_at(p.a, p.at, p.lda, m), p.at, N);
   }
 }
 
@@ -44,8 +43,8 @@ void swiglu_backward_rows(const SwigluBwd& p, int64_t m0, int64_t m1) {
   const int64_t N = p.N;
   std::vector<float> z(static_cast<size_t>(2 * N)), d(static_cast<size_t>(N)), dz(static_cast<size_t>(2 * N)), aw(static_cast<size_t>(N));
   for (int64_t m = m0; m < m1; ++m) {
-    convert_to_f32(row(p.z, p.zt, p.ldz, m), p.zt, z.data(), 2 * N);
-    convert_to_f32(row(p.dy, p.dyt, p.lddy, m), p.dyt, d.data(), N);
+    convert_to_f32(row_at(p.z, p.zt, p.ldz, m), p.zt, z.data(), 2 * N);
+    convert_to_f32(row_at(p.dy, p.dyt, p.lddy, m), p.dyt, d.data(), N);
     const float s = p.scale ? p.scale[m] : 1.f;
     double dot = 0;
     for (int64_t j = 0; j < N; ++j) {
@@ -57,8 +56,8 @@ void swiglu_backward_rows(const SwigluBwd& p, int64_t m0, int64_t m1) {
       dz[size_t(j + N)] = ds * silu;
     }
     if (p.dot) p.dot[m] = float(dot);
-    if (p.aw) convert_from_f32(aw.data(), row(p.aw, p.zt, p.ldaw, m), p.zt, N);
-    convert_from_f32(dz.data(), row(p.dz, p.dzt, p.lddz, m), p.dzt, 2 * N);
+    if (p.aw) convert_from_f32(aw.data(), row_at(p.aw, p.zt, p.ldaw, m), p.zt, N);
+    convert_from_f32(dz.data(), row_at(p.dz, p.dzt, p.lddz, m), p.dzt, 2 * N);
   }
 }
 
@@ -80,17 +79,17 @@ void act_backward_rows(gemm::Act act, int64_t m0, int64_t m1, int64_t N, const v
   if (act == gemm::Act::swiglu) {
     SwigluBwd p;
     p.N = N / 2;
-    p.z = row(z, zt, ldz, m0); p.zt = zt; p.ldz = ldz;
-    p.dy = row(dy, dyt, lddy, m0); p.dyt = dyt; p.lddy = lddy;
-    p.dz = row(dz, dzt, lddz, m0); p.dzt = dzt; p.lddz = lddz;
+    p.z = row_at(z, zt, ldz, m0); p.zt = zt; p.ldz = ldz;
+    p.dy = row_at(dy, dyt, lddy, m0); p.dyt = dyt; p.lddy = lddy;
+    p.dz = row_at(dz, dzt, lddz, m0); p.dzt = dzt; p.lddz = lddz;
     return vectorised({zt, dyt, dzt}) ? swiglu_backward_rows_avx512(p, 0, m1 - m0) : swiglu_backward_rows(p, 0, m1 - m0);
   }
   std::vector<float> zr(static_cast<size_t>(N)), dyr(static_cast<size_t>(N)), dzr(static_cast<size_t>(N));
   for (int64_t m = m0; m < m1; ++m) {
-    convert_to_f32(row(z, zt, ldz, m), zt, zr.data(), N);
-    convert_to_f32(row(dy, dyt, lddy, m), dyt, dyr.data(), N);
+    convert_to_f32(row_at(z, zt, ldz, m), zt, zr.data(), N);
+    convert_to_f32(row_at(dy, dyt, lddy, m), dyt, dyr.data(), N);
     for (int64_t n = 0; n < N; ++n) dzr[size_t(n)] = detail::act_grad(act, zr[size_t(n)], dyr[size_t(n)]);
-    convert_from_f32(dzr.data(), row(dz, dzt, lddz, m), dzt, N);
+    convert_from_f32(dzr.data(), row_at(dz, dzt, lddz, m), dzt, N);
   }
 }
 }  // namespace bwd

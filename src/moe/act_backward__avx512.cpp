@@ -2,6 +2,7 @@
 // forward's a = silu(g) u with the stored pre-activation, and the backward's one pass from the
 // down projection's input gradient to dz, the routed weight's gradient and the scaled a.
 #include "src/core/cvt_avx512.h"
+#include "src/core/elem_at.h"
 #include "src/gemm/vec_math_avx512.h"
 #include "src/moe/bwd_common.h"
 
@@ -26,8 +27,6 @@ inline void store(void* p, DType t, int64_t i, __mmask16 m, __m512 v) {
   if (t == DType::bf16) _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p) + i, m, simd::f32_to_bf16x16(v));
   else _mm512_mask_storeu_ps(static_cast<float*>(p) + i, m, v);
 }
-inline const char* row(const void* p, DType t, int64_t ld, int64_t r) { return static_cast<const char*>(p) + r * ld * int64_t(dtype_size(t)); }
-inline char* row(void* p, DType t, int64_t ld, int64_t r) { return static_cast<char*>(p) + r * ld * int64_t(dtype_size(t)); }
 inline __m512 sigmoid(__m512 x) {
   const __m512 one = _mm512_set1_ps(1.f);
   return _mm512_div_ps(one, _mm512_add_ps(one, gemm::vm::exp(_mm512_sub_ps(_mm512_setzero_ps(), x))));
@@ -39,9 +38,9 @@ void swiglu_forward_rows_avx512(const SwigluFwd& p, int64_t m0, int64_t m1) {
   const int64_t N = p.N;
   const DType zr = p.zo ? p.zot : p.zt;  // a is computed from z as stored
   for (int64_t m = m0; m < m1; ++m) {
-    const char* z = row(p.z, p.zt, p.ldz, m);
-    char* zo = p.zo ? row(p.zo, p.zot, p.ldzo, m) : nullptr;
-    char* a = row(p.a, p.at, p.lda, m);
+    const char* z = row_at(p.z, p.zt, p.ldz, m);
+    char* zo = p.zo ? row_at(p.zo, p.zot, p.ldzo, m) : nullptr;
+    char* a = row_at(p.a, p.at, p.lda, m);
     for (int64_t j = 0; j < N; j += 16) {
       const __mmask16 k = tail(N - j);
       __m512 g = round_to(load(z, p.zt, j, k), zr), u = round_to(load(z, p.zt, j + N, k), zr);
@@ -58,10 +57,10 @@ void swiglu_backward_rows_avx512(const SwigluBwd& p, int64_t m0, int64_t m1) {
   const int64_t N = p.N;
   const __m512 one = _mm512_set1_ps(1.f);
   for (int64_t m = m0; m < m1; ++m) {
-    const char* z = row(p.z, p.zt, p.ldz, m);
-    const char* dy = row(p.dy, p.dyt, p.lddy, m);
-    char* dz = row(p.dz, p.dzt, p.lddz, m);
-    char* aw = p.aw ? row(p.aw, p.zt, p.ldaw, m) : nullptr;
+    const char* z = row_at(p.z, p.zt, p.ldz, m);
+    const char* dy = row_at(p.dy, p.dyt, p.lddy, m);
+    char* dz = row_at(p.dz, p.dzt, p.lddz, m);
+    char* aw = p.aw ? row_at(p.aw, p.zt, p.ldaw, m) : nullptr;
     const __m512 s = _mm512_set1_ps(p.scale ? p.scale[m] : 1.f);
     __m512 dot = _mm512_setzero_ps();
     for (int64_t j = 0; j < N; j += 16) {

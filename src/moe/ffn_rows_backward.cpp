@@ -8,6 +8,7 @@
 #include "ot/gemm.h"
 #include "ot/parallel.h"
 #include "ot/workspace.h"
+#include "src/core/elem_at.h"
 #include "src/moe/bwd_common.h"
 #include "src/moe/ffn_bwd_common.h"
 
@@ -20,8 +21,6 @@ int64_t rows_of(const std::vector<Span>& spans) {
   for (const Span& s : spans) n = std::max(n, s.offset + s.count);
   return n;
 }
-const char* at(const void* p, DType t, int64_t off) { return static_cast<const char*>(p) + off * int64_t(dtype_size(t)); }
-char* at(void* p, DType t, int64_t off) { return static_cast<char*>(p) + off * int64_t(dtype_size(t)); }
 
 // C [n, N] (fp32, row stride ldc) (+)= A [n, K] x W (NN: W [K][N]) or A x W^T (NT: W [N][K]).
 gemm::NtJob job(int64_t n, int64_t N, const void* a, DType dt, int64_t lda, const char* w, int64_t K, int64_t ldw, float* c, int64_t ldc,
@@ -47,7 +46,7 @@ void ffn_rows_forward(const FfnRowsForward& f) {
   void* a = scratch(7, size_t(A * I) * dtype_size(dt));
   std::vector<gemm::NtJob> jobs;
   for (const Span& s : f.spans) {  // z = [x Wg | x Wu]
-    const char* x = at(f.xs, dt, s.offset * H);
+    const char* x = elem_at(f.xs, dt, s.offset * H);
     jobs.push_back(job(s.count, I, x, dt, H, weight_of(f.w.g, s.group), H, weight_ld(f.w.g), zf + s.offset * 2 * I, 2 * I, false));
     jobs.push_back(job(s.count, I, x, dt, H, weight_of(f.w.u, s.group), H, weight_ld(f.w.u), zf + s.offset * 2 * I + I, 2 * I, false));
   }
@@ -60,7 +59,7 @@ void ffn_rows_forward(const FfnRowsForward& f) {
   swiglu_forward(p, A);
   jobs.clear();
   for (const Span& s : f.spans)
-    jobs.push_back(job(s.count, H, at(a, dt, s.offset * I), dt, I, weight_of(f.w.d, s.group), I, weight_ld(f.w.d), f.out + s.offset * H, H, f.out_acc));
+    jobs.push_back(job(s.count, H, elem_at(a, dt, s.offset * I), dt, I, weight_of(f.w.d, s.group), I, weight_ld(f.w.d), f.out + s.offset * H, H, f.out_acc));
   gemm::grouped_gemm_nn(jobs.data(), int64_t(jobs.size()));
 }
 
@@ -73,7 +72,7 @@ void ffn_rows_backward(const FfnRowsBackward& f) {
   // g = dy Wd^T: the gradient of the down projection's input (before the routed weight)
   std::vector<gemm::NtJob> nt;
   for (const Span& s : f.spans)
-    nt.push_back(job(s.count, I, at(f.dys, dt, s.offset * H), dt, H, weight_of(f.w.d, s.group), H, weight_ld(f.w.d), gr + s.offset * I, I, false));
+    nt.push_back(job(s.count, I, elem_at(f.dys, dt, s.offset * H), dt, H, weight_of(f.w.d, s.group), H, weight_ld(f.w.d), gr + s.offset * I, I, false));
   gemm::grouped_gemm_nt(nt.data(), int64_t(nt.size()));
   SwigluBwd p;
   p.N = I;
@@ -89,16 +88,16 @@ void ffn_rows_backward(const FfnRowsBackward& f) {
   const int64_t gsz = H * I;
   for (const Span& s : f.spans) {
     const int64_t r = s.offset, n = s.count, e = s.group;
-    const char* x = at(f.xs, dt, r * H);
-    tn.push_back({n, I, H, at(aw, dt, r * I), at(f.dys, dt, r * H), dt, dt, I, H, at(f.dd, f.gdt, e * gsz), H, f.acc, f.gdt});
-    tn.push_back({n, H, I, x, at(dz, dt, r * 2 * I), dt, dt, H, 2 * I, at(f.dg, f.gdt, e * gsz), I, f.acc, f.gdt});
-    tn.push_back({n, H, I, x, at(dz, dt, r * 2 * I + I), dt, dt, H, 2 * I, at(f.du, f.gdt, e * gsz), I, f.acc, f.gdt});
+    const char* x = elem_at(f.xs, dt, r * H);
+    tn.push_back({n, I, H, elem_at(aw, dt, r * I), elem_at(f.dys, dt, r * H), dt, dt, I, H, elem_at(f.dd, f.gdt, e * gsz), H, f.acc, f.gdt});
+    tn.push_back({n, H, I, x, elem_at(dz, dt, r * 2 * I), dt, dt, H, 2 * I, elem_at(f.dg, f.gdt, e * gsz), I, f.acc, f.gdt});
+    tn.push_back({n, H, I, x, elem_at(dz, dt, r * 2 * I + I), dt, dt, H, 2 * I, elem_at(f.du, f.gdt, e * gsz), I, f.acc, f.gdt});
   }
   gemm::grouped_gemm_tn(tn.data(), int64_t(tn.size()));
   // dx rows = dz_gate Wg^T + dz_up Wu^T (two K segments of one job)
   nt.clear();
   for (const Span& s : f.spans) {
-    gemm::NtJob j = job(s.count, H, at(dz, dt, s.offset * 2 * I), dt, 2 * I, weight_of(f.w.g, s.group), I, weight_ld(f.w.g), f.dx + s.offset * H, H,
+    gemm::NtJob j = job(s.count, H, elem_at(dz, dt, s.offset * 2 * I), dt, 2 * I, weight_of(f.w.g, s.group), I, weight_ld(f.w.g), f.dx + s.offset * H, H,
                         f.dx_acc);
     j.w[1] = {weight_of(f.w.u, s.group), I, weight_ld(f.w.u)};
     nt.push_back(j);
@@ -111,7 +110,7 @@ void ffn_rows_backward(const FfnRowsBackward& f) {
   parallel_rows(f.G, gsz, [&](int64_t e0, int64_t e1) {
     for (int64_t e = e0; e < e1; ++e)
       if (!used[size_t(e)])
-        for (void* t : {f.dg, f.du, f.dd}) std::memset(at(t, f.gdt, e * gsz), 0, bytes);
+        for (void* t : {f.dg, f.du, f.dd}) std::memset(elem_at(t, f.gdt, e * gsz), 0, bytes);
   });
 }
 

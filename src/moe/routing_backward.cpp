@@ -9,13 +9,12 @@
 #include "ot/numeric.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
+#include "src/core/elem_at.h"
 #include "src/moe/bwd_common.h"
 
 namespace ot::moe {
 
 namespace {
-const char* row(const TensorView& v, int64_t r, int64_t H) { return static_cast<const char*>(v.data) + r * H * int64_t(dtype_size(v.dtype)); }
-char* mrow(const TensorView& v, int64_t r, int64_t H) { return static_cast<char*>(v.data) + r * H * int64_t(dtype_size(v.dtype)); }
 
 // out[t] = sum_k src[dst_of(t, k)] over valid destinations (0 <= d < P), rows in fp32.
 template <class F> Tensor gather_sum(const TensorView& src, int64_t T, int64_t K, int64_t H, int64_t P, F dst_of) {
@@ -27,10 +26,10 @@ template <class F> Tensor gather_sum(const TensorView& src, int64_t T, int64_t K
       for (int64_t k = 0; k < K; ++k) {
         int64_t d = dst_of(t, k);
         if (d < 0 || d >= P) continue;
-        convert_to_f32(row(src, d, H), src.dtype, r.data(), H);
+        convert_to_f32(row_at(src, H, d), src.dtype, r.data(), H);
         for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += r[size_t(h)];
       }
-      convert_from_f32(acc.data(), mrow(out, t, H), out.dtype(), H);
+      convert_from_f32(acc.data(), row_at(out, H, t), out.dtype(), H);
     }
   });
   return out;
@@ -82,19 +81,19 @@ TokenUnpermuteGrads moe_token_unpermute_backward(const TensorView& dout, const T
   bwd::parallel_rows(T, K * H, [&](int64_t t0, int64_t t1) {
     std::vector<float> go(static_cast<size_t>(H)), r(static_cast<size_t>(H)), pr(static_cast<size_t>(K), 1.f);
     for (int64_t t = t0; t < t1; ++t) {
-      convert_to_f32(row(dout, t, H), dout.dtype, go.data(), H);
-      if (probs.defined()) convert_to_f32(static_cast<const char*>(probs.data) + t * probs.strides[0] * int64_t(dtype_size(probs.dtype)), probs.dtype, pr.data(), K);
+      convert_to_f32(row_at(dout, H, t), dout.dtype, go.data(), H);
+      if (probs.defined()) convert_to_f32(row_at(probs, probs.strides[0], t), probs.dtype, pr.data(), K);
       for (int64_t k = 0; k < K; ++k) {
         int64_t d = s[t * K + k];
         if (d < 0 || d >= P) continue;
         if (probs.defined()) {
-          convert_to_f32(row(permuted, d, H), permuted.dtype, r.data(), H);
+          convert_to_f32(row_at(permuted, H, d), permuted.dtype, r.data(), H);
           double dot = 0;
           for (int64_t h = 0; h < H; ++h) dot += double(go[size_t(h)]) * r[size_t(h)];
           g.d_probs.ptr<float>()[t * K + k] = float(dot);
         }
         for (int64_t h = 0; h < H; ++h) r[size_t(h)] = pr[size_t(k)] * go[size_t(h)];
-        convert_from_f32(r.data(), mrow(g.d_permuted, d, H), permuted.dtype, H);
+        convert_from_f32(r.data(), row_at(g.d_permuted, H, d), permuted.dtype, H);
       }
     }
   });
@@ -119,15 +118,15 @@ FinalizeRoutingGrads moe_finalize_routing_v2_backward(const TensorView& dout, co
   bwd::parallel_rows(N, K * H, [&](int64_t n0, int64_t n1) {
     std::vector<float> go(static_cast<size_t>(H)), r(static_cast<size_t>(H)), b(static_cast<size_t>(H));
     for (int64_t n = n0; n < n1; ++n) {
-      convert_to_f32(row(dout, n, H), dout.dtype, go.data(), H);
+      convert_to_f32(row_at(dout, H, n), dout.dtype, go.data(), H);
       for (int64_t k = 0; k < K; ++k) {
         int64_t d = d_of[pos(n, k)];
         float s = scale(n, k);
         if (scales.defined()) {
-          if (d >= 0) convert_to_f32(row(ex, d, H), ex.dtype, r.data(), H);
+          if (d >= 0) convert_to_f32(row_at(ex, H, d), ex.dtype, r.data(), H);
           else std::fill(r.begin(), r.end(), 0.f);
           if (e_of) {
-            convert_to_f32(row(bias, e_of[n * K + k], H), bias.dtype, b.data(), H);
+            convert_to_f32(row_at(bias, H, e_of[n * K + k]), bias.dtype, b.data(), H);
             for (int64_t h = 0; h < H; ++h) r[size_t(h)] += b[size_t(h)];
           }
           double dot = 0;
@@ -136,7 +135,7 @@ FinalizeRoutingGrads moe_finalize_routing_v2_backward(const TensorView& dout, co
         }
         if (d < 0) continue;
         for (int64_t h = 0; h < H; ++h) r[size_t(h)] = s * go[size_t(h)];
-        convert_from_f32(r.data(), mrow(g.d_expanded_x, d, H), ex.dtype, H);
+        convert_from_f32(r.data(), row_at(g.d_expanded_x, H, d), ex.dtype, H);
       }
     }
   });
@@ -146,7 +145,7 @@ FinalizeRoutingGrads moe_finalize_routing_v2_backward(const TensorView& dout, co
       std::vector<float> go(static_cast<size_t>(H));
       float* db = g.d_bias.ptr<float>();
       for (int64_t n = 0; n < N; ++n) {
-        convert_to_f32(row(dout, n, H) + h0 * int64_t(dtype_size(dout.dtype)), dout.dtype, go.data(), h1 - h0);
+        convert_to_f32(elem_at(dout.data, dout.dtype, n * H + h0), dout.dtype, go.data(), h1 - h0);
         for (int64_t k = 0; k < K; ++k) {
           float s = scale(n, k);
           float* dst = db + e_of[n * K + k] * H;
