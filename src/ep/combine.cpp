@@ -10,6 +10,7 @@
 #include "ot/numeric.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
+#include "src/core/elem_at.h"
 #include "src/ep/internal.h"
 
 namespace ot::ep {
@@ -108,21 +109,11 @@ bool PendingCombine::test() {
 
 // Every rank's record (this rank's own from its local check): all proceed or all throw alike.
 void PendingCombine::State::decide_or_throw() {
-  const int W = comm->ep_world_size(), me = comm->ep_rank_id();
   Meta meta;
   meta.f[0] = dtype_code;
-  std::vector<char> own(record_bytes(0));
-  write_record(own.data(), fault, meta, nullptr, 0);
-  std::vector<const char*> recs(static_cast<size_t>(W));
-  std::vector<size_t> sizes(static_cast<size_t>(W));
-  for (int r = 0; r < W; ++r) {
-    recs[size_t(r)] = r == me ? own.data() : ex.data(r);
-    sizes[size_t(r)] = r == me ? own.size() : ex.size(r);
-  }
-  held = slots_in_records(recs, sizes, me, 1);
-  where.assign(size_t(W), 0);
+  agree(kOp, ex, comm->ep_rank_id(), own_record(fault, meta), 1, held, kTable, {{0, kMisDtype}});
+  where.assign(size_t(comm->ep_world_size()), 0);
   for (auto [r, g] : held) where[size_t(r)] = g + 1;
-  decide(kOp, recs, sizes, kTable, {{0, kMisDtype}});
 }
 
 Tensor PendingCombine::wait() {
@@ -174,7 +165,7 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
   st.done = false;
   const bool ok = st.fault.code == 0;
   const size_t rec = record_bytes(0);
-  std::vector<size_t> moff(size_t(W), 0), mlen(size_t(W), 0);
+  MessageLayout msg(W);
   using Form = PendingCombine::State::Form;
   // A rank that cannot read its handle does not know the form: it sends its record alone and throws
   // with every rank once the records are in.
@@ -183,8 +174,9 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
                                     : dp->opt.dedup_combine                       ? Form::dedup
                                                                                   : Form::per_slot;
   auto records_only = [&] {
-    st.msgbuf = PooledBuffer(comm.impl().pool, size_t(W) * rec);
-    for (int q = 0; q < W; ++q) moff[size_t(q)] = size_t(q) * rec, mlen[size_t(q)] = rec;
+    for (int q = 0; q < W; ++q)
+      if (q != me) msg.add(q, rec);
+    st.msgbuf = PooledBuffer(comm.impl().pool, msg.buffer_bytes());
   };
   std::vector<int64_t> slot_gen(static_cast<size_t>(W), 0);  // meta field 1: node-window slot + 1 of the rows to q
   auto write_records = [&] {
@@ -192,13 +184,13 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
     meta.f[0] = st.dtype_code;
     for (int q = 0; q < W; ++q) {
       meta.f[1] = slot_gen[size_t(q)];
-      if (q != me) write_record(st.msgbuf.data() + moff[size_t(q)], st.fault, meta, nullptr, 0);
+      if (q != me) write_record(st.msgbuf.data() + msg.off[size_t(q)], st.fault, meta);
     }
   };
   if (!ok || !known) {
     records_only();
     write_records();
-    st.ex.start(comm, kTagCombine, st.msgbuf.data(), moff, mlen);
+    st.ex.start(comm, kTagCombine, st.msgbuf.data(), msg.off, msg.len);
     if (!known || st.form == Form::all_gather) {  // peers decide at once too (all_gather) or cannot be told apart
       st.done = true;
       st.ex.wait();
@@ -224,7 +216,7 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
     // sums for every gathered token; then a reduce-scatter hands each rank its tokens.
     records_only();
     write_records();
-    st.ex.start(comm, kTagCombine, st.msgbuf.data(), moff, mlen);
+    st.ex.start(comm, kTagCombine, st.msgbuf.data(), msg.off, msg.len);
     int64_t total = 0;
     for (int r = 0; r < W; ++r) {
       st.rdispl[size_t(r)] = checked_int(total * H, kOp, "reduce-scatter count");
@@ -257,22 +249,19 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
     // node-window slot.
     NodeWindow& win = comm.impl().window;
     std::vector<char*> slot(static_cast<size_t>(W), nullptr);
-    size_t total = 0;
     for (int r = 0; r < W; ++r) {
       if (r == me) continue;
       const int64_t n_send = dedup ? d.recv_rows[size_t(r)] : d.recv_slots[size_t(r)];
       st.rcount[size_t(r)] = checked_int(dedup ? d.send_rows[size_t(r)] : d.slots_to[size_t(r)], kOp, "receive rows");
       int64_t gen = 0;
       if (n_send > 0 && (slot[size_t(r)] = win.claim(r, SlotKind::combine, size_t(n_send) * st.row_bytes, &gen))) slot_gen[size_t(r)] = gen + 1;
-      moff[size_t(r)] = total;
-      mlen[size_t(r)] = rec + (slot[size_t(r)] ? 0 : size_t(n_send) * st.row_bytes);
-      total += (mlen[size_t(r)] + 63) & ~size_t(63);
+      msg.add(r, rec + (slot[size_t(r)] ? 0 : size_t(n_send) * st.row_bytes));
       bytes += n_send * int64_t(st.row_bytes) + int64_t(rec);  // rows and the record
     }
-    st.msgbuf = PooledBuffer(comm.impl().pool, std::max<size_t>(total, 64));
+    st.msgbuf = PooledBuffer(comm.impl().pool, msg.buffer_bytes());
     write_records();
     std::vector<char*> base(static_cast<size_t>(W), nullptr);
-    for (int r = 0; r < W; ++r) base[size_t(r)] = slot[size_t(r)] ? slot[size_t(r)] : st.msgbuf.data() + moff[size_t(r)] + rec;
+    for (int r = 0; r < W; ++r) base[size_t(r)] = slot[size_t(r)] ? slot[size_t(r)] : st.msgbuf.data() + msg.off[size_t(r)] + rec;
     if (dedup) {
       parallel_for(J, [&](int64_t j0, int64_t j1) {
         std::vector<float> acc(static_cast<size_t>(H));
@@ -309,7 +298,7 @@ PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const Dispatc
       });
     }
     win.publish();
-    st.ex.start(comm, kTagCombine, st.msgbuf.data(), moff, mlen);
+    st.ex.start(comm, kTagCombine, st.msgbuf.data(), msg.off, msg.len);
   }
   PendingAccess::bytes(pc) = bytes;
   scope.kernel(st.form == Form::all_gather ? "reduce_scatter" : st.form == Form::dedup ? "dedup" : "per_slot").bytes(double(bytes));
@@ -338,22 +327,22 @@ void PendingCombine::State::finish() {
     const int8_t* q = reinterpret_cast<const int8_t*>(row + 16);
     for (int64_t h = 0; h < H; ++h) acc[h] += w * (float(q[h]) * sc);
   };
-  auto row_of = [](const TensorView& v, int64_t r) { return static_cast<const char*>(v.data) + r * v.stride(0) * int64_t(dtype_size(v.dtype)); };
   // Zero / copy / const experts of slot (t, k) (spec 9.3), computed here on the token's own rank.
   const DispatchOptions& o = dd.opt;
-  auto add_special = [&](int64_t t, int64_t k, float* acc, float* tmp, float* tmp2) {
+  // xt: ori_x[t] in fp32, converted at the token's first copy/const slot only (have_x).
+  auto add_special = [&](int64_t t, int64_t k, float* acc, float* xt, bool& have_x, float* tmp2) {
     const int32_t s = dd.special[size_t(t * K + k)];
     if (s < o.zero_expert_num) return;  // the zero expert outputs 0
     const float w = dd.scales[size_t(t * K + k)];
-    load_row_f32(row_of(in.ori_x, t), in.ori_x.dtype, H, tmp);
+    if (!have_x) load_row_f32(row_at(in.ori_x, t), in.ori_x.dtype, H, xt), have_x = true;
     if (s < o.zero_expert_num + o.copy_expert_num) {
-      for (int64_t h = 0; h < H; ++h) acc[h] += w * tmp[h];
+      for (int64_t h = 0; h < H; ++h) acc[h] += w * xt[h];
       return;
     }
     const int64_t c = s - o.zero_expert_num - o.copy_expert_num;
     const float a1 = in.const_expert_alpha_1.ptr<float>()[c], a2 = in.const_expert_alpha_2.ptr<float>()[c];
-    load_row_f32(row_of(in.const_expert_v, c), in.const_expert_v.dtype, H, tmp2);
-    for (int64_t h = 0; h < H; ++h) acc[h] += w * (a1 * tmp[h] + a2 * tmp2[h]);
+    load_row_f32(row_at(in.const_expert_v, c), in.const_expert_v.dtype, H, tmp2);
+    for (int64_t h = 0; h < H; ++h) acc[h] += w * (a1 * xt[h] + a2 * tmp2[h]);
   };
   const bool any_special = !dd.special.empty();
   const TensorView& shared = in.shared_expert_x;
@@ -361,6 +350,7 @@ void PendingCombine::State::finish() {
     std::vector<float> acc(static_cast<size_t>(H)), tmp(static_cast<size_t>(H)), tmp2(any_special ? size_t(H) : 0);
     for (int64_t t = t0; t < t1; ++t) {
       std::fill(acc.begin(), acc.end(), 0.f);
+      bool have_x = false;
       if (form == Form::all_gather) {
         const float* p = reinterpret_cast<const float*>(recvbuf.data()) + t * H;
         for (int64_t h = 0; h < H; ++h) acc[size_t(h)] = p[h];
@@ -379,7 +369,7 @@ void PendingCombine::State::finish() {
         for (int64_t k = 0; k < K; ++k) {  // k order: the spec's sum
           int q = dd.slot_dest[size_t(t * K + k)];
           if (q < 0) {  // inactive, or a zero/copy/const expert
-            if (any_special && dd.special[size_t(t * K + k)] >= 0) add_special(t, k, acc.data(), tmp.data(), tmp2.data());
+            if (any_special && dd.special[size_t(t * K + k)] >= 0) add_special(t, k, acc.data(), tmp.data(), have_x, tmp2.data());
             continue;
           }
           int64_t r = dd.slot_ret[size_t(t * K + k)];
@@ -389,11 +379,11 @@ void PendingCombine::State::finish() {
         }
       } else if (any_special) {  // after the routed experts' partial sums, in k order
         for (int64_t k = 0; k < K; ++k)
-          if (dd.special[size_t(t * K + k)] >= 0) add_special(t, k, acc.data(), tmp.data(), tmp2.data());
+          if (dd.special[size_t(t * K + k)] >= 0) add_special(t, k, acc.data(), tmp.data(), have_x, tmp2.data());
       }
       const bool active = dd.token_active.empty() || dd.token_active[size_t(t)];
       if (shared.defined() && active) {  // shared experts are added unweighted; inactive tokens stay zero
-        accumulate_f32(row_of(shared, t), shared.dtype, 1.f, acc.data(), H);
+        accumulate_f32(row_at(shared, t), shared.dtype, 1.f, acc.data(), H);
       }
       char* dst = static_cast<char*>(out.view().data) + t * H * int64_t(yes);
       if (y.dtype == DType::f32) std::memcpy(dst, acc.data(), size_t(H) * 4);

@@ -1,4 +1,4 @@
-// The communicator wrapper, its buffer pool, the all-ranks agreement step and row helpers.
+// The communicator wrapper, its buffer and tensor pools, the peer exchange and row helpers.
 #include <sched.h>
 
 #include <algorithm>
@@ -144,47 +144,6 @@ Tensor TensorPool::get(DType t, const std::vector<int64_t>& shape) {
   }
   v.data = best->mem.get();
   return Tensor::from_storage(best->mem, v);
-}
-
-void write_record(char* dst, const Fault& fault, const Meta& meta, const int64_t* extra, size_t n_extra) {
-  int64_t* r = reinterpret_cast<int64_t*>(dst);
-  std::memset(dst, 0, record_bytes(n_extra));
-  r[0] = fault.code;
-  r[1] = fault.value;
-  std::copy(meta.f, meta.f + kMetaFields, r + 2);
-  r[kRecHead - 1] = int64_t(n_extra);
-  if (n_extra) std::copy(extra, extra + n_extra, r + kRecHead);
-}
-
-Decision decide(const char* op, const std::vector<const char*>& rec, const std::vector<size_t>& rec_size,
-                const std::vector<FaultText>& table, const std::vector<std::pair<int, int>>& must_match) {
-  const size_t W = rec.size();
-  Decision d;
-  d.meta.resize(W);
-  d.extra.resize(W);
-  d.n_extra.resize(W);
-  for (size_t r = 0; r < W; ++r) {  // a message too short for its record is a peer on another protocol
-    const int64_t* p = reinterpret_cast<const int64_t*>(rec[r]);
-    if (rec_size[r] < record_bytes(0) || rec_size[r] < record_bytes(size_t(std::max<int64_t>(0, p[kRecHead - 1]))))
-      throw Error(op, "call", "the same collective call on every rank", detail::cat("rank ", r, " sent a ", rec_size[r], "-byte message"));
-  }
-  for (size_t r = 0; r < W; ++r) {
-    const int64_t* p = reinterpret_cast<const int64_t*>(rec[r]);
-    if (p[0] != 0) {
-      const FaultText& t = table.at(size_t(p[0]));
-      throw Error(op, t.arg, t.expected, detail::cat("rank ", r, ": ", p[1]));
-    }
-    std::copy(p + 2, p + 2 + kMetaFields, d.meta[r].f);
-    d.n_extra[r] = p[kRecHead - 1];
-    d.extra[r] = p + kRecHead;
-  }
-  for (auto [field, code] : must_match)
-    for (size_t r = 1; r < W; ++r)
-      if (d.meta[r].f[field] != d.meta[0].f[field]) {
-        const FaultText& t = table.at(static_cast<size_t>(code));
-        throw Error(op, t.arg, t.expected, detail::cat("rank 0: ", d.meta[0].f[field], ", rank ", r, ": ", d.meta[r].f[field]));
-      }
-  return d;
 }
 
 void PeerExchange::start(Comm& comm, int tag, const char* sendbuf, const std::vector<size_t>& off, const std::vector<size_t>& len) {

@@ -423,24 +423,21 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     });
   };
   const bool ok = fault.code == 0;
-  std::vector<size_t> moff(size_t(W), 0), mlen(size_t(W), 0), rec_len(size_t(W), 0);
-  size_t total = 0;
+  MessageLayout msg(W);
   for (int q = 0; q < W; ++q) {
-    rec_len[size_t(q)] = record_bytes(extra[size_t(q)].size());
     if (q == me) continue;
-    moff[size_t(q)] = total;
-    mlen[size_t(q)] = rec_len[size_t(q)] + (one_round && ok && !pulled_by[size_t(q)] ? size_t(st.send_rows[size_t(q)]) * fmt.stride : 0);
-    st.bytes_sent += int64_t(rec_len[size_t(q)]);  // the record is on the wire too
-    total += (mlen[size_t(q)] + 63) & ~size_t(63);
+    const size_t rec = record_bytes(extra[size_t(q)].size());
+    msg.add(q, rec + (one_round && ok && !pulled_by[size_t(q)] ? size_t(st.send_rows[size_t(q)]) * fmt.stride : 0));
+    st.bytes_sent += int64_t(rec);  // the record is on the wire too
   }
-  st.msgbuf = PooledBuffer(comm.impl().pool, std::max<size_t>(total, 64));
+  st.msgbuf = PooledBuffer(comm.impl().pool, msg.buffer_bytes());
   for (int q = 0; q < W; ++q)
-    if (q != me) write_record(st.msgbuf.data() + moff[size_t(q)], fault, meta, extra[size_t(q)].data(), extra[size_t(q)].size());
-  std::vector<char> own(rec_len[size_t(me)]);
-  write_record(own.data(), fault, meta, extra[size_t(me)].data(), extra[size_t(me)].size());
+    if (q != me) write_record(st.msgbuf.data() + msg.off[size_t(q)], fault, meta, extra[size_t(q)].data(), extra[size_t(q)].size());
+  const std::vector<char> own = own_record(fault, meta, extra[size_t(me)].data(), extra[size_t(me)].size());
   if (one_round && ok) {
     std::vector<char*> base(static_cast<size_t>(W));
-    for (int q = 0; q < W; ++q) base[size_t(q)] = pulled_by[size_t(q)] ? nullptr : st.msgbuf.data() + moff[size_t(q)] + rec_len[size_t(q)];
+    for (int q = 0; q < W; ++q)
+      base[size_t(q)] = pulled_by[size_t(q)] ? nullptr : st.msgbuf.data() + msg.off[size_t(q)] + record_bytes(extra[size_t(q)].size());
     pack_rows(base);
     if (own_slot) {  // each token once, all its slots named; readers keep the ones placed on them
       parallel_for(int64_t(pull_tok.size()), [&](int64_t i0, int64_t i1) {
@@ -450,7 +447,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     }
   }
   st.ex = std::make_unique<PeerExchange>();
-  st.ex->start(comm, kTagDispatch, st.msgbuf.data(), moff, mlen);
+  st.ex->start(comm, kTagDispatch, st.msgbuf.data(), msg.off, msg.len);
   st.scount.assign(size_t(W), 0);
   st.sdispl.assign(size_t(W), 0);
   st.rcount.assign(size_t(W), 0);
@@ -471,17 +468,11 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     }
   }
   st.ex->wait();
-  std::vector<const char*> recs(static_cast<size_t>(W));
-  std::vector<size_t> rec_size(static_cast<size_t>(W));
-  for (int r = 0; r < W; ++r) {
-    recs[size_t(r)] = r == me ? own.data() : st.ex->data(r);
-    rec_size[size_t(r)] = r == me ? own.size() : st.ex->size(r);
-  }
-  st.held = slots_in_records(recs, rec_size, me, -1);  // freed by ~DispatchState if the decision throws
-  Decision dec = decide(kOp, recs, rec_size, kTable,
-                        {{fK, kMisK}, {fH, kMisH}, {fDtype, kMisDtype}, {fE, kMisE}, {fQuant, kMisOpt}, {fDisp, kMisOpt},
-                         {fDedup, kMisOpt}, {fType, kMisOpt}, {fHash, kMisPlacement}, {fTag, kMisTag}, {fShared, kMisOpt},
-                         {fCommQuant, kMisOpt}, {fForm, kMisForm}, {fSpecial, kMisSpecial}, {fSmooth, kMisSmooth}});
+  // st.held (the window slots peers name) is freed by ~DispatchState if the decision throws.
+  Decision dec = agree(kOp, *st.ex, me, own, -1, st.held, kTable,
+                       {{fK, kMisK}, {fH, kMisH}, {fDtype, kMisDtype}, {fE, kMisE}, {fQuant, kMisOpt}, {fDisp, kMisOpt},
+                        {fDedup, kMisOpt}, {fType, kMisOpt}, {fHash, kMisPlacement}, {fTag, kMisTag}, {fShared, kMisOpt},
+                        {fCommQuant, kMisOpt}, {fForm, kMisForm}, {fSpecial, kMisSpecial}, {fSmooth, kMisSmooth}});
   const int64_t BS = st.BS, K = st.K, H = st.H, L = st.L;
   st.x_view = x;
   st.ids_view = ids;

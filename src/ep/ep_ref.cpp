@@ -5,6 +5,7 @@
 
 #include "ot/ep.h"
 #include "ot/numeric.h"
+#include "src/core/elem_at.h"
 #include "src/ep/internal.h"
 
 namespace ot::ep::ref {
@@ -45,10 +46,10 @@ RankExpand dispatch(const std::vector<RankInput>& ranks, const Placement& p, int
   for (int64_t i = 0; i < A; ++i) {
     auto [r, t] = rows[size_t(i)];
     const TensorView& x = ranks[size_t(r)].x;
-    const char* src = static_cast<const char*>(x.data) + t * x.stride(0) * int64_t(dtype_size(dt));
+    const char* src = row_at(x, t);
     out.assist.insert(out.assist.end(), {int32_t(r), int32_t(t), ks[size_t(i)]});
     if (!quant) {
-      std::memcpy(static_cast<char*>(out.expand_x.view().data) + i * H * int64_t(dtype_size(dt)), src, size_t(H) * dtype_size(dt));
+      std::memcpy(row_at(out.expand_x, i), src, size_t(H) * dtype_size(dt));
       continue;
     }
     for (int64_t h = 0; h < H; ++h) v[size_t(h)] = float(get_as_double(x, t * H + h));

@@ -7,6 +7,7 @@
 #include "ot/numeric.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
+#include "src/core/elem_at.h"
 #include "src/ep/internal.h"
 
 namespace ot::ep {
@@ -18,8 +19,8 @@ static Tensor as_dtype(const ExpertBatch& b, DType dt) {
   parallel_for(A, [&](int64_t r0, int64_t r1) {
     std::vector<float> row(static_cast<size_t>(H));
     for (int64_t r = r0; r < r1; ++r) {
-      load_row_f32(static_cast<const char*>(b.x.data) + r * b.x.stride(0) * int64_t(dtype_size(b.x.dtype)), b.x.dtype, H, row.data());
-      convert_from_f32(row.data(), static_cast<char*>(out.view().data) + r * H * int64_t(dtype_size(dt)), dt, H);
+      load_row_f32(row_at(b.x, r), b.x.dtype, H, row.data());
+      convert_from_f32(row.data(), row_at(out, r), dt, H);
     }
   });
   return out;
@@ -167,7 +168,7 @@ Tensor ep_moe_ffn(Comm& comm, const TensorView& x, const TensorView& ids, const 
       return;
     }
     if (!out.defined()) out = comm.impl().tensors.get(o.dtype(), {BS, o.size(1)});
-    if (o.numel() > 0) std::memcpy(static_cast<char*>(out.view().data) + lo(c) * o.size(1) * int64_t(dtype_size(o.dtype())), o.view().data, o.view().nbytes());
+    if (o.numel() > 0) std::memcpy(row_at(out, lo(c)), o.view().data, o.view().nbytes());
     comb[size_t(c)] = PendingCombine();
     pend[size_t(c)] = PendingDispatch();
   };

@@ -1,5 +1,6 @@
-// Internal pieces shared by the expert-parallel files: buffers, the agreement step, the dispatch
-// state that combine needs, and the wire format of a dispatched row.
+// Internal pieces shared by the expert-parallel files: buffers, the node window, the peer exchange,
+// the dispatch state that combine needs, and the wire format of a dispatched row (records and
+// message layout: records.h).
 #pragma once
 #include <mpi.h>
 
@@ -11,6 +12,7 @@
 #include "ot/ep.h"
 #include "ot/error.h"
 #include "ot/workspace.h"
+#include "src/ep/records.h"
 
 namespace ot::ep {
 
@@ -133,33 +135,6 @@ struct Comm::Impl {
   void untrack(MPI_Request* r);
 };
 
-// ---- Records: every message between ranks starts with one (fault, meta, extra), so each rank's
-// validation outcome travels with its data and the decision costs no round of its own: every rank
-// sees every record and either all proceed or all throw the same ot::Error.
-struct Fault {
-  int code = 0;        // 0: fine; otherwise an index into the caller's table of {arg, expected}
-  int64_t value = 0;   // what was got (for the message)
-};
-struct FaultText { const char* arg; const char* expected; };
-constexpr int kMetaFields = 20;
-struct Meta {
-  int64_t f[kMetaFields] = {};
-};
-constexpr size_t kRecHead = 2 + kMetaFields + 1;  // code, value, meta, n_extra
-inline size_t record_bytes(size_t n_extra) { return (8 * (kRecHead + n_extra) + 63) & ~size_t(63); }
-// Writes a record at dst (record_bytes(extra.size()) bytes).
-void write_record(char* dst, const Fault& fault, const Meta& meta, const int64_t* extra, size_t n_extra);
-// The records of every rank (rec[r], of rec_size[r] bytes; this rank's own included): throws on
-// every rank alike when any rank has a fault or when the fields in `must_match` (field, code)
-// differ; else returns the metas and points extra[r] at each record's extra values (n_extra[r]).
-struct Decision {
-  std::vector<Meta> meta;
-  std::vector<const int64_t*> extra;
-  std::vector<int64_t> n_extra;
-};
-Decision decide(const char* op, const std::vector<const char*>& rec, const std::vector<size_t>& rec_size,
-                const std::vector<FaultText>& table, const std::vector<std::pair<int, int>>& must_match);
-
 // One message to and one from every other rank, of sizes the receiver need not know: each incoming
 // message is matched by probing its source (exchanges in the order they started, so concurrent or
 // back-to-back calls cannot cross), then received into a pooled buffer. One round: all sends are
@@ -174,6 +149,7 @@ class PeerExchange {
   void start(Comm& comm, int tag, const char* sendbuf, const std::vector<size_t>& off, const std::vector<size_t>& len);
   bool test();  // posts the receives of messages that have arrived; true when all have completed
   void wait();
+  int world() const { return W_; }
   const char* data(int r) const { return in_[size_t(r)].data(); }
   size_t size(int r) const { return in_size_[size_t(r)]; }
   void release();  // drops the received buffers
@@ -269,12 +245,6 @@ struct DispatchState {
   void finish_receive(DispatchResult& res);  // fan out the received rows (after the transfer)
   const float* smooth_row(int l) const;
 };
-
-// Slots named by the well-formed, fault-free records among `rec` (this rank's own excluded): the
-// window index + 1 in record field `at` (an extra value when at < 0: the last one), 0 = none.
-// Read before the decision, so a call that throws still frees the slots peers wrote.
-std::vector<std::pair<int, int64_t>> slots_in_records(const std::vector<const char*>& rec, const std::vector<size_t>& size, int me,
-                                                      int meta_field);
 
 // Access to the pending handles' internals for the implementation files.
 struct PendingAccess {

@@ -148,20 +148,4 @@ void NodeWindow::free() {
   gens_.clear();
 }
 
-std::vector<std::pair<int, int64_t>> slots_in_records(const std::vector<const char*>& rec, const std::vector<size_t>& size, int me,
-                                                      int meta_field) {
-  std::vector<std::pair<int, int64_t>> held;
-  for (size_t r = 0; r < rec.size(); ++r) {
-    if (int(r) == me || size[r] < record_bytes(0)) continue;
-    const int64_t* p = reinterpret_cast<const int64_t*>(rec[r]);
-    const int64_t n_extra = p[kRecHead - 1];
-    if (p[0] != 0) continue;  // a faulty rank writes no rows
-    int64_t g = 0;
-    if (meta_field >= 0) g = p[2 + meta_field];
-    else if (n_extra >= 1 && n_extra < (1 << 20) && size[r] >= record_bytes(size_t(n_extra))) g = p[kRecHead + n_extra - 1];
-    if (g > 0) held.emplace_back(int(r), g - 1);
-  }
-  return held;
-}
-
 }  // namespace ot::ep
