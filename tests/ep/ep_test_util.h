@@ -42,6 +42,23 @@ struct Case {
   std::function<int64_t(int)> bs = [](int r) { return int64_t((5 * r + 7) % 11); };  // 7, 1, 6, 0(r=3) ...
   std::function<std::vector<int>(int, int64_t)> pool;  // experts allowed for token (r, t)
 };
+// The usual case: the defaults with two experts per rank.
+inline Case two_per_rank_case() {
+  Case c;
+  c.E = two_per_rank();
+  return c;
+}
+// Options naming c's experts, everything else at its default.
+inline DispatchOptions options_for(const Case& c) {
+  DispatchOptions o;
+  o.moe_expert_num = c.E;
+  return o;
+}
+inline FfnOptions ffn_options_for(const Case& c) {
+  FfnOptions f;
+  f.dispatch = options_for(c);
+  return f;
+}
 
 // Per rank: {x [BS, H], expert_ids [BS, K] i32, expert_scales [BS, K] f32}.
 using Inputs = std::vector<std::vector<Tensor>>;
@@ -99,3 +116,8 @@ Tensor run_pipelined(Comm& comm, const std::vector<Tensor>& mine, const Experts&
                      const TensorView& shared_expert_x = {});
 
 }  // namespace ot::ep::test
+
+// Every test file of this binary works in these namespaces (a test header, included by tests only).
+using namespace ot;
+using namespace ot::ep;
+using namespace ot::ep::test;

@@ -4,13 +4,8 @@
 
 #include <algorithm>
 
-using namespace ot;
-using namespace ot::ep;
-using namespace ot::ep::test;
-
 TEST(EpDispatch, LayoutMatchesReference) {
-  Case c;
-  c.E = two_per_rank();
+  Case c = two_per_rank_case();
   Comm comm(c.E);
   for (DType dt : {DType::f32, DType::bf16}) {
     c.dtype = dt;
@@ -20,8 +15,7 @@ TEST(EpDispatch, LayoutMatchesReference) {
       ref::RankExpand r = ref::dispatch(views(in), comm.placement(), me(), quant);
       for (Dispatcher disp : kDispatchers)
         for (int type : {0, 1}) {
-          DispatchOptions o;
-          o.moe_expert_num = c.E;
+          DispatchOptions o = options_for(c);
           o.dispatcher = disp;
           o.quant_int8 = quant;
           o.expert_token_nums_type = type;
@@ -72,8 +66,7 @@ TEST(EpDispatch, DedupByteCounts) {
         if (q == me() && r != me()) ++rows_in;
       }
     }
-  DispatchOptions o;
-  o.moe_expert_num = c.E;
+  DispatchOptions o = options_for(c);
   const auto& mine = mine_of(in);
   DispatchResult d = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
   const int64_t peers = W() - 1, recs = peers * record_bytes(2 + c.E / W());
@@ -92,14 +85,12 @@ TEST(EpDispatch, DedupByteCounts) {
 // The Comm reuses output storage (expand_x, x_out) once the caller has dropped earlier results, and
 // never while the caller still holds them.
 TEST(EpComm, ReusesOutputStorageOnlyWhenDropped) {
-  Case c;
-  c.E = two_per_rank();
+  Case c = two_per_rank_case();
   c.bs = [](int) { return int64_t(6); };
   auto in = make_inputs(c, W(), 31);
   const auto& mine = mine_of(in);
   Comm comm(c.E);
-  DispatchOptions o;
-  o.moe_expert_num = c.E;
+  DispatchOptions o = options_for(c);
   DispatchResult a = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
   Tensor keep = Tensor::copy_of(a.expand_x);
   DispatchResult b = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);  // a still held

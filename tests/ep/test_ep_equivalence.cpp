@@ -6,16 +6,10 @@
 #include <cmath>
 #include <cstring>
 
-using namespace ot;
-using namespace ot::ep;
-using namespace ot::ep::test;
-
 TEST(EpEndToEnd, Fp32BitExactAndForms) {
-  Case c;
-  c.E = two_per_rank();
+  Case c = two_per_rank_case();
   Scenario s(c, 8, 2);
-  DispatchOptions o;
-  o.moe_expert_num = c.E;
+  DispatchOptions o = options_for(c);
   o.dedup_combine = false;  // per-slot return, k-order sum: bit-identical
   Tensor got = run_blocking(s.comm, s.mine(), s.ex, o);
   EXPECT_TRUE(bit_equal(got, s.mine_want())) << norm_err(got, s.mine_want());
@@ -34,8 +28,7 @@ TEST(EpEndToEnd, Bf16WithinTolerance) {
   Scenario s(c, 16, 3);
   for (Dispatcher disp : kDispatchers)
     for (bool dedup : {true, false}) {
-      DispatchOptions o;
-      o.moe_expert_num = c.E;
+      DispatchOptions o = options_for(c);
       o.dispatcher = disp;
       o.dedup_combine = dedup;
       Tensor got = run_blocking(s.comm, s.mine(), s.ex, o);
@@ -45,15 +38,13 @@ TEST(EpEndToEnd, Bf16WithinTolerance) {
 }
 
 TEST(EpEdge, AllTokensToOneRankAndEmptyRanks) {
-  Case c;
-  c.E = two_per_rank();
+  Case c = two_per_rank_case();
   c.K = 2;
   c.bs = [](int r) { return int64_t(r % 2 == 0 ? 0 : 5 + r); };
   c.pool = [](int, int64_t) { return std::vector<int>{0, 1}; };  // rank 0's experts only
   Scenario s(c, 8, 9);
   for (Dispatcher disp : kDispatchers) {
-    DispatchOptions o;
-    o.moe_expert_num = c.E;
+    DispatchOptions o = options_for(c);
     o.dispatcher = disp;
     DispatchResult d;
     Tensor got = run_blocking(s.comm, s.mine(), s.ex, o, &d);
@@ -67,8 +58,7 @@ TEST(EpEdge, AllTokensToOneRankAndEmptyRanks) {
 // The seam to the MoE layer: ep_moe_ffn on moe::moe_expert_ffn over this rank's slice of the
 // expert store equals the MoE layer's own single-process path on the concatenated tokens.
 TEST(EpMoeSeam, MoeExpertFfnMatchesSingleProcessMoe) {
-  Case c;
-  c.E = two_per_rank();
+  Case c = two_per_rank_case();
   c.bs = [](int r) { return int64_t(r == 2 ? 0 : 5 + 2 * r); };
   const int64_t I = 8, L = c.E / W();
   Rng g(4242);
@@ -94,8 +84,7 @@ TEST(EpMoeSeam, MoeExpertFfnMatchesSingleProcessMoe) {
   const auto& mine = mine_of(in);
   for (bool dedup : {false, true})
     for (bool quant : {false, true}) {  // int8 rows go into the grouped GEMM as its int8 A operand
-      FfnOptions f;
-      f.dispatch.moe_expert_num = c.E;
+      FfnOptions f = ffn_options_for(c);
       f.dispatch.dedup_combine = dedup;
       f.dispatch.quant_int8 = quant;
       Tensor got = ep_moe_ffn(comm, mine[0], mine[1], mine[2], moe_experts(local), f);

@@ -4,18 +4,12 @@
 
 #include <stdexcept>
 
-using namespace ot;
-using namespace ot::ep;
-using namespace ot::ep::test;
-
 TEST(EpErrors, BadArgumentOnOneRankFailsEverywhere) {
-  Case c;
-  c.E = two_per_rank();
+  Case c = two_per_rank_case();
   c.bs = [](int) { return int64_t(4); };  // every rank has tokens, so the bad rank can hold a bad id
   Comm comm(c.E);
   const int bad = W() - 1;
-  DispatchOptions o;
-  o.moe_expert_num = c.E;
+  DispatchOptions o = options_for(c);
   auto in = make_inputs(c, W(), 11);
   const auto& m = mine_of(in);
   auto dispatch_fails = [&](const char* arg, const DispatchOptions& ob, const TensorView& ids, const TensorView& w) {

@@ -2,10 +2,6 @@
 // and the pipelined ep_moe_ffn, both equal to the single-process MoE.
 #include "ep_test_util.h"
 
-using namespace ot;
-using namespace ot::ep;
-using namespace ot::ep::test;
-
 namespace {
 
 // Groups of `all` minus each expert's block of rows from this rank (`own`).
@@ -27,15 +23,13 @@ ExpertBatch remote_rows(const ExpertBatch& all, const std::vector<PendingDispatc
 
 // Split form: own rows are computed before the remote rows arrive; same answer as blocking.
 TEST(EpOverlap, SplitFormMatchesBlocking) {
-  Case c;
-  c.E = two_per_rank();
+  Case c = two_per_rank_case();
   Scenario s(c, 8, 5);
   Comm& comm = s.comm;
   ExpertFn fn = s.ex.local(comm.placement(), me());
   const auto& mine = s.mine();
   for (bool dedup : {false, true}) {
-    DispatchOptions o;
-    o.moe_expert_num = c.E;
+    DispatchOptions o = options_for(c);
     o.dedup_combine = dedup;
     PendingDispatch pd = moe_distribute_dispatch_start(comm, mine[0], mine[1], mine[2], o);
     DispatchResult& d = pd.result();
@@ -60,8 +54,7 @@ TEST(EpOverlap, SplitFormMatchesBlocking) {
 }
 
 TEST(EpOverlap, PipelinedFfnMatchesSingleProcess) {
-  Case c;
-  c.E = two_per_rank();
+  Case c = two_per_rank_case();
   c.bs = [](int r) { return int64_t(r == 1 ? 0 : 6 + 3 * r); };
   Scenario s(c, 8, 6);
   const auto& mine = s.mine();
@@ -71,8 +64,7 @@ TEST(EpOverlap, PipelinedFfnMatchesSingleProcess) {
   for (int64_t i = 0; i < expect.numel(); ++i) expect.ptr<float>()[i] += shared.ptr<float>()[i];
   for (int chunks : {1, 2, 3})
     for (Dispatcher disp : kDispatchers) {
-      FfnOptions f;
-      f.dispatch.moe_expert_num = c.E;
+      FfnOptions f = ffn_options_for(c);
       f.dispatch.dispatcher = disp;
       f.dispatch.dedup_combine = false;
       f.chunks = chunks;

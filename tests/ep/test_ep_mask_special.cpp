@@ -2,16 +2,11 @@
 // and const experts (spec 9.3, never sent), each equal to the matching single-process MoE.
 #include "ep_test_util.h"
 
-using namespace ot;
-using namespace ot::ep;
-using namespace ot::ep::test;
-
 // x_active_mask: inactive tokens (1-D) or slots (2-D) are not sent; the answer equals the
 // single-process MoE with their routing weights zeroed (inactive tokens: zero rows), bit for bit in
 // fp32 with the per-slot combine, and no byte leaves a rank for an inactive slot.
 TEST(EpMask, InactiveTokensAndSlots) {
-  Case c;
-  c.E = two_per_rank();
+  Case c = two_per_rank_case();
   Experts ex(c.E, c.H, 8);
   auto in = make_inputs(c, W(), 21);
   const auto& mine = mine_of(in);
@@ -37,8 +32,7 @@ TEST(EpMask, InactiveTokensAndSlots) {
     Tensor ones = full({mine[0].size(0), c.H}, 1.f);
     for (Dispatcher disp : kDispatchers)
       for (bool dedup : {false, true}) {
-        DispatchOptions o;
-        o.moe_expert_num = c.E;
+        DispatchOptions o = options_for(c);
         o.dispatcher = disp;
         o.dedup_combine = dedup;
         o.x_active_mask = mine_of(masks);
@@ -59,8 +53,7 @@ TEST(EpMask, InactiveTokensAndSlots) {
         }
       }
     // The pipelined form narrows the mask per chunk.
-    FfnOptions f;
-    f.dispatch.moe_expert_num = c.E;
+    FfnOptions f = ffn_options_for(c);
     f.dispatch.x_active_mask = mine_of(masks);
     f.chunks = 2;
     EXPECT_LE(norm_err(run_pipelined(comm, mine, ex, f), mine_of(want)), 1e-6);
@@ -71,8 +64,7 @@ TEST(EpMask, InactiveTokensAndSlots) {
 // combine on the token's own rank. Equals the single-process MoE with those experts' outputs, bit
 // for bit in fp32 with the per-slot combine; also pipelined; a missing ori_x fails everywhere.
 TEST(EpSpecial, ZeroCopyConstExperts) {
-  Case c;
-  c.E = two_per_rank();
+  Case c = two_per_rank_case();
   const int64_t Z = 1, C = 1, Q = 2;
   c.pool = [&](int, int64_t) {
     std::vector<int> p(static_cast<size_t>(c.E + Z + C + Q));
@@ -89,8 +81,7 @@ TEST(EpSpecial, ZeroCopyConstExperts) {
   });
   Comm& comm = s.comm;
   const auto& mine = s.mine();
-  DispatchOptions o;
-  o.moe_expert_num = c.E;
+  DispatchOptions o = options_for(c);
   o.zero_expert_num = Z, o.copy_expert_num = C, o.const_expert_num = Q;
   CombineInputs ci;
   ci.ori_x = mine[0];

@@ -2,10 +2,6 @@
 // shared-expert ranks, each equal to the single-process MoE.
 #include "ep_test_util.h"
 
-using namespace ot;
-using namespace ot::ep;
-using namespace ot::ep::test;
-
 TEST(EpPlacement, ContiguousCopiesAndRebalance) {
   Placement p = Placement::contiguous(8, 4);
   EXPECT_EQ(p.local_experts(1), (std::vector<int64_t>{2, 3}));
@@ -23,8 +19,7 @@ TEST(EpPlacement, ContiguousCopiesAndRebalance) {
 
 // A hot expert copied on every rank: its tokens are split between copies; results unchanged.
 TEST(EpPlacement, RedundantCopiesSplitTokens) {
-  Case c;
-  c.E = two_per_rank();
+  Case c = two_per_rank_case();
   c.K = 2;
   c.bs = [](int r) { return int64_t(10 + r); };
   c.pool = [](int, int64_t t) { return std::vector<int>{0, int(1 + t % 3)}; };
@@ -33,8 +28,7 @@ TEST(EpPlacement, RedundantCopiesSplitTokens) {
   for (int64_t e = 0; e < c.E; ++e) copies.push_back({int(e / (c.E / W()))});
   for (int q = 1; q < W(); ++q) copies[0].push_back(q);
   s.comm.set_placement(Placement::from_copies(c.E, W(), copies));
-  DispatchOptions o;
-  o.moe_expert_num = c.E;
+  DispatchOptions o = options_for(c);
   DispatchResult d;
   Tensor got = run_blocking(s.comm, s.mine(), s.ex, o, &d);
   EXPECT_LE(norm_err(got, s.mine_want()), 1e-6);
@@ -70,8 +64,7 @@ TEST(EpSharedRanks, SharedExpertOnItsOwnRanks) {
     Comm comm(c.E);
     comm.set_placement(Placement::shared_ranks(c.E, W(), S));
     const auto& mine = mine_of(in);
-    DispatchOptions o;
-    o.moe_expert_num = c.E;
+    DispatchOptions o = options_for(c);
     o.shared_expert_rank_num = S;
     o.dedup_combine = false;
     SCOPED_TRACE(::testing::Message() << "S=" << S);

@@ -2,18 +2,12 @@
 // smooth-quant per-expert scales (spec 9.2).
 #include "ep_test_util.h"
 
-using namespace ot;
-using namespace ot::ep;
-using namespace ot::ep::test;
-
 TEST(EpQuant, Int8RowsWithinTolerance) {
-  Case c;
+  Case c = two_per_rank_case();
   c.dtype = DType::bf16;
-  c.E = two_per_rank();
   c.H = 32;
   Scenario s(c, 16, 7);
-  FfnOptions f;
-  f.dispatch.moe_expert_num = c.E;
+  FfnOptions f = ffn_options_for(c);
   f.dispatch.quant_int8 = true;
   EXPECT_LE(norm_err(run_pipelined(s.comm, s.mine(), s.ex, f), s.mine_want()), 3e-2);
 }
@@ -21,16 +15,14 @@ TEST(EpQuant, Int8RowsWithinTolerance) {
 // comm_quant_mode 2: combine rows travel as int8 with a per-row scale (dedup and per-slot forms);
 // within int8 tolerance of the single-process answer, fewer combine bytes.
 TEST(EpQuant, CombineInt8RowsWithinTolerance) {
-  Case c;
+  Case c = two_per_rank_case();
   c.dtype = DType::bf16;
-  c.E = two_per_rank();
   c.H = 64;
   Scenario s(c, 16, 9);
   Comm& comm = s.comm;
   const auto& mine = s.mine();
   for (bool dedup : {true, false}) {
-    DispatchOptions o;
-    o.moe_expert_num = c.E;
+    DispatchOptions o = options_for(c);
     o.dedup_combine = dedup;
     int64_t bytes[2] = {0, 0};
     for (int q : {0, 2}) {
@@ -47,8 +39,7 @@ TEST(EpQuant, CombineInt8RowsWithinTolerance) {
       EXPECT_LT(bytes[1], bytes[0] * 2 / 3) << "int8 rows: about half of bf16";
     }
   }
-  DispatchOptions bad;
-  bad.moe_expert_num = c.E;
+  DispatchOptions bad = options_for(c);
   bad.comm_quant_mode = me() == W() - 1 ? 1 : 0;
   expect_all_throw("comm_quant_mode", [&] { moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], bad); });
 }
@@ -57,9 +48,8 @@ TEST(EpQuant, CombineInt8RowsWithinTolerance) {
 // its own dynamic scale, i.e. quantised per (token, expert); equal to the plain reference bit for
 // bit in every form. Given without quant_int8 on one rank: every rank fails.
 TEST(EpQuant, SmoothScalesPerTokenAndExpert) {
-  Case c;
+  Case c = two_per_rank_case();
   c.dtype = DType::bf16;
-  c.E = two_per_rank();
   c.H = 32;
   auto in = make_inputs(c, W(), 13);
   const auto& mine = mine_of(in);
@@ -70,8 +60,7 @@ TEST(EpQuant, SmoothScalesPerTokenAndExpert) {
     ref::RankExpand r = ref::dispatch(views(in), comm.placement(), me(), true, smooth, shared_num);
     for (Dispatcher disp : kDispatchers)
       for (bool split : {false, true}) {
-        DispatchOptions o;
-        o.moe_expert_num = c.E;
+        DispatchOptions o = options_for(c);
         o.dispatcher = disp;
         o.quant_int8 = true;
         o.smooth_scales = smooth;
@@ -84,8 +73,7 @@ TEST(EpQuant, SmoothScalesPerTokenAndExpert) {
         EXPECT_EQ(assist_of(d), r.assist);
       }
   }
-  DispatchOptions bad;
-  bad.moe_expert_num = c.E;
+  DispatchOptions bad = options_for(c);
   Tensor smooth = full({c.E, c.H}, 1.f);
   if (me() == W() - 1) bad.smooth_scales = smooth;  // without quant_int8
   expect_all_throw("smooth_scales", [&] { moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], bad); });

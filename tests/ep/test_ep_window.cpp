@@ -8,10 +8,6 @@
 #include "ep_test_util.h"
 #include "ot/parallel.h"
 
-using namespace ot;
-using namespace ot::ep;
-using namespace ot::ep::test;
-
 namespace {
 
 CommOptions window_on(bool on) {
@@ -21,16 +17,9 @@ CommOptions window_on(bool on) {
   return o;
 }
 
-Case window_case() {
-  Case c;
-  c.E = two_per_rank();
-  return c;
-}
-
 // Combine without the per-rank pre-sum: one row back per (token, expert slot), so more rows use the window.
 DispatchOptions per_slot_options(const Case& c) {
-  DispatchOptions o;
-  o.moe_expert_num = c.E;
+  DispatchOptions o = options_for(c);
   o.dedup_combine = false;
   return o;
 }
@@ -68,15 +57,13 @@ TEST(EpWindow, SameAsMessagesAsTheBatchGrows) {
   EXPECT_EQ(on.node_window(), W() > 1 && !std::getenv("OT_EP_NODE_WINDOW"));
   int64_t sends = 0;
   for (int64_t bs : {3, 12, 40, 5}) {
-    Case c;
-    c.E = two_per_rank();
+    Case c = two_per_rank_case();
     c.bs = [bs](int r) { return bs + r; };
     Experts ex(c.E, c.H, 8);
     auto in = make_inputs(c, W(), 11 + uint64_t(bs));
     auto want = single_process(in, ex, c.E, DType::f32);
     for (bool dedup : {false, true}) {
-      DispatchOptions o;
-      o.moe_expert_num = c.E;
+      DispatchOptions o = options_for(c);
       o.dedup_combine = dedup;
       DispatchResult dw, dm;
       Tensor got_w = run_blocking(on, mine_of(in), ex, o, &dw);
@@ -102,7 +89,7 @@ TEST(EpWindow, SameAsMessagesAsTheBatchGrows) {
 // Combines in flight together: the second finds its slots still holding the first's unread rows
 // and sends its rows in the messages instead; both are right.
 TEST(EpWindow, BusySlotsFallBackToMessages) {
-  Scenario s(window_case(), 8, 21, {}, window_on(true));
+  Scenario s(two_per_rank_case(), 8, 21, {}, window_on(true));
   auto& [c, ex, in, want, comm] = s;
   const DispatchOptions o = per_slot_options(c);
   const auto& mine = s.mine();
@@ -128,7 +115,7 @@ TEST(EpWindow, BusySlotsFallBackToMessages) {
 // A bad argument on one rank after its peers wrote rows into its slots: every rank throws, the
 // slots are freed, and the next call goes through the window again.
 TEST(EpWindow, FailedCallFreesSlots) {
-  Scenario s(window_case(), 8, 31, {}, window_on(true));
+  Scenario s(two_per_rank_case(), 8, 31, {}, window_on(true));
   auto& [c, ex, in, want, comm] = s;
   const DispatchOptions o = per_slot_options(c);
   const auto& mine = s.mine();
@@ -166,8 +153,7 @@ TEST(EpWindow, ThreadsShareTheNode) {
 // A receive layout past kStreamBytes (16 MB here) is written with non-temporal stores: same rows,
 // through the messages (first call) and the window (second call).
 TEST(EpWindow, LargeLayoutStreamsTheSameRows) {
-  Case c;
-  c.E = two_per_rank();
+  Case c = two_per_rank_case();
   c.K = 4;
   c.H = 4096;  // 16 KB fp32 rows, BS x K = 1280 of them arrive per rank on average (20 MB)
   c.bs = [](int) { return int64_t(320); };
@@ -176,8 +162,7 @@ TEST(EpWindow, LargeLayoutStreamsTheSameRows) {
   ref::RankExpand r = ref::dispatch(views(in), comm.placement(), me(), false);
   const auto& mine = mine_of(in);
   for (int call = 0; call < 2; ++call) {
-    DispatchOptions o;
-    o.moe_expert_num = c.E;
+    DispatchOptions o = options_for(c);
     DispatchResult d = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
     EXPECT_TRUE(bit_equal(d.expand_x, r.expand_x)) << "call " << call;
     EXPECT_EQ(assist_of(d), r.assist);
