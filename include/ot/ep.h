@@ -75,13 +75,18 @@ struct CommOptions {
   // docs/ep.md); false, or OT_EP_NODE_WINDOW=0 in the environment: MPI messages only (the path
   // between machines). Every rank must pass the same value (the window is on only if all ask).
   bool node_window = true;
+  // The Comm's first placement: S > 0 gives Placement::shared_ranks(E, W, S) (ranks [0, S) hold
+  // the shared expert; E a multiple of W - S, spec 9.1, so E need not divide by W), 0 contiguous
+  // shards (E a multiple of W). For DispatchOptions::shared_expert_rank_num = S.
+  int shared_expert_ranks = 0;
 };
 
 // A communicator wrapper: the caller's MPI communicator (not owned; MPI_COMM_WORLD by default), the
 // expert placement and reusable communication buffers.
 class Comm {
  public:
-  // Contiguous placement; collective (duplicates comm, finds the ranks on this node).
+  // Contiguous placement (or shared-expert ranks, CommOptions::shared_expert_ranks); collective
+  // (duplicates comm, finds the ranks on this node).
   Comm(MPI_Comm comm, int64_t num_experts, const CommOptions& opt = {});
   explicit Comm(int64_t num_experts) : Comm(MPI_COMM_WORLD, num_experts) {}
   ~Comm();
@@ -117,7 +122,7 @@ enum class Dispatcher { all_to_all, all_gather };
 const char* dispatcher_name(Dispatcher d);
 
 struct DispatchOptions {
-  int64_t moe_expert_num = 0;        // E: must equal the Comm's placement and be divisible by W
+  int64_t moe_expert_num = 0;        // E: must equal the Comm's placement and be divisible by W - shared_expert_rank_num
   int ep_world_size = 0;             // 0: the communicator's; otherwise must match it
   int ep_rank_id = -1;               // -1: the communicator's; otherwise must match it
   Dispatcher dispatcher = Dispatcher::all_to_all;

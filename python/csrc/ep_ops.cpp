@@ -120,12 +120,14 @@ Tensor mask_u8(const OptTensor& m) {
 
 }  // namespace
 
-EpCommHolder::EpCommHolder(int64_t num_experts, int64_t comm_handle, int64_t threads, bool node_window) : num_experts(num_experts) {
+EpCommHolder::EpCommHolder(int64_t num_experts, int64_t comm_handle, int64_t threads, bool node_window, int64_t shared_expert_rank_num)
+    : num_experts(num_experts) {
   guard([&] {
     MPI_Comm c = comm_handle ? reinterpret_cast<MPI_Comm>(static_cast<intptr_t>(comm_handle)) : MPI_COMM_WORLD;
     ep::CommOptions o;
     o.threads = int(threads);
     o.node_window = node_window;
+    o.shared_expert_ranks = int(shared_expert_rank_num);
     comm = std::make_unique<ep::Comm>(c, num_experts, o);
     return 0;
   });

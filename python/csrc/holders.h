@@ -63,8 +63,8 @@ struct MoeFfnSavedHolder : torch::CustomClassHolder {
 // or a caller's communicator (an mpi4py handle), plus the dispatches awaiting their combine, found
 // by their assist_info_for_combine tensor so combine keeps torch_npu's argument list.
 struct EpCommHolder : torch::CustomClassHolder {
-  // threads, node_window: ot::ep::CommOptions.
-  EpCommHolder(int64_t num_experts, int64_t comm_handle, int64_t threads, bool node_window);
+  // threads, node_window, shared_expert_rank_num (shared_expert_ranks): ot::ep::CommOptions.
+  EpCommHolder(int64_t num_experts, int64_t comm_handle, int64_t threads, bool node_window, int64_t shared_expert_rank_num);
   int64_t ep_world_size() const { return comm->ep_world_size(); }
   int64_t node_size() const { return comm->node_size(); }
   int64_t threads_per_rank() const { return comm->threads_per_rank(); }

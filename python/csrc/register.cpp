@@ -124,7 +124,7 @@ TORCH_LIBRARY(ops_transformer, m) {
 #ifdef OT_HAVE_EP
   // ---- expert parallelism over MPI (torch_npu npu_moe_distribute_*_v2; group_ep is an EpComm)
   m.class_<EpCommHolder>("EpComm")
-      .def(torch::init<int64_t, int64_t, int64_t, bool>())
+      .def(torch::init<int64_t, int64_t, int64_t, bool, int64_t>())
       .def("ep_world_size", &EpCommHolder::ep_world_size)
       .def("node_size", &EpCommHolder::node_size)
       .def("threads_per_rank", &EpCommHolder::threads_per_rank)

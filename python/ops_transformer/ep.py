@@ -47,11 +47,13 @@ def _handle(comm):
     return MPI._handleof(comm)
 
 
-def EpComm(num_experts, comm=None, *, threads=-1, node_window=True):
+def EpComm(num_experts, comm=None, *, threads=-1, node_window=True, shared_expert_rank_num=0):
     """An expert-parallel group over MPI_COMM_WORLD (or an mpi4py communicator) with contiguous
     expert shards. threads: ot's thread count in this process (-1: the node's cores shared among
     its ranks, unless OT_NUM_THREADS / OMP_NUM_THREADS chose; 0: leave it; > 0: exactly);
-    node_window: ranks on one node exchange rows through shared memory (same on every rank).
+    node_window: ranks on one node exchange rows through shared memory (same on every rank);
+    shared_expert_rank_num S > 0: starts with set_shared_expert_ranks(S)'s placement, so
+    num_experts need only be a multiple of W - S (spec 9.1), not of W.
     Methods: ep_world_size(), ep_rank_id(), num_local_experts(), local_experts(),
     rebalance(load, extra_per_rank), set_shared_expert_ranks(S) (ranks [0, S) hold the shared
     expert, id num_experts; 0 restores contiguous shards), last_bytes_sent(), node_size(),
@@ -59,7 +61,7 @@ def EpComm(num_experts, comm=None, *, threads=-1, node_window=True):
     placement."""
     if comm is None:
         init()
-    return torch.classes.ops_transformer.EpComm(num_experts, _handle(comm), threads, node_window)
+    return torch.classes.ops_transformer.EpComm(num_experts, _handle(comm), threads, node_window, shared_expert_rank_num)
 
 
 def moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num, *, scales=None,

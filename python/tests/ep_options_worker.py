@@ -105,11 +105,13 @@ def main():
 
     # 4. Shared-expert ranks: rank 0 holds the shared expert (weights E), added unweighted.
     if W > 1:
-        # Routed experts on ranks [1, W) (EpComm's contiguous start needs a multiple of W too); expert
-        # E2 = the shared one.
-        E2 = W * (W - 1) * -(-K // (W * (W - 1)))
-        shared = ep.EpComm(E2)
-        shared.set_shared_expert_ranks(1)
+        # Routed experts on ranks [1, W): E2 a multiple of W - 1 but (W = 2, 3) not of W (spec 9.1);
+        # expert E2 = the shared one.
+        E2 = (W - 1) * -(-K // (W - 1))
+        shared = ep.EpComm(E2, shared_expert_rank_num=1)
+        if E2 % W:  # contiguous shards need a multiple of W: both ways of asking for them raise
+            expect_error("num_experts", lambda: ep.EpComm(E2))
+            expect_error("num_experts", lambda: shared.set_shared_expert_ranks(0))
         loc2 = shared.local_experts()
         assert (loc2 == [E2]) if r == 0 else all(e < E2 for e in loc2), loc2
         gen = torch.Generator().manual_seed(1)

@@ -87,8 +87,12 @@ Comm::Comm(MPI_Comm comm, int64_t num_experts, const CommOptions& opt) : comm_(c
   MPI_Initialized(&init);
   OT_CHECK(init, "ep::Comm", "MPI", "MPI_Init called before creating the communicator", "not initialised");
   OT_CHECK(opt.threads >= -1, "ep::Comm", "CommOptions::threads", "-1 (share the node's cores), 0 (leave) or > 0", opt.threads);
+  OT_CHECK(opt.shared_expert_ranks >= 0, "ep::Comm", "CommOptions::shared_expert_ranks", ">= 0", opt.shared_expert_ranks);
   MPI_Comm_size(comm_, &world_);
   MPI_Comm_rank(comm_, &rank_);
+  // Before any collective: bad arguments throw on every rank alike, holding nothing.
+  placement_ = opt.shared_expert_ranks > 0 ? Placement::shared_ranks(num_experts, world_, opt.shared_expert_ranks)
+                                           : Placement::contiguous(num_experts, world_);
   MPI_Comm_dup(comm_, &impl_->wire);
   MPI_Comm_split_type(impl_->wire, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &impl_->node);
   MPI_Comm_size(impl_->node, &node_size_);
@@ -97,7 +101,6 @@ Comm::Comm(MPI_Comm comm, int64_t num_experts, const CommOptions& opt) : comm_(c
   else if (opt.threads == -1 && !threads_chosen()) ot::set_num_threads(node_threads_);
   const char* env = std::getenv("OT_EP_NODE_WINDOW");
   impl_->window.init(impl_->wire, impl_->node, opt.node_window && !(env && std::string(env) == "0"));
-  placement_ = Placement::contiguous(num_experts, world_);
 }
 
 Comm::~Comm() {
