@@ -1,10 +1,16 @@
-// Shared helpers of the GDN tests: deterministic inputs in any layout/dtype and error metrics.
+// Shared helpers of the GDN tests: deterministic inputs in any layout/dtype, error metrics and the
+// bad-input check.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "ot/error.h"
 #include "ot/gdn.h"
 #include "ot/tensor.h"
 
@@ -125,6 +131,19 @@ inline Tensor i32_tensor(const std::vector<int32_t>& x) {
   Tensor t = Tensor::empty(DType::i32, {int64_t(x.size())});
   for (size_t i = 0; i < x.size(); ++i) t.ptr<int32_t>()[i] = x[i];
   return t;
+}
+
+// fn throws an ot::Error naming argument `arg` (and operator `op`, unless empty).
+inline void expect_error(const std::function<void()>& fn, const std::string& arg, const std::string& op = "") {
+  try {
+    fn();
+    ADD_FAILURE() << "no error: " << op << " " << arg;
+  } catch (const ot::Error& e) {
+    EXPECT_EQ(e.arg(), arg) << e.what();
+    if (!op.empty()) {
+      EXPECT_EQ(e.op(), op) << e.what();
+    }
+  }
 }
 
 }  // namespace gdn_test

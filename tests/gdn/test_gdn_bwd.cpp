@@ -12,6 +12,7 @@
 #include "ot/gdn.h"
 #include "ot/gdn_bwd.h"
 #include "gdn_bwd_test_util.h"
+#include "gdn_test_util.h"
 #include "src/gdn/gdn_bwd_ref.h"
 #include "src/gdn/gdn_internal.h"
 
@@ -292,14 +293,8 @@ TEST(GdnBwd, GroundTruthForwardMatchesForwardReference) {
 
 // ---- bad input: ot::Error naming the argument --------------------------------------------------
 
-void expect_error(const std::function<void()>& fn, const std::string& arg) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error for " << arg;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.arg(), arg) << e.what();
-    EXPECT_EQ(e.op(), "chunk_gated_delta_rule_bwd");
-  }
+void expect_bwd_error(const std::function<void()>& fn, const std::string& arg) {
+  gdn_test::expect_error(fn, arg, "chunk_gated_delta_rule_bwd");
 }
 
 TEST(GdnBwd, BadInput) {
@@ -316,35 +311,35 @@ TEST(GdnBwd, BadInput) {
   Tensor nan_v = Tensor::copy_of(in.v);
   nan_v.ptr<float>()[5] = std::nanf("");
   Tensor badA = Tensor::zeros(DType::f32, {1, 70, 4, 32});
-  expect_error([&] { call(q3, q3, in.v, fwd.g_cumsum, in.beta, in.dO, o); }, "v");  // HV % HK != 0
-  expect_error([&] { call(in.q, q3, in.v, fwd.g_cumsum, in.beta, in.dO, o); }, "k");
-  expect_error([&] { call(in.q, in.k, in.v, fwd.g_cumsum, in.beta, short_dO, o); }, "dO");
-  expect_error([&] { call(in.q, in.k, in.v, {}, in.beta, in.dO, o); }, "g_cumsum");
-  expect_error([&] { call(in.q, in.k, in.v, fwd.g_cumsum, {}, in.dO, o); }, "beta");
-  expect_error([&] { call(in.q, in.k, i32, fwd.g_cumsum, in.beta, in.dO, o); }, "v");
-  expect_error([&] { call(in.q, in.k, nan_v, fwd.g_cumsum, in.beta, in.dO, o); }, "v");
-  expect_error([&] { call(in.q, in.k, v3, fwd.g_cumsum, in.beta, in.dO, o); }, "v");
+  expect_bwd_error([&] { call(q3, q3, in.v, fwd.g_cumsum, in.beta, in.dO, o); }, "v");  // HV % HK != 0
+  expect_bwd_error([&] { call(in.q, q3, in.v, fwd.g_cumsum, in.beta, in.dO, o); }, "k");
+  expect_bwd_error([&] { call(in.q, in.k, in.v, fwd.g_cumsum, in.beta, short_dO, o); }, "dO");
+  expect_bwd_error([&] { call(in.q, in.k, in.v, {}, in.beta, in.dO, o); }, "g_cumsum");
+  expect_bwd_error([&] { call(in.q, in.k, in.v, fwd.g_cumsum, {}, in.dO, o); }, "beta");
+  expect_bwd_error([&] { call(in.q, in.k, i32, fwd.g_cumsum, in.beta, in.dO, o); }, "v");
+  expect_bwd_error([&] { call(in.q, in.k, nan_v, fwd.g_cumsum, in.beta, in.dO, o); }, "v");
+  expect_bwd_error([&] { call(in.q, in.k, v3, fwd.g_cumsum, in.beta, in.dO, o); }, "v");
   {
     ChunkBwdOptions b = o;
     b.initial_state = bad_state;
-    expect_error([&] { call(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, b); }, "initial_state");
+    expect_bwd_error([&] { call(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, b); }, "initial_state");
   }
   {
     ChunkBwdOptions b = o;
     b.dht = bad_state;
-    expect_error([&] { call(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, b); }, "dht");
+    expect_bwd_error([&] { call(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, b); }, "dht");
   }
   {
     ChunkBwdOptions b = o;
     b.A = badA;
-    expect_error([&] { call(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, b); }, "A");
+    expect_bwd_error([&] { call(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, b); }, "A");
   }
   {
     ChunkBwdOptions b = o;
     Tensor cu = Tensor::empty(DType::i64, {2});
     cu.ptr<int64_t>()[0] = 0, cu.ptr<int64_t>()[1] = 69;  // does not end at T
     b.cu_seqlens = cu;
-    expect_error([&] { call(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, b); }, "cu_seqlens");
+    expect_bwd_error([&] { call(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, b); }, "cu_seqlens");
   }
 }
 

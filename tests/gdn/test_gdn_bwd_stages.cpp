@@ -14,12 +14,14 @@
 #include "ot/gdn.h"
 #include "ot/gdn_bwd.h"
 #include "gdn_bwd_test_util.h"
+#include "gdn_test_util.h"
 
 namespace {
 
 using namespace ot;
 using namespace ot::gdn;
 using gdn_test::expect_grads_close;
+using gdn_test::expect_error;
 using gdn_test::rel_rms;
 
 struct Problem {
@@ -154,16 +156,6 @@ TEST(GdnBwdStages, SplitWyEqualsFused) {
   expect_wy_close(split, ref, 1e-5);
 }
 
-void expect_error(const std::function<void()>& fn, const std::string& op, const std::string& arg) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error: " << op << " " << arg;
-  } catch (const ot::Error& e) {
-    EXPECT_EQ(e.op(), op) << e.what();
-    EXPECT_EQ(e.arg(), arg) << e.what();
-  }
-}
-
 TEST(GdnBwdStages, BadInput) {
   Staged st;
   auto& [s, f, c, wu] = st;
@@ -173,19 +165,19 @@ TEST(GdnBwdStages, BadInput) {
   Tensor q3 = Tensor::zeros(DType::f32, {131, 3, 16}), g5 = Tensor::zeros(DType::f32, {131, 5});
   Tensor bad_state = Tensor::zeros(DType::f32, {3, 4, 16, 4}), bad_h = Tensor::zeros(DType::f32, {1, 2, 4, 16, 8});
   Tensor bad_A = Tensor::zeros(DType::f32, {131, 4, 32}), short_w = Tensor::zeros(DType::f32, {130, 4, 16});
-  expect_error([&] { chunk_bwd_dv_local(q3, q3, f.g_cumsum, s.dO, std::nullopt, c); }, "chunk_bwd_dv_local", "v");
-  expect_error([&] { chunk_bwd_dv_local(s.q, s.k, g5, s.dO, std::nullopt, c); }, "chunk_bwd_dv_local", "g_cumsum");
+  expect_error([&] { chunk_bwd_dv_local(q3, q3, f.g_cumsum, s.dO, std::nullopt, c); }, "v", "chunk_bwd_dv_local");
+  expect_error([&] { chunk_bwd_dv_local(s.q, s.k, g5, s.dO, std::nullopt, c); }, "g_cumsum", "chunk_bwd_dv_local");
   expect_error([&] { chunk_gated_delta_rule_bwd_dhu(s.q, s.k, wu.w, f.g_cumsum, bad_state, s.dO, dvl, true, std::nullopt, c); },
-               "chunk_gated_delta_rule_bwd_dhu", "dht");
+               "dht", "chunk_gated_delta_rule_bwd_dhu");
   expect_error([&] { chunk_gated_delta_rule_bwd_dhu(s.q, s.k, short_w, f.g_cumsum, s.dht, s.dO, dvl, true, std::nullopt, c); },
-               "chunk_gated_delta_rule_bwd_dhu", "w");
-  expect_error([&] { chunk_bwd_dqkwg(s.q, s.k, fh.v_new, bad_h, f.g_cumsum, dhu.dv2, s.dO, dhu.dh, std::nullopt, c); }, "chunk_bwd_dqkwg",
-               "h");
-  expect_error([&] { chunk_bwd_dqkwg(s.q, s.k, fh.v_new, fh.h, f.g_cumsum, dhu.dv2, s.dO, bad_h, std::nullopt, c); }, "chunk_bwd_dqkwg",
-               "dh");
-  expect_error([&] { prepare_wy_repr_bwd_da(s.k, s.v, s.beta, bad_A, wu.w, wu.u, f.g_cumsum, c); }, "prepare_wy_repr_bwd_da", "A");
-  expect_error([&] { prepare_wy_repr_bwd_full(s.k, s.v, s.beta, f.A, bad_A, wu.w, wu.u, f.g_cumsum, c); }, "prepare_wy_repr_bwd_full", "dP");
-  expect_error([&] { prepare_wy_repr_bwd(s.k, s.v, s.beta, f.A, short_w, wu.u, f.g_cumsum, c); }, "prepare_wy_repr_bwd", "dw");
+               "w", "chunk_gated_delta_rule_bwd_dhu");
+  expect_error([&] { chunk_bwd_dqkwg(s.q, s.k, fh.v_new, bad_h, f.g_cumsum, dhu.dv2, s.dO, dhu.dh, std::nullopt, c); }, "h",
+               "chunk_bwd_dqkwg");
+  expect_error([&] { chunk_bwd_dqkwg(s.q, s.k, fh.v_new, fh.h, f.g_cumsum, dhu.dv2, s.dO, bad_h, std::nullopt, c); }, "dh",
+               "chunk_bwd_dqkwg");
+  expect_error([&] { prepare_wy_repr_bwd_da(s.k, s.v, s.beta, bad_A, wu.w, wu.u, f.g_cumsum, c); }, "A", "prepare_wy_repr_bwd_da");
+  expect_error([&] { prepare_wy_repr_bwd_full(s.k, s.v, s.beta, f.A, bad_A, wu.w, wu.u, f.g_cumsum, c); }, "dP", "prepare_wy_repr_bwd_full");
+  expect_error([&] { prepare_wy_repr_bwd(s.k, s.v, s.beta, f.A, short_w, wu.u, f.g_cumsum, c); }, "dw", "prepare_wy_repr_bwd");
 }
 
 }  // namespace

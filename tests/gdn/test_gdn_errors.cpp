@@ -11,14 +11,6 @@ using namespace gdn_test;
 namespace gdn = ot::gdn;
 
 namespace {
-void expect_error(const std::function<void()>& fn, const std::string& arg) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error for " << arg;
-  } catch (const ot::Error& e) {
-    EXPECT_EQ(e.arg(), arg) << e.what();
-  }
-}
 Shape small() {
   Shape s;
   s.T = 10, s.packed = true, s.HK = 1, s.HV = 2, s.DK = 8, s.DV = 8;
