@@ -18,6 +18,15 @@ void scale_rows(const float* src, int64_t lds, int64_t L, int64_t D, const float
   for (int64_t i = 0; i < L; ++i)
     for (int64_t d = 0; d < D; ++d) dst[i * ldd + d] = f[i] * src[i * lds + d];
 }
+// P[i][j] *= s E_ij on and below the diagonal, 0 above (L x L, row stride C): the chunk's causal,
+// decayed scores from raw dot products.
+void causal_scores(const BwdChunk& c, float* P) {
+  for (int64_t i = 0; i < c.L; ++i) {
+    float* r = P + i * C;
+    for (int64_t j = 0; j <= i; ++j) r[j] *= c.scale * c.E[i * C + j];
+    for (int64_t j = i + 1; j < c.L; ++j) r[j] = 0.f;
+  }
+}
 float dot(const float* a, const float* b, int64_t n) {
   float s = 0.f;
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
@@ -29,11 +38,7 @@ void dv_local_chunk(const BwdChunk& c, float* out, float* P) {
   const int64_t L = c.L;
   // P[i][j] = s E_ij (q_i . k_j) for j <= i; dv_local = P^T dO.
   gemm::matmul(cm(c.q, L, c.DK, c.DK), cm(c.k, L, c.DK, c.DK).t(), mm(P, L, L, C));
-  for (int64_t i = 0; i < L; ++i) {
-    float* r = P + i * C;
-    for (int64_t j = 0; j <= i; ++j) r[j] *= c.scale * c.E[i * C + j];
-    for (int64_t j = i + 1; j < L; ++j) r[j] = 0.f;
-  }
+  causal_scores(c, P);
   gemm::matmul(cm(P, L, L, C).t(), cm(c.dO, L, c.DV, c.DV), mm(out, L, c.DV, c.DV));
 }
 
@@ -63,11 +68,7 @@ void dqkwg_chunk(const BwdChunk& c, const float* vnew, const float* S, const flo
   const float gl = c.G[L - 1];
   // dS_ij = s E_ij (dO_i . vnew_j), j <= i.
   gemm::matmul(cm(c.dO, L, DV, DV), cm(vnew, L, DV, DV).t(), mm(P, L, L, C));
-  for (int64_t i = 0; i < L; ++i) {
-    float* r = P + i * C;
-    for (int64_t j = 0; j <= i; ++j) r[j] *= c.scale * c.E[i * C + j];
-    for (int64_t j = i + 1; j < L; ++j) r[j] = 0.f;
-  }
+  causal_scores(c, P);
   // dq = s diag(e^G) dO S^T + dS K
   gemm::matmul(cm(c.dO, L, DV, DV), cm(S, DK, DV, DV).t(), mm(dq, L, DK, DK));
   for (int64_t i = 0; i < L; ++i) {
