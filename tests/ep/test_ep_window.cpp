@@ -31,19 +31,19 @@ bool routes(const Inputs& in, const Placement& p, int from, int to) {
     if (p.destination(from, i / ids.size(1), ids.ptr<int32_t>()[i]) == to) return true;
   return false;
 }
-// Window slots a blocking dispatch + combine of `in` claims on this rank when every slot is free
-// (every rank is on this node under CTest): dispatch rows to each peer we route to, combine rows
-// back to each peer that routes to us.
-int64_t claims_per_pair(const Inputs& in, const Placement& p) {
-  int64_t n = 0;
-  for (int q = 0; q < W(); ++q)
-    if (q != me()) n += routes(in, p, me(), q) + routes(in, p, q, me());
-  return n;
-}
+// Window slots a blocking combine of `in` claims on this rank when every slot is free (every rank
+// is on this node under CTest): rows back to each peer that routes to us.
 int64_t combine_claims(const Inputs& in, const Placement& p) {
   int64_t n = 0;
   for (int q = 0; q < W(); ++q)
     if (q != me()) n += routes(in, p, q, me());
+  return n;
+}
+// The same for dispatch + combine: dispatch rows to each peer we route to, too.
+int64_t claims_per_pair(const Inputs& in, const Placement& p) {
+  int64_t n = combine_claims(in, p);
+  for (int q = 0; q < W(); ++q)
+    if (q != me()) n += routes(in, p, me(), q);
   return n;
 }
 
