@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include "ot/cpu.h"
 #include "ot/parallel.h"
@@ -22,7 +23,8 @@ RouterScratch::RouterScratch(const RouterSpec& s) {
   size_t ep = size_t((s.E + 15) / 16 * 16), kp = size_t(std::max<int64_t>(s.k, 16)), g = size_t(s.groups);
   const size_t rows = kRouterBlock;
   stride = int64_t(ep);
-  size_t n = 3 * rows * ep + 2 * ep + g + 3 * kp + 3 * 80 + 12 * 16;  // floats, each piece rounded up to 16
+  cand_stride = int64_t(ep + 32);
+  size_t n = 3 * rows * ep + 2 * ep + g + 3 * kp + 3 * 80 + 2 * rows * size_t(cand_stride) + 14 * 16;  // floats, each piece rounded up to 16
   mem = aligned_alloc64(n * 4);
   float* f = static_cast<float*>(mem);
   auto take = [&](size_t n) { float* p = f; f += (n + 15) / 16 * 16; return p; };
@@ -30,8 +32,17 @@ RouterScratch::RouterScratch(const RouterSpec& s) {
   ki = reinterpret_cast<int32_t*>(take(kp));
   cand_id = reinterpret_cast<int32_t*>(take(ep + 80));
   rank = reinterpret_cast<int32_t*>(take(80));
+  key_E = s.E; key_k = s.k; key_groups = s.groups;
+  cand_rows = take(rows * size_t(cand_stride));
+  cid_rows = reinterpret_cast<int32_t*>(take(rows * size_t(cand_stride)));
 }
 RouterScratch::~RouterScratch() { aligned_free(mem); }
+
+RouterScratch& RouterScratch::for_thread(const RouterSpec& s) {
+  thread_local std::unique_ptr<RouterScratch> b;
+  if (!b || b->key_E != s.E || b->key_k != s.k || b->key_groups != s.groups) b = std::make_unique<RouterScratch>(s);
+  return *b;
+}
 
 // Keeps the k largest (value, id) pairs, descending; equal values keep the earlier (lower) id first.
 static void topk_insert(const float* key, int64_t E, int64_t k, float* kv, int32_t* ki) {
@@ -136,7 +147,7 @@ bool route_fast(const RouterSpec& s, GatingResult& r) {
   if (s.R <= chunk * nt) chunk = std::max<int64_t>(1, (s.R + nt - 1) / nt);
   std::atomic<bool> valid{true};
   parallel_for_dynamic((s.R + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
-    RouterScratch b(s);
+    RouterScratch& b = RouterScratch::for_thread(s);
     int64_t r0 = c0 * chunk, r1 = std::min(s.R, c1 * chunk);
     bool ok = true;
     if (vec) ok = route_rows_avx512(s, r, r0, r1, b);

@@ -10,7 +10,6 @@
 #include <limits>
 
 #include "src/core/cvt_avx512.h"
-#include "src/gemm/vec_math_avx512.h"
 #include "src/moe/common.h"
 #include "src/moe/router_plan.h"
 
@@ -19,19 +18,6 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kMaxCand = 64;
-
-// e^x (gemm::vm::exp_unclamped) with x limited to [-104, 89], where it is about 1 ulp.
-inline __m512 exp_ps(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.f)), _mm512_set1_ps(89.f));
-  return gemm::vm::exp_unclamped(x);
-}
-// 1 / (1 + e^-x): reciprocal estimate (2^-14) and one Newton step (about 1 ulp; vdivps is slow).
-inline __m512 sigmoid_ps(__m512 x) {
-  const __m512 one = _mm512_set1_ps(1.f);
-  __m512 d = _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x)));
-  __m512 r = _mm512_rcp14_ps(d);
-  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
-}
 
 inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
 
@@ -71,8 +57,8 @@ template <int NV> int rank_candidates(const float* c, int n, int32_t* rank) {
 // Top k (1 <= k <= 16) of key[0, 16 nv) (padding = -inf) into ids / vals, descending, ties to the
 // lower index. False when the row needs the scalar path.
 bool topk16(const float* key, int64_t nv, int64_t k, int32_t* ids, float* vals, RouterScratch& b) {
-  __m512 cm = _mm512_load_ps(key);
-  for (int64_t v = 1; v < nv; ++v) cm = _mm512_max_ps(cm, _mm512_load_ps(key + 16 * v));
+  __m512 cm = _mm512_loadu_ps(key);
+  for (int64_t v = 1; v < nv; ++v) cm = _mm512_max_ps(cm, _mm512_loadu_ps(key + 16 * v));
   // Fold the 16 column maxima into g >= k maxima over disjoint column sets: each is a distinct
   // element, so at least k elements are >= their minimum t.
   int g = 16;
@@ -90,7 +76,7 @@ bool topk16(const float* key, int64_t nv, int64_t k, int32_t* ids, float* vals, 
   const __m512i step = _mm512_set1_epi32(16);
   int n = 0;
   for (int64_t v = 0; v < nv; ++v, idx = _mm512_add_epi32(idx, step)) {
-    __m512 x = _mm512_load_ps(key + 16 * v);
+    __m512 x = _mm512_loadu_ps(key + 16 * v);
     __mmask16 m = _mm512_cmp_ps_mask(x, vt, _CMP_GE_OQ);
     _mm512_storeu_ps(cv + n, _mm512_maskz_compress_ps(m, x));
     _mm512_storeu_si512(ci + n, _mm512_maskz_compress_epi32(m, idx));
@@ -172,6 +158,14 @@ inline __m512 exp2_ps(__m512 t) {
   return _mm512_scalef_ps(p, n);
 }
 
+// 1 / (1 + 2^(-x log2 e)): the exponent clamped to 125 (the reciprocal stays a normal number),
+// reciprocal estimate (2^-14) and one Newton step (about 1 ulp; vdivps is slow).
+inline __m512 sigmoid_ps(__m512 x) {
+  const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.f), exp2_ps(_mm512_min_ps(_mm512_mul_ps(x, _mm512_set1_ps(-kLog2e)), _mm512_set1_ps(125.f))));
+  const __m512 r = _mm512_rcp14_ps(d);
+  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
+}
+
 // rank_i = number of the 16 values c (also in memory at cm) larger than c_i (Ties: plus the equal
 // ones at lower lanes, i.e. lower expert ids: candidates are kept in expert order). Each c_j comes
 // as a broadcast from memory: load ports, not the shuffle unit (the scarce one here).
@@ -189,47 +183,183 @@ template <bool Ties> inline __m512i rank16(const float* cm, __m512 c) {
   return rank;
 }
 
-// Top k (1 <= k <= 16) of key[0, 16 nv) given its column maxima cm: ids and values descending in
-// lanes 0..k-1 (ties to the lower id). The threshold t is the k-th largest column maximum (k distinct
-// elements reach it; about 10 candidates >= t for E 128, k 8); the candidates are compressed in
-// expert order and ranked exactly. False (nothing decided) when t is -inf or more than 16 candidates.
-bool topk_fast(const float* key, int64_t nv, int64_t k, __m512 cm, __m512i& ids, __m512& vals, RouterScratch& b) {
-  const __m512i vk = _mm512_set1_epi32(int(k));
-  float* cv = b.cand;
-  int32_t* ci = b.cand_id;
-  _mm512_store_ps(cv, cm);
-  const float t = _mm512_mask_reduce_min_ps(_mm512_cmplt_epi32_mask(rank16<false>(cv, cm), vk), cm);
-  if (!(t > kNegInf)) return false;  // -inf may be chosen (masked experts): scalar decides
-  const __m512 vt = _mm512_set1_ps(t);
+// ---- Bitonic sorting network on 16 lanes (descending): 10 compare-exchange steps. Step (S, D)
+// pairs lane i with lane i ^ D; lane i keeps the larger of the pair when i is the lower lane of a
+// block sorted descending (blocks of S lanes alternate descending / ascending until S = 16).
+template <int D> inline __m512 swap_lanes(__m512 x) {
+  if constexpr (D == 1) return _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1));
+  else if constexpr (D == 2) return _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2));
+  else if constexpr (D == 4) return _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(2, 3, 0, 1));
+  else return _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(1, 0, 3, 2));
+}
+template <int D> inline __m512i swap_lanes(__m512i x) { return _mm512_castps_si512(swap_lanes<D>(_mm512_castsi512_ps(x))); }
+template <int S, int D> constexpr __mmask16 keeps_max() {
+  unsigned m = 0;
+  for (int i = 0; i < 16; ++i) m |= unsigned(((i & D) == 0) == ((i & S) == 0)) << i;
+  return __mmask16(m);
+}
+template <class F> inline void bitonic16(F&& step) {
+  step.template operator()<2, 1>();
+  step.template operator()<4, 2>(); step.template operator()<4, 1>();
+  step.template operator()<8, 4>(); step.template operator()<8, 2>(); step.template operator()<8, 1>();
+  step.template operator()<16, 8>(); step.template operator()<16, 4>(); step.template operator()<16, 2>(); step.template operator()<16, 1>();
+}
+// The 16 values of x, descending (values only: 3 ops a step).
+inline __m512 sort16(__m512 x) {
+  bitonic16([&]<int S, int D>() {
+    const __m512 y = swap_lanes<D>(x);
+    x = _mm512_mask_max_ps(_mm512_min_ps(x, y), keeps_max<S, D>(), x, y);
+  });
+  return x;
+}
+// (value, id) pairs, descending by value: the values as in sort16, and a lane whose value changed
+// takes its partner's id (equal values keep their ids, in no defined order: callers check the
+// sorted values for ties).
+inline void sort16_ids(__m512& x, __m512i& id) {
+  bitonic16([&]<int S, int D>() {
+    const __m512 y = swap_lanes<D>(x);
+    const __m512 z = _mm512_mask_max_ps(_mm512_min_ps(x, y), keeps_max<S, D>(), x, y);
+    id = _mm512_mask_mov_epi32(id, _mm512_cmp_ps_mask(z, x, _CMP_NEQ_UQ), swap_lanes<D>(id));
+    x = z;
+  });
+}
+
+// Top k, first half: the threshold t = k-th largest column maximum (k distinct elements reach it)
+// and the candidates >= t compressed in expert order into cv / ci (no branches: the buffers hold
+// E + 16). Returns their number n (>= k), or -1 when t is -inf (masked experts may be chosen).
+// The candidates are read back by topk_finish after the block's other rows (a load right after
+// the compressed stores would wait for them to reach the cache).
+inline int topk_collect(const float* key, int64_t nv, int64_t k, __m512 cm, float* cv, int32_t* ci) {
+  const __m512 vt = _mm512_permutexvar_ps(_mm512_set1_epi32(int(k - 1)), sort16(cm));
+  if (!(_mm512_cvtss_f32(vt) > kNegInf)) return -1;
   __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i step = _mm512_set1_epi32(16);
   int n = 0;
-  for (int64_t v = 0; v < nv; ++v, idx = _mm512_add_epi32(idx, step)) {  // no branches: the buffers hold E + 16
-    __m512 x = _mm512_load_ps(key + 16 * v);
+  for (int64_t v = 0; v < nv; ++v, idx = _mm512_add_epi32(idx, step)) {
+    __m512 x = _mm512_loadu_ps(key + 16 * v);
     __mmask16 m = _mm512_cmp_ps_mask(x, vt, _CMP_GE_OQ);
     _mm512_storeu_ps(cv + n, _mm512_maskz_compress_ps(m, x));
     _mm512_storeu_si512(ci + n, _mm512_maskz_compress_epi32(m, idx));
     n += __builtin_popcount(m);
   }
-  if (n > 16) return false;
-  const __mmask16 valid = lanes(n);
-  _mm512_mask_storeu_ps(cv, __mmask16(~valid), _mm512_set1_ps(kNegInf));
-  const __m512 c = _mm512_loadu_ps(cv);
-  // Ranks of the candidates: 0..n-1 (padding -inf ranks after them). Ties among candidates are
-  // rare (bf16 logits): the strict count shows them as a short rank sum and the exact count follows.
-  __m512i rank = rank16<false>(cv, c);
-  if (_mm512_mask_reduce_add_epi32(valid, rank) != n * (n - 1) / 2) rank = rank16<true>(cv, c);
+  return n;
+}
+
+// Second half, n <= 16 candidates: sorted by a network; a tie among the first k + 1 (where the
+// network may lose an id) is ranked exactly by counting (ties to the lower id: candidates are in
+// expert order). Ids and values descending in lanes 0..k-1.
+inline void topk_finish(const float* cv, const int32_t* ci, int n, int64_t k, __m512i& ids, __m512& vals, RouterScratch& b) {
+  const __mmask16 valid = lanes(n), mk = lanes(k);
+  __m512 x = _mm512_mask_blend_ps(valid, _mm512_set1_ps(kNegInf), _mm512_loadu_ps(cv));
+  __m512i id = _mm512_loadu_si512(ci);
+  const __m512 c = x;
+  sort16_ids(x, id);
+  const __m512 next = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(x), _mm512_castps_si512(x), 1));
+  if (!_mm512_mask_cmp_ps_mask(lanes(std::min<int64_t>(k, 15)), x, next, _CMP_EQ_OQ)) {
+    ids = _mm512_maskz_mov_epi32(mk, id);
+    vals = _mm512_maskz_mov_ps(mk, x);
+    return;
+  }
+  alignas(64) float cc[16];
   alignas(64) int32_t rk[16];
-  _mm512_store_si512(rk, rank);
-  for (uint32_t sel = _mm512_mask_cmplt_epi32_mask(valid, rank, vk); sel; sel &= sel - 1) {
+  _mm512_store_ps(cc, c);
+  _mm512_store_si512(rk, rank16<true>(cc, c));
+  for (uint32_t sel = _mm512_mask_cmplt_epi32_mask(valid, _mm512_load_si512(rk), _mm512_set1_epi32(int(k))); sel; sel &= sel - 1) {
     const int i = __builtin_ctz(sel);
     b.ki[rk[i]] = ci[i];
-    b.kv[rk[i]] = cv[i];
+    b.kv[rk[i]] = cc[i];
   }
-  const __mmask16 mk = lanes(k);
   ids = _mm512_maskz_loadu_epi32(mk, b.ki);
   vals = _mm512_maskz_loadu_ps(mk, b.kv);
+}
+
+// ---- Group-limited selection for groups of 16 m experts (m >= 1) and at most 16 groups: each
+// group's (max, second) pair is folded lane-wise over its m vectors, then the groups' 16 lanes are
+// reduced together by a transposing tree (four halving steps, two groups per shuffle), so there is
+// no horizontal reduction per group. The lanes of the result hold groups in the order `map` says.
+struct Top2 { __m512 a, b; };  // per lane: largest, second largest (multiset)
+inline Top2 merge2(Top2 u, Top2 v, bool top2) {
+  if (!top2) return {_mm512_max_ps(u.a, v.a), u.b};
+  return {_mm512_max_ps(u.a, v.a), _mm512_max_ps(_mm512_min_ps(u.a, v.a), _mm512_max_ps(u.b, v.b))};
+}
+template <int Step> inline __m512 pick(__m512 p, __m512 q, bool hi) {
+  if constexpr (Step == 0) return hi ? _mm512_shuffle_f32x4(p, q, 0xEE) : _mm512_shuffle_f32x4(p, q, 0x44);
+  else if constexpr (Step == 1) return hi ? _mm512_shuffle_f32x4(p, q, 0xDD) : _mm512_shuffle_f32x4(p, q, 0x88);
+  else if constexpr (Step == 2) return hi ? _mm512_shuffle_ps(p, q, 0xEE) : _mm512_shuffle_ps(p, q, 0x44);
+  else return hi ? _mm512_shuffle_ps(p, q, 0xDD) : _mm512_shuffle_ps(p, q, 0x88);
+}
+template <int Step> inline int tree_step(Top2* g, int n, bool top2) {
+  const int out = std::max(1, n / 2);
+  for (int i = 0; i < out; ++i) {
+    const Top2 p = g[2 * i], q = n > 1 ? g[2 * i + 1] : g[2 * i];
+    const Top2 lo{pick<Step>(p.a, q.a, false), top2 ? pick<Step>(p.b, q.b, false) : p.b};
+    const Top2 hi{pick<Step>(p.a, q.a, true), top2 ? pick<Step>(p.b, q.b, true) : p.b};
+    g[i] = merge2(lo, hi, top2);
+  }
+  return out;
+}
+// g[0, n) (n a power of 2 <= 16) -> one vector of per-group results.
+inline Top2 group_tree(Top2* g, int n, bool top2) {
+  n = tree_step<0>(g, n, top2);
+  n = tree_step<1>(g, n, top2);
+  n = tree_step<2>(g, n, top2);
+  tree_step<3>(g, n, top2);
+  return g[0];
+}
+struct GroupNet {
+  int G = 0, P = 0, m = 0;  // groups, padded to a power of 2, vectors per group
+  __m512i inv;              // lane g <- a lane of the tree's result holding group g
+};
+inline bool group_net(const RouterSpec& s, GroupNet& net) {
+  const int64_t gsz = s.E / s.groups;
+  if (gsz % 16 || s.groups > 16) return false;
+  net.G = int(s.groups);
+  net.m = int(gsz / 16);
+  net.P = 1;
+  while (net.P < net.G) net.P *= 2;
+  Top2 g[16];
+  for (int i = 0; i < net.P; ++i) g[i] = {_mm512_set1_ps(float(i)), _mm512_setzero_ps()};
+  alignas(64) float map[16];
+  _mm512_store_ps(map, group_tree(g, net.P, false).a);
+  alignas(64) int32_t inv[16] = {};
+  for (int l = 15; l >= 0; --l) inv[int(map[l])] = l;
+  net.inv = _mm512_load_si512(inv);
   return true;
+}
+// Masks (-inf) the groups outside the k_group best (score: max, or sum of the top 2; ties to the
+// lower group) in key and returns the column maxima of what is left.
+inline __m512 limit_groups_net(const RouterSpec& s, const GroupNet& net, float* key) {
+  const bool top2 = s.group_mode == 1;
+  const __m512 ninf = _mm512_set1_ps(kNegInf);
+  Top2 g[16];
+  for (int i = 0; i < net.P; ++i) {
+    if (i >= net.G) { g[i] = {ninf, ninf}; continue; }
+    const float* p = key + int64_t(i) * net.m * 16;
+    Top2 t{_mm512_load_ps(p), ninf};
+    for (int j = 1; j < net.m; ++j) {
+      const __m512 v = _mm512_load_ps(p + 16 * j);
+      if (top2) t.b = _mm512_max_ps(t.b, _mm512_min_ps(t.a, v));
+      t.a = _mm512_max_ps(t.a, v);
+    }
+    g[i] = t;
+  }
+  const Top2 r = group_tree(g, net.P, top2);
+  const __mmask16 live = lanes(net.G);
+  const __m512 sc = _mm512_mask_blend_ps(live, ninf, _mm512_permutexvar_ps(net.inv, top2 ? _mm512_add_ps(r.a, r.b) : r.a));
+  // Kept: scores above the k_group-th best, then the lowest groups among those equal to it.
+  const __m512 tg = _mm512_permutexvar_ps(_mm512_set1_epi32(int(s.k_group - 1)), sort16(sc));
+  const uint32_t gt = _mm512_mask_cmp_ps_mask(live, sc, tg, _CMP_GT_OQ), eq = _mm512_mask_cmp_ps_mask(live, sc, tg, _CMP_EQ_OQ);
+  uint32_t kept = gt, tied = eq;
+  for (int need = int(s.k_group) - __builtin_popcount(gt); need > 0; --need, tied &= tied - 1) kept |= tied & (0u - tied);
+  __m512 cm = ninf;
+  for (int i = 0; i < net.G; ++i) {
+    float* p = key + int64_t(i) * net.m * 16;
+    for (int j = 0; j < net.m; ++j) {
+      if (kept >> i & 1) cm = _mm512_max_ps(cm, _mm512_load_ps(p + 16 * j));
+      else _mm512_store_ps(p + 16 * j, ninf);
+    }
+  }
+  return cm;
 }
 
 // write_row from registers: ids (E for finished rows), weights cast to y's dtype, v1 row_idx.
@@ -256,34 +386,46 @@ void write_row16(const RouterSpec& s, GatingResult& r, int64_t row, __m512i ids,
 
 bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
   bool valid = true;
-  const int64_t E = s.E, k = s.k, nv = (E + 15) / 16, st = b.stride;
+  const int64_t E = s.E, k = s.k, nv = (E + 15) / 16, st = b.stride, cst = b.cand_stride;
   const bool on_x = select_on_logits(s), groups = limits_groups(s);
+  GroupNet net;
+  const bool group_vec = groups && group_net(s, net);
   // Softmax over all experts (its sum is needed) unless the weights are a softmax over the k chosen.
   const bool softmax = s.select != Select::topk_softmax && !s.sigmoid;
   // Scores of every expert are kept in b.sc when selection or the scores output needs them.
   const bool keep_sc = !on_x || s.scores;
+  // -inf logits (masked experts, padding lanes) need their exp forced to 0 (exp2_ps gives NaN).
+  const bool has_ninf = s.allowed || E % 16;
   const DType xt = s.x.dtype;
+  const size_t row_bytes = size_t(E) * dtype_size(xt);
   float* scores = s.scores ? r.scores.ptr<float>() : nullptr;
-  const __m512 ninf = _mm512_set1_ps(kNegInf);
+  const __m512 ninf = _mm512_set1_ps(kNegInf), l2e = _mm512_set1_ps(kLog2e);
   const __mmask16 mk = lanes(k);
   // Each phase runs over a block of rows before the next starts, so the rows' long dependency
-  // chains (max -> exps -> sum; threshold -> candidates -> ranks) overlap.
+  // chains (max -> exps -> sum; threshold -> candidates -> sort) overlap.
   __m512 cm[kRouterBlock], kv[kRouterBlock];
   __m512i ki[kRouterBlock];
   float mx[kRouterBlock], inv[kRouterBlock];
-  float* xa[kRouterBlock];
+  const float* xa[kRouterBlock];  // selection keys (logits, masked logits or scores)
+  const float* xl[kRouterBlock];  // logits
+  int ncand[kRouterBlock];
+  // fp32 rows of whole vectors without a mask are read in place (no copy; the group limit writes
+  // -inf into its key row, so it needs the copy when it works on the logits).
+  const bool direct = xt == DType::f32 && !s.allowed && E % 16 == 0 && !(groups && on_x);
   for (int64_t r0b = r0; r0b < r1; r0b += kRouterBlock) {
     const int nb = int(std::min<int64_t>(kRouterBlock, r1 - r0b));
     uint32_t skip = 0, slow = 0;  // rows failing check_rows; rows left to the scalar path
     // Pass 1: logits (xr, padding -inf), finiteness, the allowed logits xa (-inf elsewhere: key
-    // when masked, else xr itself) and their column maxima.
+    // when masked, else xr itself) and their column maxima; the rows two blocks on are prefetched
+    // (each row starts a new stream for the hardware prefetcher).
     for (int i = 0; i < nb; ++i) {
       const int64_t row = r0b + i;
       float *xr = b.xr + i * st, *key = b.key + i * st;
-      const char* xp = static_cast<const char*>(s.x.data) + size_t(row * E) * dtype_size(xt);
+      const char* xp = static_cast<const char*>(s.x.data) + size_t(row) * row_bytes;
+      if (row + 2 * kRouterBlock < s.R)
+        for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch(xp + 2 * kRouterBlock * row_bytes + o, _MM_HINT_T0);
       const uint8_t* al = s.allowed ? s.allowed + row * E : nullptr;
-      __m512 c = ninf;
-      __mmask16 bad = 0;
+      __m512 c = ninf, nonfinite = _mm512_setzero_ps();  // sums x * 0: NaN once some x is NaN or +-Inf
       int n_allowed = 0;
       for (int64_t v = 0; v < nv; ++v) {
         __mmask16 m = lanes(E - 16 * v), a = m;
@@ -292,17 +434,19 @@ bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t
           n_allowed += __builtin_popcount(a);
         }
         __m512 x = load16(xp, xt, 16 * v, m);
-        bad |= _mm512_mask_fpclass_ps_mask(m, x, 0x99);  // NaN or +-Inf
-        _mm512_store_ps(xr + 16 * v, x);
+        if (!direct) _mm512_store_ps(xr + 16 * v, x);
+        nonfinite = m == 0xffff ? _mm512_fmadd_ps(x, _mm512_setzero_ps(), nonfinite) : _mm512_mask3_fmadd_ps(x, _mm512_setzero_ps(), nonfinite, m);
         if (al) {
           x = _mm512_mask_blend_ps(a, ninf, x);
           _mm512_store_ps(key + 16 * v, x);
         }
         c = _mm512_max_ps(c, x);
       }
+      const bool bad = _mm512_cmp_ps_mask(nonfinite, nonfinite, _CMP_UNORD_Q) != 0;
       if (bad || (al && n_allowed < k)) { valid = false; skip |= 1u << i; }
       cm[i] = c;
-      xa[i] = al ? key : xr;
+      xl[i] = direct ? reinterpret_cast<const float*>(xp) : xr;
+      xa[i] = al ? key : xl[i];
     }
     // Pass 2: softmax exps and their sum, or sigmoids; then the keys when not the logits.
     for (int i = 0; i < nb; ++i) {
@@ -312,16 +456,17 @@ bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t
       inv[i] = 1.f;
       if (softmax) {
         const __m512 ml = _mm512_set1_ps(mx[i] * kLog2e);
-        __m512 vs = _mm512_setzero_ps();
+        __m512 vs = _mm512_setzero_ps(), vs2 = _mm512_setzero_ps();
         for (int64_t v = 0; v < nv; ++v) {
-          __m512 x = _mm512_load_ps(xa[i] + 16 * v);  // -inf lanes: exp2_ps gives NaN, masked to 0
-          __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_OQ), exp2_ps(_mm512_fmsub_ps(x, _mm512_set1_ps(kLog2e), ml)));
+          __m512 x = _mm512_loadu_ps(xa[i] + 16 * v);
+          __m512 e = exp2_ps(_mm512_fmsub_ps(x, l2e, ml));
+          if (has_ninf) e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_OQ), e);  // -inf lanes: NaN -> 0
           if (keep_sc) _mm512_store_ps(sc + 16 * v, e);
-          vs = _mm512_add_ps(vs, e);
+          if (v & 1) vs2 = _mm512_add_ps(vs2, e); else vs = _mm512_add_ps(vs, e);
         }
-        inv[i] = 1.f / _mm512_reduce_add_ps(vs);
+        inv[i] = 1.f / _mm512_reduce_add_ps(_mm512_add_ps(vs, vs2));
       } else if (s.sigmoid && keep_sc) {
-        for (int64_t v = 0; v < nv; ++v) _mm512_store_ps(sc + 16 * v, sigmoid_ps(_mm512_load_ps(b.xr + i * st + 16 * v)));
+        for (int64_t v = 0; v < nv; ++v) _mm512_store_ps(sc + 16 * v, sigmoid_ps(_mm512_loadu_ps(xl[i] + 16 * v)));
       }
       if (!on_x) {
         float* key = b.key + i * st;
@@ -331,26 +476,34 @@ bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t
           __m512 y = _mm512_load_ps(sc + 16 * v);
           if (softmax) y = _mm512_mul_ps(y, vi);
           if (!s.bias.empty()) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(lanes(E - 16 * v), s.bias.data() + 16 * v));
-          y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(_mm512_load_ps(xa[i] + 16 * v), ninf, _CMP_NEQ_OQ), ninf, y);
+          if (has_ninf) y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(xa[i] + 16 * v), ninf, _CMP_NEQ_OQ), ninf, y);
           _mm512_store_ps(key + 16 * v, y);
           c = _mm512_max_ps(c, y);
         }
         cm[i] = c;
         xa[i] = key;  // from here on: the selection key
       }
-      if (groups) {
-        float* key = xa[i];
+      if (group_vec) {
+        cm[i] = limit_groups_net(s, net, const_cast<float*>(xa[i]));  // a copy (see direct)
+      } else if (groups) {
+        float* key = const_cast<float*>(xa[i]);
         limit_groups_vec(s, key, b.gs);
         __m512 c = _mm512_load_ps(key);
         for (int64_t v = 1; v < nv; ++v) c = _mm512_max_ps(c, _mm512_load_ps(key + 16 * v));
         cm[i] = c;
       }
     }
-    // Top k: sorted ids and selection values in lanes < k.
+    // Top k, first half for every row: threshold and compressed candidates.
+    for (int i = 0; i < nb; ++i)
+      ncand[i] = skip >> i & 1 ? 0 : topk_collect(xa[i], nv, k, cm[i], b.cand_rows + i * cst, b.cid_rows + i * cst);
+    // Second half: sorted ids and selection values in lanes < k.
     for (int i = 0; i < nb; ++i) {
       if (skip >> i & 1) continue;
-      if (topk_fast(xa[i], nv, k, cm[i], ki[i], kv[i], b)) continue;
-      if (!topk16(xa[i], nv, k, b.ki, b.kv, b)) { slow |= 1u << i; continue; }
+      if (ncand[i] >= 0 && ncand[i] <= 16) {
+        topk_finish(b.cand_rows + i * cst, b.cid_rows + i * cst, ncand[i], k, ki[i], kv[i], b);
+        continue;
+      }
+      if (ncand[i] < 0 || !topk16(xa[i], nv, k, b.ki, b.kv, b)) { slow |= 1u << i; continue; }
       ki[i] = _mm512_maskz_loadu_epi32(mk, b.ki);
       kv[i] = _mm512_maskz_loadu_ps(mk, b.kv);
     }
@@ -361,11 +514,11 @@ bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t
       const float* sc = b.sc + i * st;
       __m512 w;
       if (s.select == Select::topk_softmax) {  // softmax over the k chosen logits (lane 0 is their max)
-        __m512 e = _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_fmsub_ps(kv[i], _mm512_set1_ps(kLog2e), _mm512_set1_ps(mx[i] * kLog2e))));
+        __m512 e = _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_fmsub_ps(kv[i], l2e, _mm512_set1_ps(mx[i] * kLog2e))));
         w = _mm512_mul_ps(e, _mm512_set1_ps(1.f / _mm512_reduce_add_ps(e)));
       } else {
         __m512 y = !on_x     ? _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mk, ki[i], sc, 4)
-                   : softmax ? exp2_ps(_mm512_fmsub_ps(kv[i], _mm512_set1_ps(kLog2e), _mm512_set1_ps(mx[i] * kLog2e)))
+                   : softmax ? exp2_ps(_mm512_fmsub_ps(kv[i], l2e, _mm512_set1_ps(mx[i] * kLog2e)))
                              : sigmoid_ps(kv[i]);
         y = _mm512_maskz_mov_ps(mk, y);
         float mul = softmax ? inv[i] * (s.select == Select::gating ? s.scale : 1.f) : s.scale / (_mm512_reduce_add_ps(y) + s.eps);

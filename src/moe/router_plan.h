@@ -57,6 +57,8 @@ constexpr int kRouterBlock = 8;
 // key hold kRouterBlock rows `stride` apart, the scalar row uses the first).
 struct RouterScratch {
   explicit RouterScratch(const RouterSpec& s);
+  // This thread's buffers for s (kept between calls: no allocation per task).
+  static RouterScratch& for_thread(const RouterSpec& s);
   ~RouterScratch();
   RouterScratch(const RouterScratch&) = delete;
   RouterScratch& operator=(const RouterScratch&) = delete;
@@ -66,7 +68,13 @@ struct RouterScratch {
   float* cand;       // [E + 80]: candidates of the vector top-k (compressed stores run 16 past)
   int32_t* cand_id;  // [E + 80]: their expert ids, likewise
   int32_t* rank;     // [80]
+  // Per row of a block, cand_stride apart: the candidates of the vector top-k, read back after
+  // the block's other rows have stored theirs.
+  float* cand_rows;
+  int32_t* cid_rows;
+  int64_t cand_stride;
   void* mem;
+  int64_t key_E, key_k, key_groups;  // the shape these buffers were made for
 };
 // One row, scalar: the fallback of the vector kernel and the path of non-AVX-512 machines.
 // False (nothing written) when the row fails check_rows.

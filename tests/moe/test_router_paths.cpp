@@ -234,3 +234,48 @@ TEST(MoeRouterPaths, VectorTopKEdges) {
         }
   }
 }
+
+// Group-limited selection through the vector group tree (groups of a multiple of 16 experts, at
+// most 16 groups: 2 to 16 groups, 1 or 2 vectors a group), each k_group, both group scores, with
+// and without bias, softmax and sigmoid, on random rows and on rows of a few levels (tied experts
+// and tied group scores: the lower group and the lower expert win), with masks.
+TEST(MoeRouterPaths, GroupTreeMatchesReference) {
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (auto [E, G] : {std::pair<int64_t, int64_t>{32, 2}, {64, 4}, {128, 8}, {256, 8}, {256, 16}, {192, 4}})
+      for (int64_t kg = 1; kg < G; kg += (G > 4 ? 3 : 1))
+        for (int mode : {0, 1})
+          for (int variant : {0, 1, 2}) {  // random; tied levels; tied levels with bias and a mask
+            GatingTopKOptions o;
+            o.k = std::min<int64_t>(8, kg * (E / G)); o.group_count = G; o.k_group = kg; o.group_select_mode = mode;
+            o.norm_type = (kg + mode) % 2; o.routed_scaling_factor = 1.5f; o.out_flag = variant == 2;
+            Tensor x = variant == 0 ? randn(DType::f32, {27, E}, uint32_t(E + G + kg), 2.f) : tied(DType::f32, 27, E, uint32_t(kg + mode), 3);
+            Tensor bias_rows = tied(DType::f32, 1, E, 9, 2);
+            TensorView bias = bias_rows.view().reshape({E});
+            Tensor allowed = Tensor::empty(DType::u8, {27, E});
+            for (int64_t i = 0; i < 27 * E; ++i) allowed.ptr<uint8_t>()[i] = (i / E) % 2 == 0 || i % 5 != 0;
+            if (variant == 2) { o.bias = bias; o.allowed = allowed; }
+            std::string what = std::string(cpu::isa_name(isa)) + " E" + std::to_string(E) + " G" + std::to_string(G) + " kg" +
+                               std::to_string(kg) + " mode " + std::to_string(mode) + " variant " + std::to_string(variant);
+            expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::f32, what);
+          }
+  }
+}
+
+// Huge finite logits (exp and sigmoid at their clamps) still route exactly. Each row holds 9 equal
+// maxima 1e30 (so the top 8 are the same in score and logit order: a saturated softmax or sigmoid
+// ties in fp64 where the logits still differ), -1e30 and 90 + e (sigmoid 1.0 in fp32 and fp64).
+TEST(MoeRouterPaths, HugeLogits) {
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    Tensor x = randn(DType::f32, {21, 128}, 11, 2.f);
+    for (int64_t r = 0; r < 21; ++r)
+      for (int64_t j = 0; j < 24; ++j) x.ptr<float>()[r * 128 + (r * 5 + 13 * j) % 128] = j < 9 ? 1e30f : j < 16 ? -1e30f : 90.f + float(j);
+    std::string what = cpu::isa_name(isa);
+    expect_match(moe_gating_top_k_softmax(x, 8), ref::moe_gating_top_k_softmax(x, 8), DType::f32, what + " v1");
+    expect_match(moe_gating_top_k_softmax_v2(x, 8, {}, 1, false), ref::moe_gating_top_k_softmax_v2(x, 8, {}, 1, false), DType::f32, what + " renorm");
+    GatingTopKOptions o;
+    o.k = 8; o.norm_type = 1; o.group_count = 8; o.k_group = 4; o.group_select_mode = 1; o.out_flag = true;
+    expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::f32, what + " sigmoid groups");
+  }
+}
