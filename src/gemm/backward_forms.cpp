@@ -21,6 +21,7 @@
 #include "ot/trace.h"
 #include "ot/workspace.h"
 #include "src/gemm/backward_forms.h"
+#include "src/gemm/nt_swapped.h"
 
 namespace ot::gemm {
 
@@ -30,6 +31,7 @@ namespace {
 
 constexpr int64_t kPB = 4;    // panels per unit
 constexpr int64_t kNtMB = 256;  // NT/NN rows per block (each W^T chunk is packed once per block)
+static_assert(kNtSwapNB == kPB * kNR, "the swapped NT form cuts jobs into the same units");
 
 struct Scratch { Buf panel, a, tile; };
 Scratch& scratch() {
@@ -193,14 +195,22 @@ void run_nt_form(const NtJob* jobs, int64_t count, WForm f) {
     return;
   }
   thread_local std::vector<int64_t> first_tl;
+  thread_local std::vector<char> swapped_tl;
   std::vector<int64_t>& first = first_tl;  // first unit of each job (workers read the caller's)
+  std::vector<char>& swapped = swapped_tl;  // job runs on the swapped NT form (nt_swapped.h)
   first.assign(size_t(count) + 1, 0);
-  for (int64_t i = 0; i < count; ++i)
+  swapped.assign(size_t(count), 0);
+  for (int64_t i = 0; i < count; ++i) {
+    // both forms cut a job into the same units: 192 output columns (4 panels of 48)
     first[size_t(i) + 1] = first[size_t(i)] + (jobs[i].M > 0 ? (panels_of(jobs[i].N) + kPB - 1) / kPB : 0);
+    swapped[size_t(i)] = f == WForm::nt && nt_swapped_fits(jobs[i]);
+  }
+  const uint64_t call = nt_swapped_call();
   parallel_for_dynamic(first.back(), 1, [&](int64_t b, int64_t e) {
     for (int64_t u = b; u < e; ++u) {
       int64_t i = int64_t(std::upper_bound(first.begin(), first.end(), u) - first.begin()) - 1;
-      nt_unit(jobs[i], f, u - first[size_t(i)]);
+      if (swapped[size_t(i)]) nt_swapped_unit(jobs[i], call, u - first[size_t(i)]);
+      else nt_unit(jobs[i], f, u - first[size_t(i)]);
     }
   });
 }

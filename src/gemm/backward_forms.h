@@ -30,6 +30,11 @@ void store_tile(const float* tile, int64_t ldt, int rows, int width, void* c, DT
 // a vnni panel from [N][K] storage (P = K/2 pairs); for fp32 it packs an f32 panel (P = K).
 // pf_bytes > 0: also prefetch (into L2) the same rows pf_bytes further on (the next K chunk).
 void transpose_dwords_avx512(const char* src, int64_t ld_bytes, int rows, int64_t P, uint32_t* dst, int64_t pf_bytes = 0);
+// The same with row j at src[j] (j < rows), into a panel of `width` (a multiple of 16) dwords per row p.
+void transpose_dword_rows_avx512(const char* const* src, int rows, int64_t P, uint32_t* dst, int width, int64_t pf_bytes = 0);
+// c[j][i] (=|+=) t[i][j] for i < n, j < m (fp32; t rows ldt apart, readable up to a multiple of
+// 16 columns past m).
+void store_transposed_avx512(const float* t, int64_t ldt, int n, int m, float* c, int64_t ldc, bool accumulate);
 
 // bf16 k-pair panel [ceil(K/2)][48][2] from K rows of `width` (<= 48) bf16 columns (row k at
 // src + k * ld): rows 2p and 2p+1 interleaved; columns >= width and the odd tail's partner are 0.

@@ -10,20 +10,46 @@
 
 namespace ot::gemm::detail {
 
-void transpose_dwords_avx512(const char* src, int64_t ld_bytes, int rows, int64_t P, uint32_t* dst, int64_t pf_bytes) {
+void transpose_dword_rows_avx512(const char* const* src, int rows, int64_t P, uint32_t* dst, int width, int64_t pf_bytes) {
   for (int64_t p0 = 0; p0 < P; p0 += 16) {
     const int np = int(P - p0 < 16 ? P - p0 : 16);
     const __mmask16 m = __mmask16((1u << np) - 1);
-    for (int j0 = 0; j0 < kNR; j0 += 16) {
+    for (int j0 = 0; j0 < width; j0 += 16) {
       __m512i r[16];
       for (int i = 0; i < 16; ++i) {
-        const char* s = src + (j0 + i) * ld_bytes + p0 * 4;
         if (j0 + i >= rows) { r[i] = _mm512_setzero_si512(); continue; }
+        const char* s = src[j0 + i] + p0 * 4;
         if (pf_bytes) _mm_prefetch(s + pf_bytes, _MM_HINT_T1);
         r[i] = _mm512_maskz_loadu_epi32(m, s);
       }
       transpose16(r);
-      for (int q = 0; q < np; ++q) _mm512_store_si512(dst + (p0 + q) * kNR + j0, r[q]);
+      for (int q = 0; q < np; ++q) _mm512_store_si512(dst + (p0 + q) * width + j0, r[q]);
+    }
+  }
+}
+
+void transpose_dwords_avx512(const char* src, int64_t ld_bytes, int rows, int64_t P, uint32_t* dst, int64_t pf_bytes) {
+  const char* row[kNR];
+  for (int j = 0; j < rows; ++j) row[j] = src + j * ld_bytes;
+  transpose_dword_rows_avx512(row, rows, P, dst, kNR, pf_bytes);
+}
+
+void store_transposed_avx512(const float* t, int64_t ldt, int n, int m, float* c, int64_t ldc, bool accumulate) {
+  for (int i0 = 0; i0 < n; i0 += 16) {
+    const int ni = n - i0 < 16 ? n - i0 : 16;
+    const __mmask16 mi = __mmask16((1u << ni) - 1);
+    for (int j0 = 0; j0 < m; j0 += 16) {
+      const int nj = m - j0 < 16 ? m - j0 : 16;
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = i < ni ? _mm512_loadu_si512(t + (i0 + i) * ldt + j0) : _mm512_setzero_si512();
+      transpose16(r);  // r[q] = column j0 + q of t: rows i0 .. i0 + 15
+      for (int q = 0; q < nj; ++q) {
+        float* d = c + (j0 + q) * ldc + i0;
+        __m512 v = _mm512_castsi512_ps(r[q]);
+        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mi, d));
+        _mm512_mask_storeu_ps(d, mi, v);
+      }
     }
   }
 }

@@ -94,6 +94,64 @@ TEST(GemmNt, MatchesReferenceAcrossIsaAndShapes) {
           }
 }
 
+// The swapped NT form (bf16, M <= 64: C^T = W A^T with W read in place, tiles of 16/32/48/64
+// A rows) around its tile edges: every M from 1 to 49 and 63..65 (65: the panel form), output
+// widths across its 192-column units and not multiples of 16, one or two K segments, gathered
+// rows, accumulate.
+TEST(GemmNt, SwappedFormEdges) {
+  std::vector<int64_t> ms;
+  for (int64_t m = 1; m <= 49; ++m) ms.push_back(m);
+  for (int64_t m : {63, 64, 65}) ms.push_back(m);
+  uint32_t seed = 3000;
+  for (int64_t m : ms) {
+    NtCase cs{m, m % 2 ? 200 : 57, m % 3 ? 66 : 130, m % 3 ? 34 : 0};
+    cs.gather = m % 2 == 0;
+    cs.acc = m / 2 % 2 == 1;
+    run_nt(cs, cpu::detected_isa(), seed++);
+  }
+  // odd K segments fall back to the panel form
+  run_nt({32, 100, 65, 0}, cpu::detected_isa(), seed++);
+  run_nt({32, 100, 64, 33, DType::bf16, DType::bf16, true, true}, cpu::detected_isa(), seed++);
+}
+
+// Many NT jobs in one call (swapped and panel forms mixed; units of one job on both threads),
+// and from inside a parallel region (runs on the calling thread).
+TEST(GemmNt, GroupedJobsAndNestedCalls) {
+  const std::vector<NtCase> cases = {{32, 400, 96, 64}, {1, 50, 40, 0}, {64, 193, 130, 0}, {65, 100, 64, 0}, {17, 600, 31, 0},
+                                     {0, 30, 8, 0},     {48, 383, 2, 2}, {300, 70, 66, 0}, {40, 800, 128, 128}};
+  for (bool nested : {false, true}) {
+    std::vector<Mat> as, w0s, w1s;
+    std::vector<Tensor> fast, want;
+    std::vector<NtJob> jobs;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const NtCase& cs = cases[i];
+      const uint32_t seed = uint32_t(700 + 5 * i + (nested ? 100 : 0));
+      as.emplace_back(DType::bf16, cs.M, cs.K0 + cs.K1, 3, seed);
+      w0s.emplace_back(DType::bf16, cs.N, cs.K0, 2, seed + 1);
+      w1s.emplace_back(DType::bf16, cs.N, cs.K1, 1, seed + 2);
+      fast.push_back(random_tensor(DType::f32, {std::max<int64_t>(cs.M, 1), cs.N}, seed + 3));
+      want.push_back(Tensor::copy_of(fast.back()));
+      NtJob j;
+      j.M = cs.M;
+      j.N = cs.N;
+      j.a = {as.back().data(), DType::bf16, as.back().ld, nullptr};
+      j.w_dtype = DType::bf16;
+      j.w[0] = {w0s.back().data(), cs.K0, w0s.back().ld};
+      j.w[1] = {w1s.back().data(), cs.K1, w1s.back().ld};
+      j.c = fast.back().ptr<float>();
+      j.ldc = cs.N;
+      j.accumulate = i % 2 == 1;
+      jobs.push_back(j);
+      MutMatView cw{want.back().view().data, DType::f32, cs.M, cs.N, cs.N, 1};
+      ref::matmul(as.back().view(0, cs.K0), w0s.back().view().t(), cw, 1.f, j.accumulate ? 1.f : 0.f);
+      if (cs.K1 > 0) ref::matmul(as.back().view(cs.K0, cs.K1), w1s.back().view().t(), cw, 1.f, 1.f);
+    }
+    if (nested) parallel_for(int64_t(jobs.size()), [&](int64_t b, int64_t e) { grouped_gemm_nt(jobs.data() + b, e - b); });
+    else grouped_gemm_nt(jobs.data(), int64_t(jobs.size()));
+    for (size_t i = 0; i < cases.size(); ++i) EXPECT_LE(err(fast[i], want[i]), kTol) << "job " << i << " nested " << nested;
+  }
+}
+
 struct TnCase {
   int64_t K, M, N;
   DType a = DType::bf16, b = DType::bf16;

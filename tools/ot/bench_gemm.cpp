@@ -4,6 +4,7 @@
 // linear in M); the JSON says how many rows (ref_rows).
 #include <algorithm>
 #include <cstdio>
+#include <random>
 
 #include "bench_gemm_common.h"
 #include "bench_harness.h"
@@ -75,15 +76,91 @@ static void run_shape(const BenchOptions& opt, const Shape& s) {
                 100 * r.extra["cpu_peak_fraction"].get<double>());
 }
 
+
+// ---- NT form (grouped_gemm_nt, the MoE backward's activation gradients) ------------------------
+// Qwen3-30B-A3B at T512: 512 tokens x top-8 over 128 experts (uniform random routing, ~32 rows each),
+// H 2048, I 768. "g": g = dy Wd^T (N = I, K = H); "dx": dx = dz_gate Wg^T + dz_up Wu^T (N = H, two
+// K segments of I). Weights are distinct per expert (1.2 GB in all: streamed from memory, as in a
+// training step).
+struct NtCaseSpec { std::string name; int64_t N, K0, K1; };
+
+static void run_nt_case(const BenchOptions& opt, const NtCaseSpec& cs) {
+  ot::set_num_threads(opt.threads);
+  const int threads = ot::num_threads();
+  const int64_t E = 128, T = 512, topk = 8, K = cs.K0 + cs.K1;
+  std::vector<int64_t> rows(size_t(E), 0);
+  std::mt19937 rng(7);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int64_t> ids(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) ids[size_t(e)] = e;
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (int64_t k = 0; k < topk; ++k) ++rows[size_t(ids[size_t(k)])];
+  }
+  const int64_t A = T * topk;
+  Tensor a = random(DType::bf16, {A, K}, 1);
+  Tensor w0 = random(DType::bf16, {E, cs.N, cs.K0}, 2), w1 = cs.K1 ? random(DType::bf16, {E, cs.N, cs.K1}, 3) : Tensor();
+  Tensor c = Tensor::empty(DType::f32, {A, cs.N});
+  std::vector<gemm::NtJob> jobs;
+  double flops = 0;
+  for (int64_t e = 0, off = 0; e < E; off += rows[size_t(e)], ++e) {
+    gemm::NtJob j;
+    j.M = rows[size_t(e)];
+    j.N = cs.N;
+    j.a = {a.ptr<uint16_t>() + off * K, DType::bf16, K};
+    j.w_dtype = DType::bf16;
+    j.w[0] = {w0.ptr<uint16_t>() + e * cs.N * cs.K0, cs.K0, cs.K0};
+    if (cs.K1) j.w[1] = {w1.ptr<uint16_t>() + e * cs.N * cs.K1, cs.K1, cs.K1};
+    j.c = c.ptr<float>() + off * cs.N;
+    j.ldc = cs.N;
+    jobs.push_back(j);
+    flops += 2.0 * double(j.M) * double(cs.N) * double(K);
+  }
+  auto fast = [&] { gemm::grouped_gemm_nt(jobs.data(), int64_t(jobs.size())); };
+  // The reference (fp64 loops) on the first job, scaled by the FLOPs.
+  Tensor cr = Tensor::empty(DType::f32, {std::max<int64_t>(rows[0], 1), cs.N});
+  auto ref = [&] {
+    gemm::NtJob j = jobs[0];
+    j.c = cr.ptr<float>();
+    cpu::ScopedForceRef on(true);
+    gemm::grouped_gemm_nt(&j, 1);
+  };
+  const double ref_flops = 2.0 * double(rows[0]) * double(cs.N) * double(K);
+  Timing t = time_interleaved(fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref), opt.repeats > 0 ? opt.repeats : 15,
+                              opt.no_ref ? 0 : 1);
+  BenchResult r;
+  r.name = cs.name;
+  r.shape = "E128 A" + std::to_string(A) + " N" + std::to_string(cs.N) + " K" + std::to_string(cs.K0) + (cs.K1 ? "+" + std::to_string(cs.K1) : "");
+  r.dtype = "bf16";
+  r.threads = threads;
+  r.ms = t.fast_ms;
+  r.ref_ms = ref_flops > 0 ? t.ref_ms * flops / ref_flops : 0;
+  r.kernel = gemm::kernel_name(DType::bf16, DType::bf16, 1);
+  r.gflops = flops / (t.fast_ms * 1e-3) / 1e9;
+  r.peak_fraction = r.gflops / matrix_peak_gflops("bf16", threads);
+  const double cpu_ms = cpu_ms_per_call(fast, 3), est_ms = cpu_ms / threads;
+  r.extra["cpu_ms"] = cpu_ms;
+  r.extra["cpu_gflops"] = flops / (est_ms * 1e-3) / 1e9;
+  report(opt, r);
+  if (!opt.json)
+    std::printf("  %-26s cpu %.3f ms/call -> idle estimate %.3f ms: %.1f GFLOP/s\n", "", cpu_ms, est_ms, flops / (est_ms * 1e-3) / 1e9);
+}
+
 static RegisterBench reg("gemm", "Matrix engine: 2048^3, expert and decode shapes (or --m/--n/--k)", [](CLI::App* sub, const BenchOptions& o) {
-  struct Args { int64_t m = 0, n = 2048, k = 2048; std::string dtype = "bf16"; };
+  struct Args { int64_t m = 0, n = 2048, k = 2048; std::string dtype = "bf16", form = "packed"; };
   auto args = std::make_shared<Args>();
   sub->add_option("--m", args->m, "Rows of A (omit for the named cases)");
   sub->add_option("--n", args->n, "Columns of B");
   sub->add_option("--k", args->k, "Inner dimension");
   sub->add_option("--dtype", args->dtype, "bf16 | fp16 | fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  sub->add_option("--form", args->form, "packed: gemm on prepacked weights; nt: grouped_gemm_nt at Qwen3 T512's backward shapes")
+      ->check(CLI::IsMember({"packed", "nt"}));
   const BenchOptions* opt = &o;
   return [args, opt]() -> int {
+    if (args->form == "nt") {
+      for (const NtCaseSpec& cs : {NtCaseSpec{"nt_qwen3-T512_g", 768, 2048, 0}, NtCaseSpec{"nt_qwen3-T512_dx", 2048, 768, 768}})
+        if (opt->selected(cs.name)) run_nt_case(*opt, cs);
+      return 0;
+    }
     std::vector<Shape> shapes;
     if (args->m > 0) {
       shapes.push_back({"gemm_m" + std::to_string(args->m) + "_n" + std::to_string(args->n) + "_k" + std::to_string(args->k) + "_" + args->dtype,

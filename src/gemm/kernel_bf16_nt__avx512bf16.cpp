@@ -1,0 +1,76 @@
+// AVX-512 BF16 micro-kernel of the swapped NT form (see nt_swapped.cpp): a C^T tile
+// [MR][16 NZ] fp32 += W [MR rows][kc] x A^T, where the W rows are read in place (row-major
+// [N][K] bf16: a k-pair is one dword, broadcast) and A^T is a vnni panel [kc/2][16 NZ][2] packed
+// from the activation rows. NZ (1..4 zmm columns) follows the job's row count, MR the register
+// budget (MR * NZ <= 24 accumulators).
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "src/gemm/nt_swapped.h"
+
+namespace ot::gemm::detail {
+
+namespace {
+
+constexpr int64_t kPfB = 24;     // A^T panel: k-pairs ahead (the panel streams from L2)
+constexpr int64_t kPfW = 512;    // W rows: bytes ahead (8 lines; each W line is read from memory once)
+
+template <int MR, int NZ>
+void tile(int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load) {
+  __m512 acc[MR][NZ];
+#pragma GCC unroll 24
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int z = 0; z < NZ; ++z) acc[r][z] = load ? _mm512_loadu_ps(t + r * ldt + 16 * z) : _mm512_setzero_ps();
+  auto step = [&](int64_t q) {
+    const uint16_t* bq = b + q * 32 * NZ;
+#pragma GCC unroll 4
+    for (int z = 0; z < NZ; ++z) _mm_prefetch(reinterpret_cast<const char*>(bq + kPfB * 32 * NZ + 32 * z), _MM_HINT_T0);
+    __m512bh bv[NZ];
+#pragma GCC unroll 4
+    for (int z = 0; z < NZ; ++z) bv[z] = (__m512bh)_mm512_load_si512(bq + 32 * z);
+#pragma GCC unroll 24
+    for (int r = 0; r < MR; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, w + r * ldw + 2 * q, 4);
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 4
+      for (int z = 0; z < NZ; ++z) acc[r][z] = _mm512_dpbf16_ps(acc[r][z], av, bv[z]);
+    }
+  };
+  int64_t q = 0;
+  // Blocks of 16 pairs (one 64-byte line of each W row): row s's next line is prefetched at step s.
+  for (; q + 16 <= P; q += 16) {
+#pragma GCC unroll 16
+    for (int s = 0; s < 16; ++s) {
+      if (s < MR) _mm_prefetch(reinterpret_cast<const char*>(w + s * ldw + 2 * q) + kPfW, _MM_HINT_T0);
+      step(q + s);
+    }
+  }
+  for (; q < P; ++q) step(q);
+#pragma GCC unroll 24
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int z = 0; z < NZ; ++z) _mm512_storeu_ps(t + r * ldt + 16 * z, acc[r][z]);
+}
+
+template <int NZ, int MR = nt_mr(NZ)>
+void dispatch_mr(int mr, int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load) {
+  if constexpr (MR > 1)
+    if (mr < MR) return dispatch_mr<NZ, MR - 1>(mr, P, w, ldw, b, t, ldt, load);
+  tile<MR, NZ>(P, w, ldw, b, t, ldt, load);
+}
+
+}  // namespace
+
+void kernel_nt_bf16_avx512bf16(int mr, int nz, int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load) {
+  switch (nz) {
+    case 1: dispatch_mr<1>(mr, P, w, ldw, b, t, ldt, load); break;
+    case 2: dispatch_mr<2>(mr, P, w, ldw, b, t, ldt, load); break;
+    case 3: dispatch_mr<3>(mr, P, w, ldw, b, t, ldt, load); break;
+    default: dispatch_mr<4>(mr, P, w, ldw, b, t, ldt, load); break;
+  }
+}
+
+}  // namespace ot::gemm::detail

@@ -1,0 +1,80 @@
+// Driver of the swapped NT form (see nt_swapped.h). Per unit (job, 192 rows of W = 192 output
+// columns): the job's A^T panel (packed once per job and thread, kept in L2) meets MR-row tiles
+// of W read straight from memory over the whole K (each W byte is read once per call; the
+// kernel prefetches each row's stream, the driver the next tile's first lines), into an fp32
+// C^T buffer that is transposed into C at the end of the unit.
+#include "src/gemm/nt_swapped.h"
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#include <xmmintrin.h>
+
+#include "src/gemm/backward_forms.h"
+
+namespace ot::gemm::detail {
+
+namespace {
+
+struct Scratch {
+  Buf panel, tile;
+  std::vector<const char*> rows;
+  uint64_t call = 0;
+  const NtJob* job = nullptr;
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+std::atomic<uint64_t> g_call{1};
+
+int64_t job_k(const NtJob& j) { return j.w[0].K + j.w[1].K; }
+
+}  // namespace
+
+bool nt_swapped_fits(const NtJob& j) {
+  return j.a.dtype == DType::bf16 && j.w_dtype == DType::bf16 && cpu::has(cpu::Isa::avx512_bf16) && j.M >= 1 && j.M <= kNtSwapMaxM &&
+         j.w[0].K % 2 == 0 && j.w[1].K % 2 == 0 && job_k(j) > 0;
+}
+
+uint64_t nt_swapped_call() { return g_call.fetch_add(1, std::memory_order_relaxed); }
+
+void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u) {
+  const int nz = int((j.M + 15) / 16), width = 16 * nz, mr = nt_mr(nz);
+  const int64_t P = job_k(j) / 2;
+  Scratch& s = scratch();
+  auto* panel = reinterpret_cast<uint32_t*>(s.panel.p.get());
+  if (s.call != call || s.job != &j) {  // A^T: dword (pair) p of row m at panel[p * width + m]
+    panel = reinterpret_cast<uint32_t*>(s.panel.get(size_t(P) * size_t(width) * 4));
+    s.rows.resize(size_t(j.M));
+    for (int64_t m = 0; m < j.M; ++m)
+      s.rows[size_t(m)] = static_cast<const char*>(j.a.data) + (j.a.rows ? j.a.rows[m] : m) * j.a.ld * 2;
+    transpose_dword_rows_avx512(s.rows.data(), int(j.M), P, panel, width);
+    s.call = call, s.job = &j;
+  }
+  const int64_t n0 = u * kNtSwapNB;
+  const int nb = int(std::min(kNtSwapNB, j.N - n0));
+  float* t = reinterpret_cast<float*>(s.tile.get(size_t(kNtSwapNB) * size_t(width) * 4));
+  for (int i = 0; i < nb; i += mr) {
+    const int rows = std::min(mr, nb - i);
+    if (i + mr < nb)  // the next tile's rows start in L2 when its kernel starts
+      for (int r = 0; r < std::min(mr, nb - i - mr); ++r)
+        for (int s2 = 0; s2 < 2; ++s2)
+          if (j.w[s2].K > 0) {
+            const char* w = static_cast<const char*>(j.w[s2].data) + (n0 + i + mr + r) * j.w[s2].ld * 2;
+            for (int l = 0; l < 8; ++l) _mm_prefetch(w + 64 * l, _MM_HINT_T1);
+          }
+    bool load = false;
+    for (int s2 = 0, p0 = 0; s2 < 2; p0 += int(j.w[s2].K / 2), ++s2) {
+      const NtSegment& sg = j.w[s2];
+      if (sg.K == 0) continue;
+      kernel_nt_bf16_avx512bf16(rows, nz, sg.K / 2, static_cast<const uint16_t*>(sg.data) + (n0 + i) * sg.ld, sg.ld,
+                                reinterpret_cast<const uint16_t*>(panel + size_t(p0) * size_t(width)), t + size_t(i) * size_t(width), width, load);
+      load = true;
+    }
+  }
+  store_transposed_avx512(t, width, nb, int(j.M), j.c + n0, j.ldc, j.accumulate);
+}
+
+}  // namespace ot::gemm::detail

@@ -1,0 +1,31 @@
+// The swapped NT form for jobs with few rows (MoE experts at training batch sizes, M ~ 32):
+// C = A x W^T is computed as C^T = W x A^T, so the row-major weight W [N][K] is the micro-kernel's
+// broadcast operand, read in place (no transposing pack of the big operand), and only the small
+// A^T is packed (a dword transpose of M x K, once per job and thread). The C^T tiles are
+// transposed on store (each C element carries K multiply-adds, so that is cheap).
+#pragma once
+#include <cstdint>
+
+#include "src/gemm/internal.h"
+
+namespace ot::gemm::detail {
+
+// Rows of W per micro-tile for a tile of NZ zmm columns (16 NZ rows of A): MR * NZ <= 24
+// accumulators, and at least 12 independent chains to cover the dot product's latency.
+constexpr int nt_mr(int nz) { return nz == 1 ? 16 : nz == 2 ? 12 : nz == 3 ? 8 : 6; }
+constexpr int64_t kNtSwapMaxM = 64;  // 4 zmm columns
+
+// t[r][0 .. 16 nz) (+)= sum over P k-pairs of W row r's pair q (row r at w + r * ldw, bf16) times
+// the vnni panel b [P][16 nz][2] (pair q at b + q * 32 nz). mr <= nt_mr(nz); t rows ldt floats apart.
+void kernel_nt_bf16_avx512bf16(int mr, int nz, int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load);
+
+// Whether job j runs on the swapped form here (bf16 A and W, AVX512-BF16, 1 <= M <= 64, every
+// K segment even and K > 0).
+bool nt_swapped_fits(const NtJob& j);
+// A new id per grouped call (the per-thread A^T panel is reused across the units of one job).
+uint64_t nt_swapped_call();
+// Output columns [192 u, 192 u + 192) of job j.
+void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u);
+constexpr int64_t kNtSwapNB = 192;  // W rows per unit (a multiple of every nt_mr and of 16)
+
+}  // namespace ot::gemm::detail
