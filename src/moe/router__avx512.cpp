@@ -1,10 +1,12 @@
 // Routers, AVX-512 rows (k <= 16), in blocks of kRouterBlock rows carried phase by phase (one row is
-// a long dependency chain: the block lets the core overlap rows). Softmax exps by a degree-5 2^x
-// (only the sum needs all of them), sigmoids by a reciprocal estimate. Top-k: the threshold t is the
-// k-th largest of the 16 column maxima (k distinct elements reach it), the ~10 candidates >= t are
-// compressed in expert order and ranked by counting (ties to the lower id, exactly); more than 16
-// candidates go to the older general vector top-k (up to 64), a -inf threshold or a tie there to
-// route_row_scalar, so ids always match the scalar order (descending, ties to the lower expert id).
+// a long dependency chain: the block lets the core overlap rows). Softmax exps and sigmoids by a
+// degree-5 2^x. Top-k: the threshold t is the k-th largest of the 16 column maxima (a 16-lane
+// bitonic sort; k distinct elements reach it), the ~10 candidates >= t are compressed in expert
+// order and sorted with their ids by a bitonic network; a tie among the first k + 1 is ranked
+// exactly by counting (ties to the lower id), more than 16 candidates go to the general vector
+// top-k (up to 64), a -inf threshold or a tie there to route_row_scalar, so ids always match the
+// scalar order (descending, ties to the lower expert id). Groups of 16 m experts are scored by one
+// transposing tree over all groups.
 #include <algorithm>
 #include <cmath>
 #include <limits>
