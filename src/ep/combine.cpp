@@ -315,9 +315,8 @@ void PendingCombine::State::finish() {
     for (int q = 0; q < W; ++q) {
       if (q == me) continue;
       const int64_t g = where[size_t(q)];
-      rows_from[size_t(q)] = g > 0 ? comm->impl().window.slot(q, SlotKind::combine, g - 1) : ex.data(q) + record_bytes(0);
-      OT_CHECK(ex.size(q) == record_bytes(0) + (g > 0 ? 0 : size_t(rcount[size_t(q)]) * row_bytes), kOp, "message",
-               "the size the dispatch implies", ex.size(q));
+      const char* rows = payload_of(ex, q, 0, g > 0 ? 0 : size_t(rcount[size_t(q)]) * row_bytes, kOp, "the size the dispatch implies");
+      rows_from[size_t(q)] = g > 0 ? comm->impl().window.slot(q, SlotKind::combine, g - 1) : rows;
     }
   }
   const char* ybase = static_cast<const char*>(y.data);

@@ -512,9 +512,9 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
         st.pulled[size_t(r)] = 1;
         st.rcount[size_t(r)] = checked_int(dec.extra[size_t(r)][1 + L], kOp, "window rows");
       }
-      st.rows_from[size_t(r)] = where > 0 ? win.peer_own(r, SlotKind::dispatch, where - 1) : st.ex->data(r) + record_bytes(size_t(3 + L));
-      OT_CHECK(st.ex->size(r) == record_bytes(size_t(3 + L)) + (where > 0 ? 0 : size_t(st.recv_rows[size_t(r)]) * fmt.stride), kOp,
-               "message", "the size its record announces", st.ex->size(r));
+      const char* rows = payload_of(*st.ex, r, size_t(3 + L), where > 0 ? 0 : size_t(st.recv_rows[size_t(r)]) * fmt.stride, kOp,
+                                    "the size its record announces");
+      st.rows_from[size_t(r)] = where > 0 ? win.peer_own(r, SlotKind::dispatch, where - 1) : rows;
     }
   } else if (a2a) {
     int64_t ro = 0;

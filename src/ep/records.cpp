@@ -25,6 +25,12 @@ std::vector<char> own_record(const Fault& fault, const Meta& meta, const int64_t
   return own;
 }
 
+const char* payload_of(const PeerExchange& ex, int q, size_t n_extra, size_t payload, const char* op, const char* expected) {
+  const size_t rec = record_bytes(n_extra);
+  OT_CHECK(ex.size(q) == rec + payload, op, "message", expected, ex.size(q));
+  return ex.data(q) + rec;
+}
+
 namespace {
 
 // Slots named by the well-formed, fault-free records among `rec` (this rank's own excluded).

@@ -42,6 +42,10 @@ struct MessageLayout {
   size_t buffer_bytes() const { return total > 64 ? total : 64; }
 };
 
+// The payload of q's message in a completed exchange: what follows its record (of n_extra values),
+// checked to be `payload` bytes (an ot::Error of op naming "message" with `expected` otherwise).
+const char* payload_of(const PeerExchange& ex, int q, size_t n_extra, size_t payload, const char* op, const char* expected);
+
 // The decision from every rank's record once `ex` has completed (peers' at the head of their
 // messages, this rank's own from `own`): throws on every rank alike when any rank has a fault or
 // when the fields in `must_match` (field, code) differ; else returns the metas and points extra[r]
