@@ -20,6 +20,7 @@
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "ot/workspace.h"
+#include "src/core/elem_at.h"
 #include "src/gemm/backward_forms.h"
 #include "src/gemm/nt_swapped.h"
 
@@ -68,7 +69,7 @@ void check_nt(const NtJob& j, WForm f, const char* op) {
 inline const char* nt_w(const NtJob& j, WForm f, int64_t k, int64_t n) {
   const NtSegment& s = k < j.w[0].K ? j.w[0] : j.w[1];
   int64_t kk = k < j.w[0].K ? k : k - j.w[0].K;
-  return at(s.data, j.w_dtype, f == WForm::nt ? n * s.ld + kk : kk * s.ld + n);
+  return elem_at(s.data, j.w_dtype, f == WForm::nt ? n * s.ld + kk : kk * s.ld + n);
 }
 
 void nt_reference(const NtJob& j, WForm f) {
@@ -102,7 +103,7 @@ void pack_nt_chunk(const NtJob& j, WForm f, Layout l, int64_t p, int64_t k0, int
         const int64_t a = std::max<int64_t>(k0, base), b = std::min<int64_t>(k1, base + sg.K);
         const int64_t P = b > a ? (b - a) / per : 0;  // whole dwords of this segment in the chunk
         if (P > 0)
-          transpose_dwords_avx512(at(sg.data, j.w_dtype, n0 * sg.ld + (a - base)), sg.ld * int64_t(es), w, P,
+          transpose_dwords_avx512(elem_at(sg.data, j.w_dtype, n0 * sg.ld + (a - base)), sg.ld * int64_t(es), w, P,
                                   reinterpret_cast<uint32_t*>(dst) + pos * kNR, pf ? kn * int64_t(es) : 0);
         pos += P;
       }
@@ -151,7 +152,7 @@ void nt_unit(const NtJob& j, WForm f, int64_t ub) {
     const char* a;
     int64_t lda;
     if (in_place) {
-      a = at(j.a.data, j.a.dtype, m0 * j.a.ld);
+      a = elem_at(j.a.data, j.a.dtype, m0 * j.a.ld);
       lda = j.a.ld;
     } else {  // converted / gathered rows, once per row block
       lda = std::max<int64_t>(Kp, 2);

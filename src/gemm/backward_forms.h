@@ -17,7 +17,6 @@ inline float elem(const void* p, DType t, int64_t off) {
     default: return static_cast<const float*>(p)[off];
   }
 }
-inline const char* at(const void* p, DType t, int64_t off) { return static_cast<const char*>(p) + off * int64_t(dtype_size(t)); }
 inline int64_t pad_pairs(Layout l, int64_t K) { return l == Layout::f32 ? K : (K + 1) / 2 * 2; }  // no K padding beyond a pair
 inline int64_t panels_of(int64_t N) { return (N + kNR - 1) / kNR; }
 inline Kernel thin_kernel(Layout l) { return select_kernel(l, 1); }  // M = 1: never the AMX tiles
