@@ -99,8 +99,8 @@ void pack_at(const TnJob& j, const TnPlan& pl, char* dst) {
 void pack_tn_b(const TnJob& j, const TnPlan& pl, char* dst) {
   if (pl.direct) {
     for (int64_t p = 0; p < pl.np; ++p)
-      pack_rows_vnni64_avx512(static_cast<const uint16_t*>(j.b) + p * kTnNR, j.ldb, j.K, int(std::min<int64_t>(kTnNR, j.N - p * kTnNR)),
-                              reinterpret_cast<uint16_t*>(dst + size_t(p) * pl.panel_bytes()));
+      pack_rows_vnni_avx512(static_cast<const uint16_t*>(j.b) + p * kTnNR, j.ldb, j.K, int(std::min<int64_t>(kTnNR, j.N - p * kTnNR)),
+                            reinterpret_cast<uint16_t*>(dst + size_t(p) * pl.panel_bytes()), kTnNR);
     return;
   }
   if (pl.l == Layout::bf16_vnni && cpu::has(cpu::Isa::avx512)) {

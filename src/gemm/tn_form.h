@@ -11,11 +11,6 @@ namespace ot::gemm::detail {
 inline constexpr int kTnNR = 64;
 inline constexpr int kTnMR = 6;
 
-// B panel of the direct path: [ceil(K/2)][64][2] bf16 from K rows of `width` (<= 64) columns
-// (row k at src + k * ld); rows 2p and 2p+1 interleaved, columns >= width and the odd tail's
-// partner 0.
-void pack_rows_vnni64_avx512(const uint16_t* src, int64_t ld, int64_t K, int width, uint16_t* dst);
-
 // C rows [0, rows) (rows <= kTnMR) x columns [0, width) (width <= 64) (=|+=) A^T x B over Kp (even)
 // with A^T row r at a + r * lda (pairs adjacent) and B one 64-column panel. C fp32 or bf16 (row
 // stride ldc elements), written from the accumulators: whole 64-byte lines with streaming stores

@@ -35,25 +35,4 @@ void pack_cols_vnni_avx512(const uint16_t* src, int64_t ld, int64_t K, int64_t M
   }
 }
 
-void pack_rows_vnni64_avx512(const uint16_t* src, int64_t ld, int64_t K, int width, uint16_t* dst) {
-  const __mmask32 m0 = width >= 32 ? ~__mmask32(0) : __mmask32((1u << width) - 1);
-  const __mmask32 m1 = width >= 64 ? ~__mmask32(0) : width > 32 ? __mmask32((1u << (width - 32)) - 1) : 0;
-  // element 2i of the result = a[i], 2i + 1 = b[i] (i < 16), and the same from 16 with `hi`
-  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2,
-                                      33, 1, 32, 0);
-  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-  for (int64_t k = 0; k < K; k += 2) {
-    const uint16_t* r0 = src + k * ld;
-    const bool two = k + 1 < K;
-    const __m512i a0 = _mm512_maskz_loadu_epi16(m0, r0), a1 = _mm512_maskz_loadu_epi16(m1, r0 + 32);
-    const __m512i b0 = two ? _mm512_maskz_loadu_epi16(m0, r0 + ld) : _mm512_setzero_si512();
-    const __m512i b1 = two ? _mm512_maskz_loadu_epi16(m1, r0 + ld + 32) : _mm512_setzero_si512();
-    uint16_t* d = dst + (k >> 1) * 2 * kTnNR;
-    _mm512_store_si512(d, _mm512_permutex2var_epi16(a0, lo, b0));
-    _mm512_store_si512(d + 32, _mm512_permutex2var_epi16(a0, hi, b0));
-    _mm512_store_si512(d + 64, _mm512_permutex2var_epi16(a1, lo, b1));
-    _mm512_store_si512(d + 96, _mm512_permutex2var_epi16(a1, hi, b1));
-  }
-}
-
 }  // namespace ot::gemm::detail
