@@ -11,6 +11,7 @@
 
 #include <xmmintrin.h>
 
+#include "src/core/elem_at.h"
 #include "src/gemm/backward_forms.h"
 
 namespace ot::gemm::detail {
@@ -49,7 +50,7 @@ void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u) {
     panel = reinterpret_cast<uint32_t*>(s.panel.get(size_t(P) * size_t(width) * 4));
     s.rows.resize(size_t(j.M));
     for (int64_t m = 0; m < j.M; ++m)
-      s.rows[size_t(m)] = static_cast<const char*>(j.a.data) + (j.a.rows ? j.a.rows[m] : m) * j.a.ld * 2;
+      s.rows[size_t(m)] = row_at(j.a.data, DType::bf16, j.a.ld, j.a.rows ? j.a.rows[m] : m);
     transpose_dword_rows_avx512(s.rows.data(), int(j.M), P, panel, width);
     s.call = call, s.job = &j;
   }
@@ -62,7 +63,7 @@ void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u) {
       for (int r = 0; r < std::min(mr, nb - i - mr); ++r)
         for (int s2 = 0; s2 < 2; ++s2)
           if (j.w[s2].K > 0) {
-            const char* w = static_cast<const char*>(j.w[s2].data) + (n0 + i + mr + r) * j.w[s2].ld * 2;
+            const char* w = row_at(j.w[s2].data, DType::bf16, j.w[s2].ld, n0 + i + mr + r);
             for (int l = 0; l < 8; ++l) _mm_prefetch(w + 64 * l, _MM_HINT_T1);
           }
     bool load = false;
