@@ -24,7 +24,7 @@ RouterScratch::RouterScratch(const RouterSpec& s) {
   const size_t rows = kRouterBlock;
   stride = int64_t(ep);
   cand_stride = int64_t(ep + 32);
-  size_t n = 3 * rows * ep + 2 * ep + g + 3 * kp + 3 * 80 + 2 * rows * size_t(cand_stride) + 14 * 16;  // floats, each piece rounded up to 16
+  size_t n = 3 * rows * ep + 2 * ep + g + 3 * kp + 3 * 80 + rows * size_t(cand_stride) + 14 * 16;  // floats, each piece rounded up to 16
   mem = aligned_alloc64(n * 4);
   float* f = static_cast<float*>(mem);
   auto take = [&](size_t n) { float* p = f; f += (n + 15) / 16 * 16; return p; };
@@ -33,7 +33,6 @@ RouterScratch::RouterScratch(const RouterSpec& s) {
   cand_id = reinterpret_cast<int32_t*>(take(ep + 80));
   rank = reinterpret_cast<int32_t*>(take(80));
   key_E = s.E; key_k = s.k; key_groups = s.groups;
-  cand_rows = take(rows * size_t(cand_stride));
   cid_rows = reinterpret_cast<int32_t*>(take(rows * size_t(cand_stride)));
 }
 RouterScratch::~RouterScratch() { aligned_free(mem); }

@@ -145,12 +145,15 @@ void limit_groups_vec(const RouterSpec& s, float* key, float* gs) {
 constexpr float kLog2e = 1.44269504088896341f;
 
 // 2^t for t <= 0 (softmax arguments, pre-scaled by log2 e): degree-5 polynomial on the fractional
-// part (relative error 2.4e-7, about 2 ulp) and vscalefps; 0 below the fp32 range, NaN for -inf.
+// part (relative error 2.4e-7, about 2 ulp) and vscalefps; 0 below the fp32 range. -inf gives 0 or
+// NaN depending on the core (vscalefps(NaN, -inf)); the fractional part f is NaN exactly when t is
+// not finite, and is added to *fsum when given (the finiteness check of the softmax rows).
 // Cheaper than the degree-7 e^x: every expert's exp is on the router's critical path, and the
 // tests' fp32 tolerance (1e-5) leaves room.
-inline __m512 exp2_ps(__m512 t) {
+inline __m512 exp2_ps(__m512 t, __m512* fsum = nullptr) {
   __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 f = _mm512_sub_ps(t, n);
+  if (fsum) *fsum = _mm512_add_ps(*fsum, f);
   __m512 p = _mm512_set1_ps(1.3276446843519807e-3f);
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.675533510744572e-3f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550713092088699e-2f));
@@ -214,48 +217,54 @@ inline __m512 sort16(__m512 x) {
   });
   return x;
 }
-// (value, id) pairs, descending by value: the values as in sort16, and a lane whose value changed
-// takes its partner's id (equal values keep their ids, in no defined order: callers check the
-// sorted values for ties).
-inline void sort16_ids(__m512& x, __m512i& id) {
+// sort16_ids_block sorts (value, id) pairs, descending by value: the values as in sort16, and a
+// lane whose value changed takes its partner's id (equal values keep their ids, in no defined
+// order: callers check the sorted values for ties).
+// The networks run over a block of rows in lockstep: one row's network is a chain of 10 dependent
+// steps, the block's rows are independent chains the core overlaps step by step.
+inline void sort16_block(__m512* x) {
   bitonic16([&]<int S, int D>() {
-    const __m512 y = swap_lanes<D>(x);
-    const __m512 z = _mm512_mask_max_ps(_mm512_min_ps(x, y), keeps_max<S, D>(), x, y);
-    id = _mm512_mask_mov_epi32(id, _mm512_cmp_ps_mask(z, x, _CMP_NEQ_UQ), swap_lanes<D>(id));
-    x = z;
+#pragma GCC unroll 8
+    for (int i = 0; i < kRouterBlock; ++i) {
+      const __m512 y = swap_lanes<D>(x[i]);
+      x[i] = _mm512_mask_max_ps(_mm512_min_ps(x[i], y), keeps_max<S, D>(), x[i], y);
+    }
+  });
+}
+inline void sort16_ids_block(__m512* x, __m512i* id) {
+  bitonic16([&]<int S, int D>() {
+#pragma GCC unroll 8
+    for (int i = 0; i < kRouterBlock; ++i) {
+      const __m512 y = swap_lanes<D>(x[i]);
+      const __m512 z = _mm512_mask_max_ps(_mm512_min_ps(x[i], y), keeps_max<S, D>(), x[i], y);
+      id[i] = _mm512_mask_mov_epi32(id[i], _mm512_cmp_ps_mask(z, x[i], _CMP_NEQ_UQ), swap_lanes<D>(id[i]));
+      x[i] = z;
+    }
   });
 }
 
-// Top k, first half: the threshold t = k-th largest column maximum (k distinct elements reach it)
-// and the candidates >= t compressed in expert order into cv / ci (no branches: the buffers hold
-// E + 16). Returns their number n (>= k), or -1 when t is -inf (masked experts may be chosen).
-// The candidates are read back by topk_finish after the block's other rows (a load right after
-// the compressed stores would wait for them to reach the cache).
-inline int topk_collect(const float* key, int64_t nv, int64_t k, __m512 cm, float* cv, int32_t* ci) {
-  const __m512 vt = _mm512_permutexvar_ps(_mm512_set1_epi32(int(k - 1)), sort16(cm));
-  if (!(_mm512_cvtss_f32(vt) > kNegInf)) return -1;
+// Top k, first half: given the threshold t (the k-th largest column maximum: k distinct elements
+// reach it; sort16_block), the ids of the candidates >= t compressed in expert order into ci (no
+// branches: the buffer holds E + 16; their values are gathered back by topk_finish). Returns their
+// number n (>= k). The ids are read back after the block's other rows (a load right after the
+// compressed stores would wait for them to reach the cache).
+inline int topk_collect(const float* key, int64_t nv, __m512 vt, int32_t* ci) {
   __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i step = _mm512_set1_epi32(16);
   int n = 0;
   for (int64_t v = 0; v < nv; ++v, idx = _mm512_add_epi32(idx, step)) {
-    __m512 x = _mm512_loadu_ps(key + 16 * v);
-    __mmask16 m = _mm512_cmp_ps_mask(x, vt, _CMP_GE_OQ);
-    _mm512_storeu_ps(cv + n, _mm512_maskz_compress_ps(m, x));
+    __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(key + 16 * v), vt, _CMP_GE_OQ);
     _mm512_storeu_si512(ci + n, _mm512_maskz_compress_epi32(m, idx));
     n += __builtin_popcount(m);
   }
   return n;
 }
 
-// Second half, n <= 16 candidates: sorted by a network; a tie among the first k + 1 (where the
-// network may lose an id) is ranked exactly by counting (ties to the lower id: candidates are in
-// expert order). Ids and values descending in lanes 0..k-1.
-inline void topk_finish(const float* cv, const int32_t* ci, int n, int64_t k, __m512i& ids, __m512& vals, RouterScratch& b) {
+// Second half, n <= 16 candidates c (values, in expert order) with ids ci, sorted descending into
+// x / id by sort16_ids_block: a tie among the first k + 1 (where the network may lose an id) is
+// ranked exactly by counting (ties to the lower id). Ids and values descending in lanes 0..k-1.
+inline void topk_finish(__m512 c, const int32_t* ci, int n, int64_t k, __m512 x, __m512i id, __m512i& ids, __m512& vals, RouterScratch& b) {
   const __mmask16 valid = lanes(n), mk = lanes(k);
-  __m512 x = _mm512_mask_blend_ps(valid, _mm512_set1_ps(kNegInf), _mm512_loadu_ps(cv));
-  __m512i id = _mm512_loadu_si512(ci);
-  const __m512 c = x;
-  sort16_ids(x, id);
   const __m512 next = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(x), _mm512_castps_si512(x), 1));
   if (!_mm512_mask_cmp_ps_mask(lanes(std::min<int64_t>(k, 15)), x, next, _CMP_EQ_OQ)) {
     ids = _mm512_maskz_mov_epi32(mk, id);
@@ -364,10 +373,29 @@ inline __m512 limit_groups_net(const RouterSpec& s, const GroupNet& net, float* 
   return cm;
 }
 
+// Horizontal reductions of kRouterBlock = 8 rows at once by a transposing tree (15 shuffles for
+// the block, not 8 per row): lane 4 (i % 4) + i / 4 of the result reduces v[i].
+static_assert(kRouterBlock == 8);
+template <class Op> inline __m512 reduce8(const __m512* v, Op op) {
+  __m512 w[4], x[2];
+  for (int i = 0; i < 4; ++i)  // w[i]: 8 partials of v[2i], then 8 of v[2i + 1]
+    w[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+              _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int i = 0; i < 2; ++i)  // x[i]: 4 partials of each of v[4i .. 4i + 3]
+    x[i] = op(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+              _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 z = op(_mm512_shuffle_ps(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return op(_mm512_shuffle_ps(z, z, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(z, z, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+inline int reduce8_lane(int i) { return 4 * (i % 4) + i / 4; }
+
 // write_row from registers: ids (E for finished rows), weights cast to y's dtype, v1 row_idx.
-void write_row16(const RouterSpec& s, GatingResult& r, int64_t row, __m512i ids, __m512 w) {
+// `whole`: all 16 lanes are stored unmasked (masked stores are slow on some cores); the lanes past
+// k land in the next rows' slots, which the caller writes later.
+// jr: lane j holds j * R (row_idx is k-major).
+void write_row16(const RouterSpec& s, GatingResult& r, int64_t row, __m512i ids, __m512 w, bool whole, __m512i jr) {
   const int64_t k = s.k;
-  const __mmask16 m = lanes(k);
+  const __mmask16 m = whole ? __mmask16(0xffff) : lanes(k);
   if (s.finished && s.finished[row]) ids = _mm512_set1_epi32(int(s.E));
   _mm512_mask_storeu_epi32(r.expert_idx.ptr<int32_t>() + row * k, m, ids);
   const DType yt = r.y.dtype();
@@ -378,9 +406,7 @@ void write_row16(const RouterSpec& s, GatingResult& r, int64_t row, __m512i ids,
     _mm256_mask_storeu_epi16(r.y.ptr<uint16_t>() + row * k, m, h);
   }
   if (s.row_idx) {
-    __m512i j = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    _mm512_mask_storeu_epi32(r.row_idx.ptr<int32_t>() + row * k, m,
-                             _mm512_add_epi32(_mm512_mullo_epi32(j, _mm512_set1_epi32(int32_t(s.R))), _mm512_set1_epi32(int32_t(row))));
+    _mm512_mask_storeu_epi32(r.row_idx.ptr<int32_t>() + row * k, m, _mm512_add_epi32(jr, _mm512_set1_epi32(int32_t(row))));
   }
 }
 
@@ -403,6 +429,7 @@ bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t
   float* scores = s.scores ? r.scores.ptr<float>() : nullptr;
   const __m512 ninf = _mm512_set1_ps(kNegInf), l2e = _mm512_set1_ps(kLog2e);
   const __mmask16 mk = lanes(k);
+  const __m512i jr = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(int32_t(s.R)));
   // Each phase runs over a block of rows before the next starts, so the rows' long dependency
   // chains (max -> exps -> sum; threshold -> candidates -> sort) overlap.
   __m512 cm[kRouterBlock], kv[kRouterBlock];
@@ -414,6 +441,7 @@ bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t
   // fp32 rows of whole vectors without a mask are read in place (no copy; the group limit writes
   // -inf into its key row, so it needs the copy when it works on the logits).
   const bool direct = xt == DType::f32 && !s.allowed && E % 16 == 0 && !(groups && on_x);
+  const bool finite_by_sum = softmax && !has_ninf;  // see pass 2
   for (int64_t r0b = r0; r0b < r1; r0b += kRouterBlock) {
     const int nb = int(std::min<int64_t>(kRouterBlock, r1 - r0b));
     uint32_t skip = 0, slow = 0;  // rows failing check_rows; rows left to the scalar path
@@ -437,7 +465,8 @@ bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t
         }
         __m512 x = load16(xp, xt, 16 * v, m);
         if (!direct) _mm512_store_ps(xr + 16 * v, x);
-        nonfinite = m == 0xffff ? _mm512_fmadd_ps(x, _mm512_setzero_ps(), nonfinite) : _mm512_mask3_fmadd_ps(x, _mm512_setzero_ps(), nonfinite, m);
+        if (!finite_by_sum)
+          nonfinite = m == 0xffff ? _mm512_fmadd_ps(x, _mm512_setzero_ps(), nonfinite) : _mm512_mask3_fmadd_ps(x, _mm512_setzero_ps(), nonfinite, m);
         if (al) {
           x = _mm512_mask_blend_ps(a, ninf, x);
           _mm512_store_ps(key + 16 * v, x);
@@ -450,26 +479,46 @@ bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t
       xl[i] = direct ? reinterpret_cast<const float*>(xp) : xr;
       xa[i] = al ? key : xl[i];
     }
-    // Pass 2: softmax exps and their sum, or sigmoids; then the keys when not the logits.
+    // Row maxima of the block at once.
+    for (int i = nb; i < kRouterBlock; ++i) cm[i] = cm[0];
+    alignas(64) float red[16];
+    _mm512_store_ps(red, reduce8(cm, [](__m512 a, __m512 c) { return _mm512_max_ps(a, c); }));
+    for (int i = 0; i < nb; ++i) { mx[i] = red[reduce8_lane(i)]; inv[i] = 1.f; }  // the largest allowed logit
+    // Pass 2: softmax exps and their sums (reduced for the block at once), or sigmoids.
+    __m512 psum[kRouterBlock];
     for (int i = 0; i < nb; ++i) {
+      psum[i] = _mm512_set1_ps(1.f);
       if (skip >> i & 1) continue;
       float* sc = b.sc + i * st;
-      mx[i] = _mm512_reduce_max_ps(cm[i]);  // the largest allowed logit
-      inv[i] = 1.f;
       if (softmax) {
         const __m512 ml = _mm512_set1_ps(mx[i] * kLog2e);
-        __m512 vs = _mm512_setzero_ps(), vs2 = _mm512_setzero_ps();
+        __m512 vs = _mm512_setzero_ps(), vs2 = _mm512_setzero_ps(), fs = _mm512_setzero_ps();
         for (int64_t v = 0; v < nv; ++v) {
           __m512 x = _mm512_loadu_ps(xa[i] + 16 * v);
-          __m512 e = exp2_ps(_mm512_fmsub_ps(x, l2e, ml));
+          __m512 e = exp2_ps(_mm512_fmsub_ps(x, l2e, ml), finite_by_sum ? &fs : nullptr);
           if (has_ninf) e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_OQ), e);  // -inf lanes: NaN -> 0
           if (keep_sc) _mm512_store_ps(sc + 16 * v, e);
           if (v & 1) vs2 = _mm512_add_ps(vs2, e); else vs = _mm512_add_ps(vs, e);
         }
-        inv[i] = 1.f / _mm512_reduce_add_ps(_mm512_add_ps(vs, vs2));
+        psum[i] = _mm512_add_ps(_mm512_add_ps(vs, vs2), _mm512_mul_ps(fs, _mm512_setzero_ps()));  // + NaN when some f is
       } else if (s.sigmoid && keep_sc) {
         for (int64_t v = 0; v < nv; ++v) _mm512_store_ps(sc + 16 * v, sigmoid_ps(_mm512_loadu_ps(xl[i] + 16 * v)));
       }
+    }
+    if (softmax) {
+      for (int i = nb; i < kRouterBlock; ++i) psum[i] = psum[0];
+      _mm512_store_ps(red, _mm512_div_ps(_mm512_set1_ps(1.f), reduce8(psum, [](__m512 a, __m512 c) { return _mm512_add_ps(a, c); })));
+      for (int i = 0; i < nb; ++i) {
+        inv[i] = red[reduce8_lane(i)];
+        // Without -inf lanes (mask, padding) the exps' fractional parts are NaN exactly when some
+        // logit (or the row max) is not finite: the sum is the finiteness check.
+        if (finite_by_sum && std::isnan(inv[i]) && !(skip >> i & 1)) { valid = false; skip |= 1u << i; }
+      }
+    }
+    // Then the keys when not the logits, and the group limit.
+    for (int i = 0; i < nb; ++i) {
+      if (skip >> i & 1) continue;
+      float* sc = b.sc + i * st;
       if (!on_x) {
         float* key = b.key + i * st;
         const __m512 vi = _mm512_set1_ps(inv[i]);
@@ -495,14 +544,28 @@ bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t
         cm[i] = c;
       }
     }
-    // Top k, first half for every row: threshold and compressed candidates.
-    for (int i = 0; i < nb; ++i)
-      ncand[i] = skip >> i & 1 ? 0 : topk_collect(xa[i], nv, k, cm[i], b.cand_rows + i * cst, b.cid_rows + i * cst);
-    // Second half: sorted ids and selection values in lanes < k.
+    // Top k for every row: thresholds, compressed candidates, their sort.
+    __m512 vt[kRouterBlock];
+    for (int i = 0; i < kRouterBlock; ++i) vt[i] = i < nb ? cm[i] : ninf;
+    sort16_block(vt);
+    for (int i = 0; i < nb; ++i) {
+      vt[i] = _mm512_permutexvar_ps(_mm512_set1_epi32(int(k - 1)), vt[i]);
+      ncand[i] = skip >> i & 1 ? 0 : !(_mm512_cvtss_f32(vt[i]) > kNegInf) ? -1 : topk_collect(xa[i], nv, vt[i], b.cid_rows + i * cst);
+    }
+    __m512 cx[kRouterBlock], sx[kRouterBlock];
+    __m512i sid[kRouterBlock];
+    for (int i = 0; i < kRouterBlock; ++i) {
+      const bool fast = i < nb && ncand[i] >= 0 && ncand[i] <= 16 && !(skip >> i & 1);
+      const __mmask16 valid = fast ? lanes(ncand[i]) : 0;
+      sid[i] = _mm512_maskz_loadu_epi32(valid, b.cid_rows + i * cst);
+      sx[i] = cx[i] = _mm512_mask_i32gather_ps(ninf, valid, sid[i], fast ? xa[i] : xa[0], 4);
+    }
+    sort16_ids_block(sx, sid);
+    // Sorted ids and selection values in lanes < k.
     for (int i = 0; i < nb; ++i) {
       if (skip >> i & 1) continue;
       if (ncand[i] >= 0 && ncand[i] <= 16) {
-        topk_finish(b.cand_rows + i * cst, b.cid_rows + i * cst, ncand[i], k, ki[i], kv[i], b);
+        topk_finish(cx[i], b.cid_rows + i * cst, ncand[i], k, sx[i], sid[i], ki[i], kv[i], b);
         continue;
       }
       if (ncand[i] < 0 || !topk16(xa[i], nv, k, b.ki, b.kv, b)) { slow |= 1u << i; continue; }
@@ -526,7 +589,7 @@ bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t
         float mul = softmax ? inv[i] * (s.select == Select::gating ? s.scale : 1.f) : s.scale / (_mm512_reduce_add_ps(y) + s.eps);
         w = _mm512_mul_ps(y, _mm512_set1_ps(mul));
       }
-      write_row16(s, r, row, ki[i], w);
+      write_row16(s, r, row, ki[i], w, row * k + 16 <= r1 * k, jr);
       if (scores) {
         const __m512 vi = _mm512_set1_ps(inv[i]);
         for (int64_t v = 0; v < nv; ++v) {

@@ -68,9 +68,8 @@ struct RouterScratch {
   float* cand;       // [E + 80]: candidates of the vector top-k (compressed stores run 16 past)
   int32_t* cand_id;  // [E + 80]: their expert ids, likewise
   int32_t* rank;     // [80]
-  // Per row of a block, cand_stride apart: the candidates of the vector top-k, read back after
+  // Per row of a block, cand_stride apart: the candidate ids of the vector top-k, read back after
   // the block's other rows have stored theirs.
-  float* cand_rows;
   int32_t* cid_rows;
   int64_t cand_stride;
   void* mem;

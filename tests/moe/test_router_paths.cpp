@@ -279,3 +279,41 @@ TEST(MoeRouterPaths, HugeLogits) {
     expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::f32, what + " sigmoid groups");
   }
 }
+
+// Rows of whole vectors without a mask (E 16 m): the softmax routers check finiteness through the
+// sum of the exps (NaN exactly when some logit is NaN or +-Inf), read fp32 rows in place, reduce a
+// block's row maxima and sums together and store 16 output lanes a row (lanes past k are the next
+// rows' slots) except at the end of a thread's rows. Every row count from 1 to 40 (partial
+// blocks, chunk ends), k from 1 to 16, and a bad value in any row or lane is an error.
+TEST(MoeRouterPaths, WholeVectorRowsAndBlockEdges) {
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (DType t : {DType::f32, DType::bf16})
+      for (int64_t T = 1; T <= 40; T += (T < 12 ? 1 : 7))
+        for (int64_t k : {1, 3, 8, 16}) {
+          const int64_t E = k == 3 ? 48 : 128;
+          std::string what = std::string(cpu::isa_name(isa)) + " " + dtype_name(t) + " T" + std::to_string(T) + " k" + std::to_string(k);
+          Tensor x = randn(t, {T, E}, uint32_t(T * 17 + k), 2.f);
+          Tensor fin = Tensor::zeros(DType::u8, {T});
+          fin.ptr<uint8_t>()[T / 2] = 1;
+          expect_match(moe_gating_top_k_softmax(x, k, fin), ref::moe_gating_top_k_softmax(x, k, fin), t, what + " v1");
+          expect_match(moe_gating_top_k_softmax_v2(x, k, {}, 0, T % 2 == 0), ref::moe_gating_top_k_softmax_v2(x, k, {}, 0, T % 2 == 0), t,
+                       what + " v2");
+          GatingTopKOptions o;
+          o.k = k; o.routed_scaling_factor = 1.5f;
+          expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), t, what + " gating softmax");
+        }
+    for (float bad : {NAN, INFINITY, -INFINITY})
+      for (int64_t row : {0, 5, 8, 12, 36}) {
+        Tensor x = randn(DType::f32, {37, 128}, 4);
+        x.ptr<float>()[row * 128 + (row * 37) % 128] = bad;
+        std::string what = std::string(cpu::isa_name(isa)) + " row " + std::to_string(row) + " value " + std::to_string(bad);
+        SCOPED_TRACE(what);
+        EXPECT_OT_ERROR(moe_gating_top_k_softmax(x, 8), "x");
+        EXPECT_OT_ERROR(moe_gating_top_k_softmax_v2(x, 8, {}, 0, true), "x");
+        GatingTopKOptions o;
+        o.k = 8;
+        EXPECT_OT_ERROR(moe_gating_top_k(x, o), "x");
+      }
+  }
+}
