@@ -412,9 +412,11 @@ void write_row16(const RouterSpec& s, GatingResult& r, int64_t row, __m512i ids,
 
 }  // namespace
 
-bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+namespace {
+// NV > 0: rows of exactly NV vectors (the common expert counts: loops of known length).
+template <int NV> bool route_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
   bool valid = true;
-  const int64_t E = s.E, k = s.k, nv = (E + 15) / 16, st = b.stride, cst = b.cand_stride;
+  const int64_t E = NV > 0 ? 16 * NV : s.E, k = s.k, nv = (E + 15) / 16, st = b.stride, cst = b.cand_stride;
   const bool on_x = select_on_logits(s), groups = limits_groups(s);
   GroupNet net;
   const bool group_vec = groups && group_net(s, net);
@@ -601,6 +603,17 @@ bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t
     for (; slow; slow &= slow - 1) route_row_scalar(s, r, r0b + __builtin_ctz(slow), b);  // uses row slot 0: last
   }
   return valid;
+}
+
+}  // namespace
+
+bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+  switch (s.E) {
+    case 64: return route_rows<4>(s, r, r0, r1, b);
+    case 128: return route_rows<8>(s, r, r0, r1, b);
+    case 256: return route_rows<16>(s, r, r0, r1, b);
+    default: return route_rows<0>(s, r, r0, r1, b);
+  }
 }
 
 }  // namespace ot::moe::impl
