@@ -413,8 +413,9 @@ void write_row16(const RouterSpec& s, GatingResult& r, int64_t row, __m512i ids,
 }  // namespace
 
 namespace {
-// NV > 0: rows of exactly NV vectors (the common expert counts: loops of known length).
-template <int NV> bool route_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+// NV > 0: rows of exactly NV vectors (the common expert counts: loops of known length). Direct:
+// fp32 rows read in place, no mask (see route_rows_avx512; then no -inf lanes either).
+template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
   bool valid = true;
   const int64_t E = NV > 0 ? 16 * NV : s.E, k = s.k, nv = (E + 15) / 16, st = b.stride, cst = b.cand_stride;
   const bool on_x = select_on_logits(s), groups = limits_groups(s);
@@ -425,7 +426,7 @@ template <int NV> bool route_rows(const RouterSpec& s, GatingResult& r, int64_t 
   // Scores of every expert are kept in b.sc when selection or the scores output needs them.
   const bool keep_sc = !on_x || s.scores;
   // -inf logits (masked experts, padding lanes) need their exp forced to 0 (exp2_ps gives NaN).
-  const bool has_ninf = s.allowed || E % 16;
+  const bool has_ninf = !Direct && (s.allowed || E % 16);
   const DType xt = s.x.dtype;
   const size_t row_bytes = size_t(E) * dtype_size(xt);
   float* scores = s.scores ? r.scores.ptr<float>() : nullptr;
@@ -440,9 +441,7 @@ template <int NV> bool route_rows(const RouterSpec& s, GatingResult& r, int64_t 
   const float* xa[kRouterBlock];  // selection keys (logits, masked logits or scores)
   const float* xl[kRouterBlock];  // logits
   int ncand[kRouterBlock];
-  // fp32 rows of whole vectors without a mask are read in place (no copy; the group limit writes
-  // -inf into its key row, so it needs the copy when it works on the logits).
-  const bool direct = xt == DType::f32 && !s.allowed && E % 16 == 0 && !(groups && on_x);
+  const bool direct = Direct;
   const bool finite_by_sum = softmax && !has_ninf;  // see pass 2
   for (int64_t r0b = r0; r0b < r1; r0b += kRouterBlock) {
     const int nb = int(std::min<int64_t>(kRouterBlock, r1 - r0b));
@@ -456,7 +455,7 @@ template <int NV> bool route_rows(const RouterSpec& s, GatingResult& r, int64_t 
       const char* xp = static_cast<const char*>(s.x.data) + size_t(row) * row_bytes;
       if (row + 2 * kRouterBlock < s.R)
         for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch(xp + 2 * kRouterBlock * row_bytes + o, _MM_HINT_T0);
-      const uint8_t* al = s.allowed ? s.allowed + row * E : nullptr;
+      const uint8_t* al = !Direct && s.allowed ? s.allowed + row * E : nullptr;
       __m512 c = ninf, nonfinite = _mm512_setzero_ps();  // sums x * 0: NaN once some x is NaN or +-Inf
       int n_allowed = 0;
       for (int64_t v = 0; v < nv; ++v) {
@@ -608,11 +607,14 @@ template <int NV> bool route_rows(const RouterSpec& s, GatingResult& r, int64_t 
 }  // namespace
 
 bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+  // fp32 rows of whole vectors without a mask are read in place (no copy; the group limit writes
+  // -inf into its key row, so it needs the copy when it works on the logits).
+  const bool direct = s.x.dtype == DType::f32 && !s.allowed && s.E % 16 == 0 && !(limits_groups(s) && select_on_logits(s));
   switch (s.E) {
-    case 64: return route_rows<4>(s, r, r0, r1, b);
-    case 128: return route_rows<8>(s, r, r0, r1, b);
-    case 256: return route_rows<16>(s, r, r0, r1, b);
-    default: return route_rows<0>(s, r, r0, r1, b);
+    case 64: return direct ? route_rows<4, true>(s, r, r0, r1, b) : route_rows<4, false>(s, r, r0, r1, b);
+    case 128: return direct ? route_rows<8, true>(s, r, r0, r1, b) : route_rows<8, false>(s, r, r0, r1, b);
+    case 256: return direct ? route_rows<16, true>(s, r, r0, r1, b) : route_rows<16, false>(s, r, r0, r1, b);
+    default: return direct ? route_rows<0, true>(s, r, r0, r1, b) : route_rows<0, false>(s, r, r0, r1, b);
   }
 }
 
