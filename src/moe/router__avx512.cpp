@@ -8,6 +8,7 @@
 // scalar order (descending, ties to the lower expert id). Groups of 16 m experts are scored by one
 // transposing tree over all groups.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -260,10 +261,33 @@ inline int topk_collect(const float* key, int64_t nv, __m512 vt, int32_t* ci) {
   return n;
 }
 
-// Second half, n <= 16 candidates c (values, in expert order) with ids ci, sorted descending into
+// The same with the ids as bytes (E <= 256) on cores with AVX512_VBMI2: one vpcompressb per 4
+// vectors (64 experts) instead of one vpcompressd per vector.
+alignas(64) constexpr auto kIota8 = [] {
+  std::array<uint8_t, 256> a{};
+  for (int i = 0; i < 256; ++i) a[size_t(i)] = uint8_t(i);
+  return a;
+}();
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"))) int topk_collect_bytes(const float* key, int64_t nv, __m512 vt, uint8_t* cb) {
+  int n = 0;
+  for (int64_t g = 0; g < nv; g += 4) {
+    __mmask16 m[4] = {0, 0, 0, 0};
+    for (int j = 0; j < 4 && g + j < nv; ++j) m[j] = _mm512_cmp_ps_mask(_mm512_loadu_ps(key + 16 * (g + j)), vt, _CMP_GE_OQ);
+    const __mmask64 mm = _mm512_kunpackd(_mm512_kunpackw(m[3], m[2]), _mm512_kunpackw(m[1], m[0]));
+    _mm512_storeu_si512(cb + n, _mm512_maskz_compress_epi8(mm, _mm512_load_si512(kIota8.data() + 16 * g)));
+    n += int(__builtin_popcountll(mm));
+  }
+  return n;
+}
+inline bool has_vbmi2() {
+  static const bool yes = __builtin_cpu_supports("avx512vbmi2");
+  return yes;
+}
+
+// Second half, n <= 16 candidates c (values, in expert order) with ids cid, sorted descending into
 // x / id by sort16_ids_block: a tie among the first k + 1 (where the network may lose an id) is
 // ranked exactly by counting (ties to the lower id). Ids and values descending in lanes 0..k-1.
-inline void topk_finish(__m512 c, const int32_t* ci, int n, int64_t k, __m512 x, __m512i id, __m512i& ids, __m512& vals, RouterScratch& b) {
+inline void topk_finish(__m512 c, __m512i cid, int n, int64_t k, __m512 x, __m512i id, __m512i& ids, __m512& vals, RouterScratch& b) {
   const __mmask16 valid = lanes(n), mk = lanes(k);
   const __m512 next = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(x), _mm512_castps_si512(x), 1));
   if (!_mm512_mask_cmp_ps_mask(lanes(std::min<int64_t>(k, 15)), x, next, _CMP_EQ_OQ)) {
@@ -272,8 +296,9 @@ inline void topk_finish(__m512 c, const int32_t* ci, int n, int64_t k, __m512 x,
     return;
   }
   alignas(64) float cc[16];
-  alignas(64) int32_t rk[16];
+  alignas(64) int32_t rk[16], ci[16];
   _mm512_store_ps(cc, c);
+  _mm512_store_si512(ci, cid);
   _mm512_store_si512(rk, rank16<true>(cc, c));
   for (uint32_t sel = _mm512_mask_cmplt_epi32_mask(valid, _mm512_load_si512(rk), _mm512_set1_epi32(int(k))); sel; sel &= sel - 1) {
     const int i = __builtin_ctz(sel);
@@ -442,6 +467,7 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
   const float* xl[kRouterBlock];  // logits
   int ncand[kRouterBlock];
   const bool direct = Direct;
+  const bool id_bytes = E <= 256 && has_vbmi2();  // candidate ids compressed as bytes
   const bool finite_by_sum = softmax && !has_ninf;  // see pass 2
   for (int64_t r0b = r0; r0b < r1; r0b += kRouterBlock) {
     const int nb = int(std::min<int64_t>(kRouterBlock, r1 - r0b));
@@ -551,14 +577,19 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
     sort16_block(vt);
     for (int i = 0; i < nb; ++i) {
       vt[i] = _mm512_permutexvar_ps(_mm512_set1_epi32(int(k - 1)), vt[i]);
-      ncand[i] = skip >> i & 1 ? 0 : !(_mm512_cvtss_f32(vt[i]) > kNegInf) ? -1 : topk_collect(xa[i], nv, vt[i], b.cid_rows + i * cst);
+      ncand[i] = skip >> i & 1                          ? 0
+                 : !(_mm512_cvtss_f32(vt[i]) > kNegInf) ? -1
+                 : id_bytes ? topk_collect_bytes(xa[i], nv, vt[i], reinterpret_cast<uint8_t*>(b.cid_rows + i * cst))
+                            : topk_collect(xa[i], nv, vt[i], b.cid_rows + i * cst);
     }
     __m512 cx[kRouterBlock], sx[kRouterBlock];
-    __m512i sid[kRouterBlock];
+    __m512i sid[kRouterBlock], cid[kRouterBlock];
     for (int i = 0; i < kRouterBlock; ++i) {
       const bool fast = i < nb && ncand[i] >= 0 && ncand[i] <= 16 && !(skip >> i & 1);
       const __mmask16 valid = fast ? lanes(ncand[i]) : 0;
-      sid[i] = _mm512_maskz_loadu_epi32(valid, b.cid_rows + i * cst);
+      sid[i] = id_bytes ? _mm512_maskz_cvtepu8_epi32(valid, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.cid_rows + i * cst)))
+                        : _mm512_maskz_loadu_epi32(valid, b.cid_rows + i * cst);
+      cid[i] = sid[i];
       sx[i] = cx[i] = _mm512_mask_i32gather_ps(ninf, valid, sid[i], fast ? xa[i] : xa[0], 4);
     }
     sort16_ids_block(sx, sid);
@@ -566,7 +597,7 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
     for (int i = 0; i < nb; ++i) {
       if (skip >> i & 1) continue;
       if (ncand[i] >= 0 && ncand[i] <= 16) {
-        topk_finish(cx[i], b.cid_rows + i * cst, ncand[i], k, sx[i], sid[i], ki[i], kv[i], b);
+        topk_finish(cx[i], cid[i], ncand[i], k, sx[i], sid[i], ki[i], kv[i], b);
         continue;
       }
       if (ncand[i] < 0 || !topk16(xa[i], nv, k, b.ki, b.kv, b)) { slow |= 1u << i; continue; }
