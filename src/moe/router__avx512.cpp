@@ -506,6 +506,22 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
       xl[i] = direct ? reinterpret_cast<const float*>(xp) : xr;
       xa[i] = al ? key : xl[i];
     }
+    // Selection keys of row i when not the logits: score(v) + bias, -inf where the logit is (masked
+    // experts, padding); their column maxima. The keys row may be xa[i] itself (the masked logits):
+    // each vector is read before it is overwritten.
+    auto make_keys = [&](int i, auto&& score) {
+      float* key = b.key + i * st;
+      __m512 c = ninf;
+      for (int64_t v = 0; v < nv; ++v) {
+        __m512 y = score(v);
+        if (!s.bias.empty()) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(lanes(E - 16 * v), s.bias.data() + 16 * v));
+        if (has_ninf) y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(xa[i] + 16 * v), ninf, _CMP_NEQ_OQ), ninf, y);
+        _mm512_store_ps(key + 16 * v, y);
+        c = _mm512_max_ps(c, y);
+      }
+      cm[i] = c;
+      xa[i] = key;  // from here on: the selection key
+    };
     // Row maxima of the block at once.
     for (int i = nb; i < kRouterBlock; ++i) cm[i] = cm[0];
     alignas(64) float red[16];
@@ -528,6 +544,12 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
           if (v & 1) vs2 = _mm512_add_ps(vs2, e); else vs = _mm512_add_ps(vs, e);
         }
         psum[i] = _mm512_add_ps(_mm512_add_ps(vs, vs2), _mm512_mul_ps(fs, _mm512_setzero_ps()));  // + NaN when some f is
+      } else if (s.sigmoid && !on_x) {  // the keys right away (no sum to wait for)
+        make_keys(i, [&](int64_t v) {
+          const __m512 y = sigmoid_ps(_mm512_loadu_ps(xl[i] + 16 * v));
+          _mm512_store_ps(sc + 16 * v, y);
+          return y;
+        });
       } else if (s.sigmoid && keep_sc) {
         for (int64_t v = 0; v < nv; ++v) _mm512_store_ps(sc + 16 * v, sigmoid_ps(_mm512_loadu_ps(xl[i] + 16 * v)));
       }
@@ -546,20 +568,9 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
     for (int i = 0; i < nb; ++i) {
       if (skip >> i & 1) continue;
       float* sc = b.sc + i * st;
-      if (!on_x) {
-        float* key = b.key + i * st;
+      if (!on_x && softmax) {
         const __m512 vi = _mm512_set1_ps(inv[i]);
-        __m512 c = ninf;
-        for (int64_t v = 0; v < nv; ++v) {
-          __m512 y = _mm512_load_ps(sc + 16 * v);
-          if (softmax) y = _mm512_mul_ps(y, vi);
-          if (!s.bias.empty()) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(lanes(E - 16 * v), s.bias.data() + 16 * v));
-          if (has_ninf) y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(xa[i] + 16 * v), ninf, _CMP_NEQ_OQ), ninf, y);
-          _mm512_store_ps(key + 16 * v, y);
-          c = _mm512_max_ps(c, y);
-        }
-        cm[i] = c;
-        xa[i] = key;  // from here on: the selection key
+        make_keys(i, [&](int64_t v) { return _mm512_mul_ps(_mm512_load_ps(sc + 16 * v), vi); });
       }
       if (group_vec) {
         cm[i] = limit_groups_net(s, net, const_cast<float*>(xa[i]));  // a copy (see direct)
