@@ -1,12 +1,14 @@
 // Routers, AVX-512 rows (k <= 16), in blocks of kRouterBlock rows carried phase by phase (one row is
-// a long dependency chain: the block lets the core overlap rows). Softmax exps and sigmoids by a
-// degree-5 2^x. Top-k: the threshold t is the k-th largest of the 16 column maxima (a 16-lane
-// bitonic sort; k distinct elements reach it), the ~10 candidates >= t are compressed in expert
-// order and sorted with their ids by a bitonic network; a tie among the first k + 1 is ranked
-// exactly by counting (ties to the lower id), more than 16 candidates go to the general vector
-// top-k (up to 64), a -inf threshold or a tie there to route_row_scalar, so ids always match the
-// scalar order (descending, ties to the lower expert id). Groups of 16 m experts are scored by one
-// transposing tree over all groups.
+// a long dependency chain: the block lets the core overlap rows; the block's row maxima and sums are
+// reduced together, its sorting networks run in lockstep). Softmax exps and sigmoids by a degree-5
+// 2^x. Top-k: the threshold t is the k-th largest of the 16 column maxima (a 16-lane bitonic sort;
+// k distinct elements reach it), the ids of the ~10 candidates >= t are compressed in expert order
+// (as bytes with AVX512_VBMI2), their values gathered and sorted with the ids by a bitonic network;
+// a tie among the first k + 1 is ranked exactly by counting (ties to the lower id), more than 16
+// candidates go to the general vector top-k (up to 64), a -inf threshold or a tie there to
+// route_row_scalar, so ids always match the scalar order (descending, ties to the lower expert id).
+// Groups of 16 m experts are scored by one transposing tree over all groups. Rows of 4, 8 or 16
+// vectors and fp32 rows read in place have their own instances (route_rows_avx512).
 #include <algorithm>
 #include <array>
 #include <cmath>
