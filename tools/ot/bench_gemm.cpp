@@ -82,9 +82,14 @@ static void run_shape(const BenchOptions& opt, const Shape& s) {
 // H 2048, I 768. "g": g = dy Wd^T (N = I, K = H); "dx": dx = dz_gate Wg^T + dz_up Wu^T (N = H, two
 // K segments of I). Weights are distinct per expert (1.2 GB in all: streamed from memory, as in a
 // training step).
+// --per-thread-jobs: one job per thread at a time (parallel_for_dynamic over the jobs, each a nested
+// grouped_gemm_nt call that runs on its thread), as the layer backward's expert-major schedule runs
+// them. --same-w: every job reads expert 0's weights (L3-resident: separates the kernel from the
+// weight stream).
 struct NtCaseSpec { std::string name; int64_t N, K0, K1; };
+struct NtModes { bool per_thread_jobs = false, same_w = false; };
 
-static void run_nt_case(const BenchOptions& opt, const NtCaseSpec& cs) {
+static void run_nt_case(const BenchOptions& opt, const NtCaseSpec& cs, const NtModes& md) {
   ot::set_num_threads(opt.threads);
   const int threads = ot::num_threads();
   const int64_t E = 128, T = 512, topk = 8, K = cs.K0 + cs.K1;
@@ -108,14 +113,21 @@ static void run_nt_case(const BenchOptions& opt, const NtCaseSpec& cs) {
     j.N = cs.N;
     j.a = {a.ptr<uint16_t>() + off * K, DType::bf16, K};
     j.w_dtype = DType::bf16;
-    j.w[0] = {w0.ptr<uint16_t>() + e * cs.N * cs.K0, cs.K0, cs.K0};
-    if (cs.K1) j.w[1] = {w1.ptr<uint16_t>() + e * cs.N * cs.K1, cs.K1, cs.K1};
+    const int64_t we = md.same_w ? 0 : e;
+    j.w[0] = {w0.ptr<uint16_t>() + we * cs.N * cs.K0, cs.K0, cs.K0};
+    if (cs.K1) j.w[1] = {w1.ptr<uint16_t>() + we * cs.N * cs.K1, cs.K1, cs.K1};
     j.c = c.ptr<float>() + off * cs.N;
     j.ldc = cs.N;
     jobs.push_back(j);
     flops += 2.0 * double(j.M) * double(cs.N) * double(K);
   }
-  auto fast = [&] { gemm::grouped_gemm_nt(jobs.data(), int64_t(jobs.size())); };
+  auto fast = [&] {
+    if (md.per_thread_jobs)
+      ot::parallel_for_dynamic(int64_t(jobs.size()), 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) gemm::grouped_gemm_nt(&jobs[size_t(i)], 1);
+      });
+    else gemm::grouped_gemm_nt(jobs.data(), int64_t(jobs.size()));
+  };
   // The reference (fp64 loops) on the first job, scaled by the FLOPs.
   Tensor cr = Tensor::empty(DType::f32, {std::max<int64_t>(rows[0], 1), cs.N});
   auto ref = [&] {
@@ -128,7 +140,7 @@ static void run_nt_case(const BenchOptions& opt, const NtCaseSpec& cs) {
   Timing t = time_interleaved(fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref), opt.repeats > 0 ? opt.repeats : 15,
                               opt.no_ref ? 0 : 1);
   BenchResult r;
-  r.name = cs.name;
+  r.name = cs.name + (md.per_thread_jobs ? "_per_thread" : "") + (md.same_w ? "_same_w" : "");
   r.shape = "E128 A" + std::to_string(A) + " N" + std::to_string(cs.N) + " K" + std::to_string(cs.K0) + (cs.K1 ? "+" + std::to_string(cs.K1) : "");
   r.dtype = "bf16";
   r.threads = threads;
@@ -146,7 +158,7 @@ static void run_nt_case(const BenchOptions& opt, const NtCaseSpec& cs) {
 }
 
 static RegisterBench reg("gemm", "Matrix engine: 2048^3, expert and decode shapes (or --m/--n/--k)", [](CLI::App* sub, const BenchOptions& o) {
-  struct Args { int64_t m = 0, n = 2048, k = 2048; std::string dtype = "bf16", form = "packed"; };
+  struct Args { int64_t m = 0, n = 2048, k = 2048; std::string dtype = "bf16", form = "packed"; NtModes nt; };
   auto args = std::make_shared<Args>();
   sub->add_option("--m", args->m, "Rows of A (omit for the named cases)");
   sub->add_option("--n", args->n, "Columns of B");
@@ -154,11 +166,13 @@ static RegisterBench reg("gemm", "Matrix engine: 2048^3, expert and decode shape
   sub->add_option("--dtype", args->dtype, "bf16 | fp16 | fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
   sub->add_option("--form", args->form, "packed: gemm on prepacked weights; nt: grouped_gemm_nt at Qwen3 T512's backward shapes")
       ->check(CLI::IsMember({"packed", "nt"}));
+  sub->add_flag("--per-thread-jobs", args->nt.per_thread_jobs, "nt: one job per thread at a time (nested single-threaded calls)");
+  sub->add_flag("--same-w", args->nt.same_w, "nt: every job reads expert 0's weights (L3-resident)");
   const BenchOptions* opt = &o;
   return [args, opt]() -> int {
     if (args->form == "nt") {
       for (const NtCaseSpec& cs : {NtCaseSpec{"nt_qwen3-T512_g", 768, 2048, 0}, NtCaseSpec{"nt_qwen3-T512_dx", 2048, 768, 768}})
-        if (opt->selected(cs.name)) run_nt_case(*opt, cs);
+        if (opt->selected(cs.name)) run_nt_case(*opt, cs, args->nt);
       return 0;
     }
     std::vector<Shape> shapes;
