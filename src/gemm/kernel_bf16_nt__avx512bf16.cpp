@@ -17,7 +17,7 @@ constexpr int64_t kPfB = 24;     // A^T panel: k-pairs ahead (the panel streams 
 constexpr int64_t kPfW = 512;    // W rows: bytes ahead (8 lines; each W line is read from memory once)
 
 template <int MR, int NZ>
-void tile(int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load) {
+void tile(int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load, const uint16_t* wn, int mrn) {
   __m512 acc[MR][NZ];
 #pragma GCC unroll 24
   for (int r = 0; r < MR; ++r)
@@ -39,16 +39,33 @@ void tile(int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t
       for (int z = 0; z < NZ; ++z) acc[r][z] = _mm512_dpbf16_ps(acc[r][z], av, bv[z]);
     }
   };
+  // The next tile's rows (wn, mrn of them) go to L2 while this tile runs, in memory order (row
+  // after row: one sequential stream, whole DRAM pages) at the rate this tile consumes its own
+  // rows: a 64-byte line of each row per 16 pairs, so MR lines of the next tile per 16 pairs.
+  const int64_t lines = (P + 15) / 16;  // per row
+  const char* pf = reinterpret_cast<const char*>(wn);
+  int64_t pf_line = 0;
+  int pf_left = mrn;
+  auto pf_next = [&] {
+    if (pf_left > 0) {
+      _mm_prefetch(pf + 64 * pf_line, _MM_HINT_T1);
+      if (++pf_line == lines) pf_line = 0, pf += 2 * ldw, --pf_left;
+    }
+  };
   int64_t q = 0;
   // Blocks of 16 pairs (one 64-byte line of each W row): row s's next line is prefetched at step s.
   for (; q + 16 <= P; q += 16) {
 #pragma GCC unroll 16
     for (int s = 0; s < 16; ++s) {
-      if (s < MR) _mm_prefetch(reinterpret_cast<const char*>(w + s * ldw + 2 * q) + kPfW, _MM_HINT_T0);
+      if (s < MR) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + s * ldw + 2 * q) + kPfW, _MM_HINT_T0);
+        pf_next();
+      }
       step(q + s);
     }
   }
   for (; q < P; ++q) step(q);
+  while (pf_left > 0) pf_next();  // P % 16 pairs: the rows' last lines
 #pragma GCC unroll 24
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
@@ -56,20 +73,21 @@ void tile(int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t
 }
 
 template <int NZ, int MR = nt_mr(NZ)>
-void dispatch_mr(int mr, int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load) {
+void dispatch_mr(int mr, int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load, const uint16_t* wn, int mrn) {
   if constexpr (MR > 1)
-    if (mr < MR) return dispatch_mr<NZ, MR - 1>(mr, P, w, ldw, b, t, ldt, load);
-  tile<MR, NZ>(P, w, ldw, b, t, ldt, load);
+    if (mr < MR) return dispatch_mr<NZ, MR - 1>(mr, P, w, ldw, b, t, ldt, load, wn, mrn);
+  tile<MR, NZ>(P, w, ldw, b, t, ldt, load, wn, mrn);
 }
 
 }  // namespace
 
-void kernel_nt_bf16_avx512bf16(int mr, int nz, int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load) {
+void kernel_nt_bf16_avx512bf16(int mr, int nz, int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load,
+                               const uint16_t* wn, int mrn) {
   switch (nz) {
-    case 1: dispatch_mr<1>(mr, P, w, ldw, b, t, ldt, load); break;
-    case 2: dispatch_mr<2>(mr, P, w, ldw, b, t, ldt, load); break;
-    case 3: dispatch_mr<3>(mr, P, w, ldw, b, t, ldt, load); break;
-    default: dispatch_mr<4>(mr, P, w, ldw, b, t, ldt, load); break;
+    case 1: dispatch_mr<1>(mr, P, w, ldw, b, t, ldt, load, wn, mrn); break;
+    case 2: dispatch_mr<2>(mr, P, w, ldw, b, t, ldt, load, wn, mrn); break;
+    case 3: dispatch_mr<3>(mr, P, w, ldw, b, t, ldt, load, wn, mrn); break;
+    default: dispatch_mr<4>(mr, P, w, ldw, b, t, ldt, load, wn, mrn); break;
   }
 }
 

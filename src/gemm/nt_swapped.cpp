@@ -32,6 +32,15 @@ std::atomic<uint64_t> g_call{1};
 
 int64_t job_k(const NtJob& j) { return j.w[0].K + j.w[1].K; }
 
+// W rows [n0, n0 + rows) of every segment into L2.
+void prefetch_rows_l2(const NtJob& j, int64_t n0, int rows) {
+  for (int s = 0; s < 2; ++s)
+    for (int64_t n = n0; n < std::min(j.N, n0 + rows); ++n) {
+      const char* w = row_at(j.w[s].data, DType::bf16, j.w[s].ld, n);
+      for (int64_t b = 0; b < 2 * j.w[s].K; b += 64) _mm_prefetch(w + b, _MM_HINT_T1);
+    }
+}
+
 }  // namespace
 
 bool nt_swapped_fits(const NtJob& j) {
@@ -51,6 +60,7 @@ void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u) {
     s.rows.resize(size_t(j.M));
     for (int64_t m = 0; m < j.M; ++m)
       s.rows[size_t(m)] = row_at(j.a.data, DType::bf16, j.a.ld, j.a.rows ? j.a.rows[m] : m);
+    prefetch_rows_l2(j, u * kNtSwapNB, mr);  // the unit's first tile arrives while A^T is packed
     transpose_dword_rows_avx512(s.rows.data(), int(j.M), P, panel, width);
     s.call = call, s.job = &j;
   }
@@ -59,19 +69,16 @@ void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u) {
   float* t = reinterpret_cast<float*>(s.tile.get(size_t(kNtSwapNB) * size_t(width) * 4));
   for (int i = 0; i < nb; i += mr) {
     const int rows = std::min(mr, nb - i);
-    if (i + mr < nb)  // the next tile's rows start in L2 when its kernel starts
-      for (int r = 0; r < std::min(mr, nb - i - mr); ++r)
-        for (int s2 = 0; s2 < 2; ++s2)
-          if (j.w[s2].K > 0) {
-            const char* w = row_at(j.w[s2].data, DType::bf16, j.w[s2].ld, n0 + i + mr + r);
-            for (int l = 0; l < 8; ++l) _mm_prefetch(w + 64 * l, _MM_HINT_T1);
-          }
+    // the next tile (the next unit's first one at the end of this unit) is fetched while this one runs
+    const int64_t nx = n0 + i + rows;
+    const int nrows = int(std::clamp<int64_t>(j.N - nx, 0, mr));
     bool load = false;
     for (int s2 = 0, p0 = 0; s2 < 2; p0 += int(j.w[s2].K / 2), ++s2) {
       const NtSegment& sg = j.w[s2];
       if (sg.K == 0) continue;
-      kernel_nt_bf16_avx512bf16(rows, nz, sg.K / 2, static_cast<const uint16_t*>(sg.data) + (n0 + i) * sg.ld, sg.ld,
-                                reinterpret_cast<const uint16_t*>(panel + size_t(p0) * size_t(width)), t + size_t(i) * size_t(width), width, load);
+      const auto* w = static_cast<const uint16_t*>(sg.data);
+      kernel_nt_bf16_avx512bf16(rows, nz, sg.K / 2, w + (n0 + i) * sg.ld, sg.ld, reinterpret_cast<const uint16_t*>(panel + size_t(p0) * size_t(width)),
+                                t + size_t(i) * size_t(width), width, load, nrows ? w + nx * sg.ld : nullptr, nrows);
       load = true;
     }
   }

@@ -17,7 +17,9 @@ constexpr int64_t kNtSwapMaxM = 64;  // 4 zmm columns
 
 // t[r][0 .. 16 nz) (+)= sum over P k-pairs of W row r's pair q (row r at w + r * ldw, bf16) times
 // the vnni panel b [P][16 nz][2] (pair q at b + q * 32 nz). mr <= nt_mr(nz); t rows ldt floats apart.
-void kernel_nt_bf16_avx512bf16(int mr, int nz, int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load);
+// Meanwhile the next tile's mrn rows (row r at wn + r * ldw, the same P pairs) are prefetched into L2.
+void kernel_nt_bf16_avx512bf16(int mr, int nz, int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load,
+                               const uint16_t* wn, int mrn);
 
 // Whether job j runs on the swapped form here (bf16 A and W, AVX512-BF16, 1 <= M <= 64, every
 // K segment even and K > 0).
