@@ -207,11 +207,23 @@ void run_nt_form(const NtJob* jobs, int64_t count, WForm f) {
     swapped[size_t(i)] = f == WForm::nt && nt_swapped_fits(jobs[i]);
   }
   const uint64_t call = nt_swapped_call();
+  auto run = [&](int64_t i, int64_t u) {
+    if (swapped[size_t(i)]) nt_swapped_unit(jobs[i], call, u);
+    else nt_unit(jobs[i], f, u);
+  };
+  // Many NT jobs (MoE experts): whole jobs per thread, so a job's A^T is packed once and each
+  // tile's prefetch of the next one (nt_swapped.cpp) feeds the same thread, across units too.
+  if (f == WForm::nt && count >= 8 * int64_t(num_threads())) {
+    parallel_for_dynamic(count, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        for (int64_t u = 0; u < first[size_t(i) + 1] - first[size_t(i)]; ++u) run(i, u);
+    });
+    return;
+  }
   parallel_for_dynamic(first.back(), 1, [&](int64_t b, int64_t e) {
     for (int64_t u = b; u < e; ++u) {
-      int64_t i = int64_t(std::upper_bound(first.begin(), first.end(), u) - first.begin()) - 1;
-      if (swapped[size_t(i)]) nt_swapped_unit(jobs[i], call, u - first[size_t(i)]);
-      else nt_unit(jobs[i], f, u - first[size_t(i)]);
+      const int64_t i = int64_t(std::upper_bound(first.begin(), first.end(), u) - first.begin()) - 1;
+      run(i, u - first[size_t(i)]);
     }
   });
 }

@@ -40,8 +40,9 @@ void tile(int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t
     }
   };
   // The next tile's rows (wn, mrn of them) go to L2 while this tile runs, in memory order (row
-  // after row: one sequential stream, whole DRAM pages) at the rate this tile consumes its own
-  // rows: a 64-byte line of each row per 16 pairs, so MR lines of the next tile per 16 pairs.
+  // after row: one sequential stream, whole DRAM pages; measured better than a line of each row
+  // at a time for dx) at the rate this tile consumes its own rows: a 64-byte line of each row per
+  // 16 pairs, so MR lines of the next tile per 16 pairs.
   const int64_t lines = (P + 15) / 16;  // per row
   const char* pf = reinterpret_cast<const char*>(wn);
   int64_t pf_line = 0;
@@ -64,8 +65,8 @@ void tile(int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t
       step(q + s);
     }
   }
+  while (pf_left > 0) pf_next();  // the rows' last lines (P % 16 pairs)
   for (; q < P; ++q) step(q);
-  while (pf_left > 0) pf_next();  // P % 16 pairs: the rows' last lines
 #pragma GCC unroll 24
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4

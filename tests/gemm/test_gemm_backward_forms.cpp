@@ -116,9 +116,7 @@ TEST(GemmNt, SwappedFormEdges) {
 
 // Many NT jobs in one call (swapped and panel forms mixed; units of one job on both threads),
 // and from inside a parallel region (runs on the calling thread).
-TEST(GemmNt, GroupedJobsAndNestedCalls) {
-  const std::vector<NtCase> cases = {{32, 400, 96, 64}, {1, 50, 40, 0}, {64, 193, 130, 0}, {65, 100, 64, 0}, {17, 600, 31, 0},
-                                     {0, 30, 8, 0},     {48, 383, 2, 2}, {300, 70, 66, 0}, {40, 800, 128, 128}};
+void run_grouped_nt(const std::vector<NtCase>& cases) {
   for (bool nested : {false, true}) {
     std::vector<Mat> as, w0s, w1s;
     std::vector<Tensor> fast, want;
@@ -150,6 +148,22 @@ TEST(GemmNt, GroupedJobsAndNestedCalls) {
     else grouped_gemm_nt(jobs.data(), int64_t(jobs.size()));
     for (size_t i = 0; i < cases.size(); ++i) EXPECT_LE(err(fast[i], want[i]), kTol) << "job " << i << " nested " << nested;
   }
+}
+
+TEST(GemmNt, GroupedJobsAndNestedCalls) {
+  run_grouped_nt({{32, 400, 96, 64}, {1, 50, 40, 0}, {64, 193, 130, 0}, {65, 100, 64, 0}, {17, 600, 31, 0},
+                  {0, 30, 8, 0},     {48, 383, 2, 2}, {300, 70, 66, 0}, {40, 800, 128, 128}});
+}
+
+// Enough jobs (>= 8 per thread) that whole jobs go to one thread each (every unit of a job in
+// order, each tile prefetching the next across unit boundaries): expert-like row counts around
+// the tile widths, widths across several units and not multiples of the tile rows, one or two
+// K segments, odd K (panel form), empty jobs.
+TEST(GemmNt, ManyJobsWholeJobsPerThread) {
+  std::vector<NtCase> cases;
+  for (int64_t i = 0; i < 40; ++i)
+    cases.push_back({i % 7 == 3 ? 0 : (i * 13) % 66 + 1, 100 + (i * 37) % 420, i % 5 == 4 ? 33 : 2 * (i % 9) + 64, i % 2 ? 2 * (i % 4) + 30 : 0});
+  run_grouped_nt(cases);
 }
 
 struct TnCase {
