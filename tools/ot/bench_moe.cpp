@@ -6,7 +6,7 @@
 // The reference (ref::moe_ffn: per token and expert loops on the unpacked weights) costs exactly
 // linear in tokens, so it is timed on a slice of at most 16 tokens and scaled to T (ref_ms).
 // Default run: qwen3-30b-a3b at T <= 512 (< 1 min); --case selects the others (e64-h2048-i1408,
-// mixtral, T2048), e.g. `ot bench moe_ffn --case mixtral-T512`.
+// mixtral, T2048), e.g. `ot bench moe_ffn --case mixtral-T512`; --tokens 1,16,512 picks token counts.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -57,12 +57,14 @@ Weights make_weights(const Model& m) {
 
 bool default_case(const Model& m, int64_t T) { return m.name == "qwen3-30b-a3b" && T <= 512; }
 
-int run(const BenchOptions& opt) {
+int run(const BenchOptions& opt, const std::vector<int64_t>& only_tokens) {
   for (const Model& m : kModels) {
     std::vector<int64_t> Ts;
     for (int64_t T : kTokens) {
       std::string name = m.name + "-T" + std::to_string(T);
-      if (opt.case_filter.empty() ? default_case(m, T) : opt.selected(name)) Ts.push_back(T);
+      bool tok_ok = only_tokens.empty() || std::find(only_tokens.begin(), only_tokens.end(), T) != only_tokens.end();
+      bool pick = opt.case_filter.empty() && only_tokens.empty() ? default_case(m, T) : opt.selected(name);
+      if (pick && tok_ok) Ts.push_back(T);
     }
     if (Ts.empty()) continue;
     Weights w = make_weights(m);
@@ -129,7 +131,13 @@ int run(const BenchOptions& opt) {
 }
 
 RegisterBench reg("moe_ffn", "Fused MoE layer (router, grouped SwiGLU FFN, weighted combine) at Qwen3-30B-A3B / E64 / Mixtral shapes",
-                  [](CLI::App*, const BenchOptions& common) { return [&common] { return run(common); }; });
+                  [](CLI::App* sub, const BenchOptions& common) {
+                    // --tokens 1,16,512: only these T (with --case as a substring filter on the
+                    // model, e.g. `--case mixtral --tokens 1,16,512`; "-T1" alone also matches T16, T128).
+                    static std::vector<int64_t> tokens;
+                    sub->add_option("--tokens", tokens, "Only these token counts (of 1, 16, 128, 512, 2048)")->delimiter(',');
+                    return [&common] { return run(common, tokens); };
+                  });
 
 }  // namespace
 }  // namespace ot::cli
