@@ -145,8 +145,10 @@ void grouped_gemm_nn(const NtJob* jobs, int64_t count);
 
 // TN (weight gradients): C[M,N] (=|+=) A^T x B with A [K, M] and B [K, N] given as K rows each
 // (K = a group's tokens: often tiny, so there is no K padding beyond a pair). A^T and B are packed
-// once per job; C tiles are written with streaming stores when not accumulating. C is fp32 or
-// bf16 (rounded to nearest even once, from the fp32 sum; with accumulate, c + sum is rounded).
+// once per job (a job whose A is the previous job's -- same a, lda, K, M and dtypes -- reuses
+// its packed A^T: put such jobs next to each other, e.g. x^T for dW_gate and dW_up); C tiles are
+// written with streaming stores when not accumulating. C is fp32 or bf16 (rounded to nearest
+// even once, from the fp32 sum; with accumulate, c + sum is rounded).
 struct TnJob {
   int64_t K = 0, M = 0, N = 0;
   const void* a = nullptr;  // row k at a + k * lda, M contiguous columns

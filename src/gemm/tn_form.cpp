@@ -68,8 +68,15 @@ struct TnPlan {
   int64_t mb = kMB, pb = kPB;  // rows and panels per unit
   int64_t Kp = 0, np = 0, nmb = 0, nub = 0;
   size_t a_off = 0, b_off = 0;
+  bool a_shared = false;  // A^T is the previous job's (same A): not packed again
   size_t panel_bytes() const { return size_t(Kp) * size_t(nr) * layout_elt(l); }
 };
+
+// Job j reads the same A as the previous job p (e.g. x^T for both dW_gate and dW_up) in the same
+// packed layout, so it can use p's packed A^T.
+bool same_a(const TnJob& p, const TnPlan& pp, const TnJob& j, const TnPlan& pl) {
+  return pp.nmb > 0 && p.a == j.a && p.lda == j.lda && p.K == j.K && p.M == j.M && p.a_dtype == j.a_dtype && pp.l == pl.l && pp.Kp == pl.Kp;
+}
 
 // A^T [M][Kp] row-major in the kernel dtype (column k of row m = A[k][m]).
 void pack_at(const TnJob& j, const TnPlan& pl, char* dst) {
@@ -202,8 +209,9 @@ void grouped_gemm_tn(const TnJob* jobs, int64_t count) {
     pl.nmb = live ? (j.M + pl.mb - 1) / pl.mb : 0;
     pl.nub = (pl.np + pl.pb - 1) / pl.pb;
     const size_t elt = layout_elt(pl.l), kp = size_t(pl.Kp);
-    pl.a_off = bytes;
-    if (live) bytes += (size_t(j.M) * kp * elt + 63) / 64 * 64;
+    pl.a_shared = live && i > 0 && same_a(jobs[i - 1], plans[size_t(i) - 1], j, pl);
+    pl.a_off = pl.a_shared ? plans[size_t(i) - 1].a_off : bytes;
+    if (live && !pl.a_shared) bytes += (size_t(j.M) * kp * elt + 63) / 64 * 64;
     pl.b_off = bytes;
     if (live) bytes += size_t(pl.np) * pl.panel_bytes();
     first[size_t(i) + 1] = first[size_t(i)] + pl.nmb * pl.nub;
@@ -214,7 +222,7 @@ void grouped_gemm_tn(const TnJob* jobs, int64_t count) {
       const TnJob& j = jobs[i];
       const TnPlan& pl = plans[size_t(i)];
       if (pl.nmb == 0) continue;
-      pack_at(j, pl, base + pl.a_off);
+      if (!pl.a_shared) pack_at(j, pl, base + pl.a_off);
       pack_tn_b(j, pl, base + pl.b_off);
     }
   });

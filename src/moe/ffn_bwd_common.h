@@ -46,11 +46,11 @@ struct FfnWeights {
   TensorView g, u, d;
 };
 
-// SwiGLU FFNs over row spans (rows of span i use weights `group`), forward and backward, each
-// projection one grouped engine call over all spans. Routed experts: gathered rows and the routed
+// SwiGLU FFNs over row spans (rows of span i use weights `group`), forward and backward, on one
+// of two schedules (FfnSchedule below). Routed experts: gathered rows and the routed
 // weights as scale; the shared expert: one span of all tokens.
 struct FfnRowsForward {
-  int64_t H = 0, I = 0;
+  int64_t H = 0, I = 0, G = 1;
   DType dt = DType::f32;
   const void* xs = nullptr;          // [A, H] rows (dt)
   std::vector<Span> spans;
@@ -78,6 +78,18 @@ struct FfnRowsBackward {
   float* dot = nullptr;              // [A] d scale (dy . FFN(x) per row), or none
 };
 void ffn_rows_backward(const FfnRowsBackward& f);
+
+// How ffn_rows_forward / ffn_rows_backward run their spans. per_call: each projection is one grouped engine call over
+// all spans (every thread on every stage, a join between stages). expert_major: one
+// parallel_for_dynamic over the spans, each thread running one span's whole chain (g, SwiGLU
+// pass, the three weight gradients, dx; forward: gate/up, SwiGLU, down) with its intermediates in L2. automatic picks by shape
+// (ffn_schedule_for); the others are forced, for tests and benchmarks (expert_major needs
+// distinct groups, else per_call runs).
+enum class FfnSchedule { automatic, per_call, expert_major };
+void set_ffn_schedule(FfnSchedule s);
+// Per-span row buffers (x, dy, dz, g rows) up to this size keep an expert's chain in L2.
+inline constexpr int64_t kExpertChainL2 = 2 << 20;
+FfnSchedule ffn_schedule_for(const std::vector<Span>& spans, int64_t H, int64_t I, int64_t G);
 // Sorted row of each flat (t, k) slot, -1 when the pair was dropped.
 std::vector<int32_t> row_of_slot(const RoutingPlan& p, int64_t TK);
 // The router stage of moe_ffn through the public routers (gating_top_k with its scores).

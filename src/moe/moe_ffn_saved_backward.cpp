@@ -132,6 +132,7 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
   bwd::FfnRowsForward f;
   f.H = H;
   f.I = I;
+  f.G = E;
   f.dt = x.dtype;
   f.xs = xs;
   f.spans = bwd::expert_spans(s.plan);

@@ -265,6 +265,42 @@ TEST(GemmTn, GroupedJobsAndNestedCalls) {
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_LE(err(fast[i], want[i]), kTol) << "nested job " << i;
 }
 
+// Consecutive jobs on the same A (a, lda, K, M, dtype: x^T for dW_gate and dW_up) share one packed
+// A^T; a job on the same pointer with another M, lda or K, a job whose previous job is empty, and
+// a third job in a row must still be right. Every ISA level (direct and tile paths), bf16 and fp32 C.
+TEST(GemmTn, JobsSharingAPackedA) {
+  for (cpu::Isa isa : isa_paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (DType cdt : {DType::f32, DType::bf16}) {
+      const int64_t K = 9, M = 70;
+      Mat a(DType::bf16, K, M, 3, 41);
+      struct Use { int64_t K, M, lda, N; bool acc; };
+      // same A three times; fewer columns (M); a smaller K; every other row (lda); an empty job; same A
+      const std::vector<Use> uses = {{K, M, a.ld, 130, false}, {K, M, a.ld, 64, true}, {K, M, a.ld, 7, false}, {K, M - 6, a.ld, 50, false},
+                                     {K - 2, M - 6, a.ld, 50, false}, {K / 2, M - 6, 2 * a.ld, 33, true}, {K, M, a.ld, 0, false}, {K, M, a.ld, 96, false}};
+      std::vector<Mat> bs;
+      std::vector<Tensor> fast, want;
+      std::vector<TnJob> jobs;
+      for (size_t i = 0; i < uses.size(); ++i) bs.emplace_back(DType::bf16, K, std::max<int64_t>(uses[i].N, 1), 2, uint32_t(60 + i));
+      for (size_t i = 0; i < uses.size(); ++i) {
+        const Use& u = uses[i];
+        const int64_t ldc = std::max<int64_t>(u.N, 1) + 16;
+        Tensor c0 = random_tensor(cdt, {u.M, ldc}, uint32_t(80 + i));
+        fast.push_back(Tensor::copy_of(c0));
+        want.push_back(Tensor::empty(DType::f32, c0.shape()));
+        copy_into(c0, want.back());
+        jobs.push_back(TnJob{u.K, u.M, u.N, a.data(), bs[i].data(), DType::bf16, DType::bf16, u.lda, bs[i].ld, fast.back().view().data, ldc, u.acc, cdt});
+        MatView av{a.data(), DType::bf16, u.K, u.M, u.lda, 1};
+        MatView bv{bs[i].data(), DType::bf16, u.K, u.N, bs[i].ld, 1};
+        ref::matmul(av.t(), bv, MutMatView{want.back().view().data, DType::f32, u.M, u.N, ldc, 1}, 1.f, u.acc ? 1.f : 0.f);
+      }
+      grouped_gemm_tn(jobs.data(), int64_t(jobs.size()));
+      for (size_t i = 0; i < uses.size(); ++i)
+        EXPECT_LE(err(fast[i], want[i]), cdt == DType::bf16 ? 4e-3 : kTol) << "isa " << isa_str(isa) << " job " << i << " c " << dtype_name(cdt);
+    }
+  }
+}
+
 TEST(GemmBackwardForms, ForceRefAgrees) {
   cpu::ScopedForceRef fr(true);
   run_nt({9, 50, 6, 4, DType::bf16, DType::bf16, true, true}, cpu::detected_isa(), 77);

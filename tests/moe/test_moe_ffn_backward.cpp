@@ -13,6 +13,8 @@
 #include "ot/error.h"
 #include "ot/moe.h"
 #include "ot/moe_bwd.h"
+#include "ot/parallel.h"
+#include "src/moe/ffn_bwd_common.h"
 
 using namespace ot;
 using namespace ot::moe;
@@ -361,6 +363,123 @@ TEST(MoeFfnBackward, MatchesCompositionOfOperatorBackwards) {
       }
   EXPECT_LT(rel_err(to_vec(fused.d_gate), dg), 1e-5);
   EXPECT_LT(rel_err(to_vec(fused.d_up), du), 1e-5);
+}
+
+// ---- the two schedules of the routed experts' backward (src/moe/ffn_rows_backward.cpp) ----------
+struct ScopedSchedule {
+  explicit ScopedSchedule(bwd::FfnSchedule s) { bwd::set_ffn_schedule(s); }
+  ~ScopedSchedule() { bwd::set_ffn_schedule(bwd::FfnSchedule::automatic); }
+};
+
+// The same training forward and backward under the per-call and the expert-major schedule: both
+// against the reference (the forward against the automatic one),
+// and against each other (same jobs per expert: equal up to summation order). given: into
+// caller buffers holding 0.25 (added to with acc).
+void schedules_agree(const Layer& L, const MoeFfnOptions& o, DType gdt, bool given, bool acc, uint64_t seed) {
+  auto fr = moe_ffn_forward_train(L.x, L.w(), o);
+  Tensor G = randn(L.dt, {L.T, L.H}, seed);
+  MoeFfnBackwardOptions rbo;
+  rbo.weight_grad_dtype = gdt;
+  auto want = ref::moe_ffn_backward(G, L.x, L.w(), o, rbo);
+  const double t = L.dt == DType::f32 ? 1e-4 : 3e-2, tw = gdt == DType::bf16 ? std::max(t, 4e-3) : t;
+  const double base = given && acc ? 0.25 : 0.0;
+  auto plus = [&](const Tensor& v) {
+    std::vector<double> r = to_vec(v);
+    for (double& x : r) x += base;
+    return r;
+  };
+  MoeFfnGrads got[2];
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE(k ? "expert-major" : "per-call");
+    ScopedSchedule sc(k ? bwd::FfnSchedule::expert_major : bwd::FfnSchedule::per_call);
+    MoeFfnBackwardOptions bo;
+    bo.weight_grad_dtype = gdt;
+    if (given) {
+      auto filled = [&](std::vector<int64_t> shape) {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        return from_vec(gdt, shape, std::vector<double>(size_t(n), 0.25));
+      };
+      bo.d_gate_out = filled({L.E, L.H, L.I});
+      bo.d_up_out = filled({L.E, L.H, L.I});
+      bo.d_down_out = filled({L.E, L.I, L.H});
+      bo.accumulate = acc;
+    }
+    auto fk = moe_ffn_forward_train(L.x, L.w(), o);  // the training forward on this schedule too
+    EXPECT_LT(rel_err(fk.y, fr.y), 1e-6);
+    EXPECT_LT(rel_err(fk.saved.z, fr.saved.z), 1e-6);
+    got[k] = moe_ffn_backward(G, L.x, L.w(), fr.saved, o, bo);
+    EXPECT_LT(rel_err(got[k].dx, want.dx), t);
+    EXPECT_LT(rel_err(got[k].d_router, want.d_router), t);
+    EXPECT_LT(rel_err(to_vec(got[k].d_gate), plus(want.d_gate)), tw);
+    EXPECT_LT(rel_err(to_vec(got[k].d_up), plus(want.d_up)), tw);
+    EXPECT_LT(rel_err(to_vec(got[k].d_down), plus(want.d_down)), tw);
+    if (L.Is) { EXPECT_LT(rel_err(got[k].d_shared_gate, want.d_shared_gate), t); }
+  }
+  for (auto [a, b] : {std::pair{&got[0].dx, &got[1].dx}, {&got[0].d_router, &got[1].d_router}, {&got[0].d_gate, &got[1].d_gate},
+                      {&got[0].d_up, &got[1].d_up}, {&got[0].d_down, &got[1].d_down}})
+    EXPECT_LT(rel_err(*a, *b), 1e-6);
+}
+
+TEST(MoeFfnBackward, PerCallAndExpertMajorSchedulesAgree) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (DType gdt : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " dW " + dtype_name(gdt));
+      MoeFfnOptions o;
+      o.k = 2;
+      o.norm_topk_prob = true;
+      schedules_agree(Layer(61, 100, 52, 12, 2, 20, dt, 700), o, gdt, false, false, 1);  // many experts, shared expert
+      schedules_agree(Layer(3, 40, 20, 8, 2, 0, dt, 701), o, gdt, true, false, 2);       // empty experts, caller buffers
+      schedules_agree(Layer(3, 40, 20, 8, 2, 0, dt, 702), o, gdt, true, true, 3);        // ... accumulated
+      MoeFfnOptions all = o;                                                              // k = E
+      all.k = 5;
+      schedules_agree(Layer(20, 16, 12, 5, 5, 0, dt, 703), all, gdt, false, false, 4);
+      MoeFfnOptions cap = o;                                                              // capacity drops
+      cap.expert_capacity = 4;
+      schedules_agree(Layer(25, 64, 24, 8, 2, 0, dt, 704), cap, gdt, true, true, 5);
+      // one expert with every row: the only allowed expert
+      Layer one(70, 64, 40, 6, 1, 0, dt, 705);
+      Tensor allowed = Tensor::zeros(DType::u8, {70, 6});
+      for (int64_t t = 0; t < 70; ++t) allowed.ptr<uint8_t>()[t * 6 + 4] = 1;
+      MoeFfnOptions only = o;
+      only.k = 1;
+      only.norm_topk_prob = false;
+      only.allowed = allowed;
+      schedules_agree(one, only, gdt, false, false, 6);
+    }
+}
+
+// The automatic choice: expert-major for many small experts (Qwen3 / e64 training batches), per
+// call for one span (the shared expert), few experts (Mixtral E 8), rows too big for L2, one
+// thread, or one expert holding a large part of the rows.
+TEST(MoeFfnBackward, ScheduleChoiceByShape) {
+  using bwd::FfnSchedule;
+  using bwd::Span;
+  set_num_threads(2);
+  auto spans = [](int64_t n, int64_t rows) {
+    std::vector<Span> s;
+    for (int64_t e = 0; e < n; ++e) s.push_back({e, e * rows, rows});
+    return s;
+  };
+  EXPECT_EQ(bwd::ffn_schedule_for(spans(128, 32), 2048, 768, 128), FfnSchedule::expert_major);   // qwen3 T512
+  EXPECT_EQ(bwd::ffn_schedule_for(spans(64, 64), 2048, 1408, 64), FfnSchedule::expert_major);    // e64 T512
+  EXPECT_EQ(bwd::ffn_schedule_for(spans(1, 512), 2048, 768, 1), FfnSchedule::per_call);          // shared expert
+  EXPECT_EQ(bwd::ffn_schedule_for(spans(8, 128), 4096, 14336, 8), FfnSchedule::per_call);        // mixtral T512
+  EXPECT_EQ(bwd::ffn_schedule_for(spans(128, 2000), 2048, 768, 128), FfnSchedule::per_call);     // rows beyond L2
+  std::vector<Span> skew = spans(16, 4);
+  skew.push_back({16, 64, 100});
+  EXPECT_EQ(bwd::ffn_schedule_for(skew, 64, 32, 17), FfnSchedule::per_call);                     // one dominant expert
+  std::vector<Span> twice = spans(16, 4);
+  twice[3].group = 2;
+  EXPECT_EQ(bwd::ffn_schedule_for(twice, 64, 32, 16), FfnSchedule::per_call);                    // repeated group
+  {
+    ScopedSchedule sc(FfnSchedule::expert_major);
+    EXPECT_EQ(bwd::ffn_schedule_for(twice, 64, 32, 16), FfnSchedule::per_call);                  // forced, but groups repeat
+    EXPECT_EQ(bwd::ffn_schedule_for(spans(1, 512), 64, 32, 1), FfnSchedule::expert_major);
+  }
+  set_num_threads(1);
+  EXPECT_EQ(bwd::ffn_schedule_for(spans(128, 32), 2048, 768, 128), FfnSchedule::per_call);
+  set_num_threads(0);
 }
 
 TEST(MoeFfnBackward, BadInput) {

@@ -14,6 +14,7 @@
 #include "ot/moe_bwd.h"
 #include "ot/numeric.h"
 #include "ot/parallel.h"
+#include "src/moe/ffn_bwd_common.h"
 
 namespace ot::cli {
 
@@ -115,12 +116,21 @@ RegisterBench reg("moe_ffn_backward", "Backward of the whole MoE layer vs its fo
   auto all = std::make_shared<bool>(false);
   auto ref_max = std::make_shared<double>(2.0);
   auto grads = std::make_shared<std::string>("both");
+  auto sched = std::make_shared<std::string>("auto");
   sub->add_flag("--all", *all, "Every case (3 layer shapes x T in 1, 16, 128, 512, 2048); default: qwen3-30b-a3b-T16 and -T512");
   sub->add_option("--ref-max-gflop", *ref_max, "Run the fp64 reference only for cases up to this many GFLOP")->capture_default_str();
   sub->add_option("--grad-dtype", *grads, "Expert weight gradients in fp32, bf16 or both (one row each)")
       ->check(CLI::IsMember({"fp32", "bf16", "both"}))
       ->capture_default_str();
-  return std::function<int()>([&opt, all, ref_max, grads] { return run(opt, *all, *ref_max, *grads); });
+  sub->add_option("--schedule", *sched, "Backward schedule: auto (by shape), call (each projection one call over all experts) or expert "
+                                         "(one thread per expert's whole chain)")
+      ->check(CLI::IsMember({"auto", "call", "expert"}))
+      ->capture_default_str();
+  return std::function<int()>([&opt, all, ref_max, grads, sched] {
+    using moe::bwd::FfnSchedule;
+    moe::bwd::set_ffn_schedule(*sched == "call" ? FfnSchedule::per_call : *sched == "expert" ? FfnSchedule::expert_major : FfnSchedule::automatic);
+    return run(opt, *all, *ref_max, *grads);
+  });
 });
 
 }  // namespace
