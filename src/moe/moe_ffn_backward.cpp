@@ -1,6 +1,7 @@
 // moe_ffn_backward: the whole layer's gradients from what moe_ffn_forward_train kept. Per expert
-// (rows sorted by expert; each step is one grouped engine call over all experts: NT = activation
-// gradient through a weight as stored, TN = weight gradient with K = the expert's rows):
+// (rows sorted by expert; NT = activation gradient through a weight as stored, TN = weight
+// gradient with K = the expert's rows; each expert's chain on one thread, or each step one
+// grouped engine call over all experts: bwd::FfnSchedule, chosen by shape):
 //   g   = dy_rows Wd^T                                       (NT)
 //   one pass over the rows: a from z, d w = g . a, w a, dz = swiglu'(z) (w g)
 //   dWd = (w a)^T dy_rows, dWg = x_rows^T dz_gate, dWu = x_rows^T dz_up   (one TN call)
