@@ -9,6 +9,7 @@ namespace ot {
 int num_threads();             // threads a parallel region uses (OT_NUM_THREADS / OMP_NUM_THREADS)
 void set_num_threads(int n);   // n <= 0 restores the default
 int thread_id();               // inside a region: 0..num_threads()-1; outside: 0
+bool in_parallel_region();     // true on any thread of a running parallel region
 
 // Non-owning callable reference: no allocation per call.
 template <class Sig> class FnRef;

@@ -24,6 +24,7 @@ static int default_threads() {
 int num_threads() { return g_threads > 0 ? g_threads : default_threads(); }
 void set_num_threads(int n) { g_threads = n > 0 ? n : 0; }
 int thread_id() { return omp_in_parallel() ? omp_get_thread_num() : 0; }
+bool in_parallel_region() { return omp_in_parallel(); }
 
 static bool run_inline(int64_t n) { return n <= 1 || num_threads() == 1 || omp_in_parallel(); }
 

@@ -65,7 +65,10 @@ void write_chrome_trace(const std::string& path, const std::vector<Event>& event
   f << "],\"displayTimeUnit\":\"ms\"}\n";
 }
 
-OpScope::OpScope(const char* name, const char* category) : active_(log_enabled() || g_timeline) {
+// Calls made inside a parallel region (the expert-major MoE backward runs ~500 nested engine calls
+// per layer) belong to the enclosing operator's scope: logging each would flood OT_LOG and the
+// timeline with per-expert lines of one thread.
+OpScope::OpScope(const char* name, const char* category) : active_((log_enabled() || g_timeline) && !in_parallel_region()) {
   if (!active_) return;
   ev_.name = name;
   ev_.category = category;

@@ -10,6 +10,7 @@
 #include "ot/numeric.h"
 #include "ot/parallel.h"
 #include "ot/tensor.h"
+#include "ot/trace.h"
 #include "ot/workspace.h"
 
 using namespace ot;
@@ -121,6 +122,33 @@ TEST(Parallel, StaticAndDynamicCoverEveryItemOnce) {
     parallel_for_dynamic(n, 3, [&](int64_t b, int64_t e) { for (int64_t i = b; i < e; ++i) hit[size_t(i)]++; });
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hit[size_t(i)].load(), 2) << i;
   }
+}
+
+// Operator scopes opened inside a parallel region (nested engine calls of one thread) are folded
+// into the enclosing operator's event: one event per top-level call, none per thread.
+TEST(Trace, ScopesInsideParallelRegionsAreQuiet) {
+  set_num_threads(2);
+  trace::take_events();
+  trace::set_timeline(true);
+  {
+    trace::OpScope outer("outer_op");
+    EXPECT_TRUE(outer.active());
+    std::atomic<int> quiet{0}, calls{0};
+    parallel_for(2, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        trace::OpScope inner("inner_op");
+        calls += 1;
+        quiet += !inner.active();
+      }
+    });
+    EXPECT_EQ(calls.load(), 2);
+    EXPECT_EQ(quiet.load(), 2);
+  }
+  trace::set_timeline(false);
+  std::vector<trace::Event> ev = trace::take_events();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].name, "outer_op");
+  set_num_threads(0);
 }
 
 TEST(Workspace, TypedSlotsAreAlignedAndDisjoint) {
