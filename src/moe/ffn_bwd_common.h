@@ -79,12 +79,14 @@ struct FfnRowsBackward {
 };
 void ffn_rows_backward(const FfnRowsBackward& f);
 
-// How ffn_rows_forward / ffn_rows_backward run their spans. per_call: each projection is one grouped engine call over
-// all spans (every thread on every stage, a join between stages). expert_major: one
-// parallel_for_dynamic over the spans, each thread running one span's whole chain (g, SwiGLU
-// pass, the three weight gradients, dx; forward: gate/up, SwiGLU, down) with its intermediates in L2. automatic picks by shape
-// (ffn_schedule_for); the others are forced, for tests and benchmarks (expert_major needs
-// distinct groups, else per_call runs).
+// How ffn_rows_forward / ffn_rows_backward run their spans.
+//   per_call: each projection is one grouped engine call over all spans (every thread on every
+//     stage, a join between stages).
+//   expert_major: one parallel_for_dynamic over the spans, each thread running one span's whole
+//     chain (backward: g, SwiGLU pass, the three weight gradients, dx; forward: gate/up, SwiGLU,
+//     down) with its intermediates in L2.
+//   automatic: picked by shape (ffn_schedule_for). The other two are forced, for tests and
+//     benchmarks (expert_major needs distinct groups, else per_call runs).
 enum class FfnSchedule { automatic, per_call, expert_major };
 void set_ffn_schedule(FfnSchedule s);
 // Per-span row buffers (x, dy, dz, g rows) up to this size keep an expert's chain in L2.
