@@ -187,6 +187,16 @@ void fill_tn(const TnCase& cs, uint32_t seed, Mat& a, Mat& b, Tensor& fast, Tens
   ref::matmul(a.view().t(), b.view(), MutMatView{want.view().data, DType::f32, cs.M, cs.N, ldc, 1}, 1.f, cs.acc ? 1.f : 0.f);
 }
 
+// One job of case cs through grouped_gemm_tn; its error against the reference.
+double tn_case_error(const TnCase& cs, uint32_t seed) {
+  Mat a(cs.a, 1, 1, 0, 0), b(cs.b, 1, 1, 0, 0);
+  Tensor fast, want;
+  TnJob j;
+  fill_tn(cs, seed, a, b, fast, want, j);
+  grouped_gemm_tn(&j, 1);
+  return err(fast, want);
+}
+
 TEST(GemmTn, MatchesReferenceAcrossIsaAndShapes) {
   uint32_t seed = 100;
   for (cpu::Isa isa : isa_paths()) {
@@ -204,16 +214,11 @@ TEST(GemmTn, MatchesReferenceAcrossIsaAndShapes) {
               cs.acc = acc;
               cs.ldc_pad = pad;
               cs.c = c;
-              Mat a(cs.a, 1, 1, 0, 0), b(cs.b, 1, 1, 0, 0);
-              Tensor fast, want;
-              TnJob j;
-              fill_tn(cs, seed, a, b, fast, want, j);
-              seed += 3;
-              grouped_gemm_tn(&j, 1);
               // bf16 C: the fp32 result rounded once (half an ulp, 2^-9 relative)
-              EXPECT_LE(err(fast, want), c == DType::bf16 ? 4e-3 : kTol)
+              EXPECT_LE(tn_case_error(cs, seed), c == DType::bf16 ? 4e-3 : kTol)
                   << "isa " << isa_str(isa) << " K" << cs.K << " M" << cs.M << " N" << cs.N << " " << dtype_name(cs.a) << "/"
                   << dtype_name(cs.b) << " acc " << acc << " pad " << pad << " c " << dtype_name(c);
+              seed += 3;
             }
   }
 }
@@ -233,14 +238,9 @@ TEST(GemmTn, DirectPathEdges) {
           cs.acc = acc;
           cs.ldc_pad = pad;
           cs.c = c;
-          Mat a(cs.a, 1, 1, 0, 0), b(cs.b, 1, 1, 0, 0);
-          Tensor fast, want;
-          TnJob j;
-          fill_tn(cs, seed, a, b, fast, want, j);
-          seed += 3;
-          grouped_gemm_tn(&j, 1);
-          EXPECT_LE(err(fast, want), c == DType::bf16 ? 4e-3 : kTol)
+          EXPECT_LE(tn_case_error(cs, seed), c == DType::bf16 ? 4e-3 : kTol)
               << "K" << cs.K << " M" << cs.M << " N" << cs.N << " acc " << acc << " pad " << pad << " c " << dtype_name(c);
+          seed += 3;
         }
 }
 
