@@ -168,6 +168,10 @@ static GatingResult run(const char* op, RouterSpec& s, const TensorView& x, bool
     fill_row_idx(s, r);
   } else if (!route_fast(s, r)) {
     check_rows(op, s);  // throws, naming the first bad row or element
+    // Every row is valid after all: the vector kernel's finiteness check also trips on finite
+    // logits whose scaled exponent overflows fp32 (|x| above ~2.3e38) and left those rows unwritten.
+    route_ref(s, r);
+    fill_row_idx(s, r);
   }
   return r;
 }

@@ -1,7 +1,7 @@
 // Routers, AVX-512 rows (k <= 16), in blocks of kRouterBlock rows carried phase by phase (one row is
 // a long dependency chain: the block lets the core overlap rows; the block's row maxima and sums are
 // reduced together, its sorting networks run in lockstep). Softmax exps and sigmoids by a degree-5
-// 2^x. Top-k: the threshold t is the k-th largest of the 16 column maxima (a 16-lane bitonic sort;
+// 2^x on vreduceps. Top-k: the threshold t is the k-th largest of the 16 column maxima (a 16-lane bitonic sort;
 // k distinct elements reach it), the ids of the ~10 candidates >= t are compressed in expert order
 // (as bytes with AVX512_VBMI2), their values gathered and sorted with the ids by a bitonic network;
 // a tie among the first k + 1 is ranked exactly by counting (ties to the lower id), more than 16
@@ -147,23 +147,19 @@ void limit_groups_vec(const RouterSpec& s, float* key, float* gs) {
 
 constexpr float kLog2e = 1.44269504088896341f;
 
-// 2^t for t <= 0 (softmax arguments, pre-scaled by log2 e): degree-5 polynomial on the fractional
-// part (relative error 2.4e-7, about 2 ulp) and vscalefps; 0 below the fp32 range. -inf gives 0 or
-// NaN depending on the core (vscalefps(NaN, -inf)); the fractional part f is NaN exactly when t is
-// not finite, and is added to *fsum when given (the finiteness check of the softmax rows).
-// Cheaper than the degree-7 e^x: every expert's exp is on the router's critical path, and the
-// tests' fp32 tolerance (1e-5) leaves room.
-inline __m512 exp2_ps(__m512 t, __m512* fsum = nullptr) {
-  __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 f = _mm512_sub_ps(t, n);
-  if (fsum) *fsum = _mm512_add_ps(*fsum, f);
-  __m512 p = _mm512_set1_ps(1.3276446843519807e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.675533510744572e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550713092088699e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022120237350464f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931469440460205f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001192092896f));
-  return _mm512_scalef_ps(p, n);
+// 2^t: f = t - floor(t) in [0, 1) by one vreduceps, a degree-5 minimax polynomial (relative error
+// 1.5e-7 over the fp32 range, about 1 ulp) and vscalefps, which floors t itself (no separate
+// round and subtract: 8 ops a vector, was 10). -inf gives 0 (f = 0), NaN gives NaN, 0 below the
+// fp32 range. Every expert's exp is on the router's critical path; the tests' fp32 tolerance is 1e-5.
+inline __m512 exp2_ps(__m512 t) {
+  const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 p = _mm512_set1_ps(1.8775747157633305e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.989345282316208e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.582631379365921e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24015362560749054f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931530833244324f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999999403953552f));
+  return _mm512_scalef_ps(p, t);
 }
 
 // 1 / (1 + 2^(-x log2 e)): the exponent clamped to 125 (the reciprocal stays a normal number),
@@ -452,7 +448,7 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
   const bool softmax = s.select != Select::topk_softmax && !s.sigmoid;
   // Scores of every expert are kept in b.sc when selection or the scores output needs them.
   const bool keep_sc = !on_x || s.scores;
-  // -inf logits (masked experts, padding lanes) need their exp forced to 0 (exp2_ps gives NaN).
+  // -inf logits (masked experts, padding lanes): -inf keys, and finiteness checked in the load pass.
   const bool has_ninf = !Direct && (s.allowed || E % 16);
   const DType xt = s.x.dtype;
   const size_t row_bytes = size_t(E) * dtype_size(xt);
@@ -540,12 +536,13 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
         __m512 vs = _mm512_setzero_ps(), vs2 = _mm512_setzero_ps(), fs = _mm512_setzero_ps();
         for (int64_t v = 0; v < nv; ++v) {
           __m512 x = _mm512_loadu_ps(xa[i] + 16 * v);
-          __m512 e = exp2_ps(_mm512_fmsub_ps(x, l2e, ml), finite_by_sum ? &fs : nullptr);
-          if (has_ninf) e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_OQ), e);  // -inf lanes: NaN -> 0
+          const __m512 t = _mm512_fmsub_ps(x, l2e, ml);
+          if (finite_by_sum) fs = _mm512_fmadd_ps(t, _mm512_setzero_ps(), fs);  // NaN once some t is not finite
+          __m512 e = exp2_ps(t);
           if (keep_sc) _mm512_store_ps(sc + 16 * v, e);
           if (v & 1) vs2 = _mm512_add_ps(vs2, e); else vs = _mm512_add_ps(vs, e);
         }
-        psum[i] = _mm512_add_ps(_mm512_add_ps(vs, vs2), _mm512_mul_ps(fs, _mm512_setzero_ps()));  // + NaN when some f is
+        psum[i] = _mm512_add_ps(_mm512_add_ps(vs, vs2), _mm512_mul_ps(fs, _mm512_setzero_ps()));  // + NaN when some t is
       } else if (s.sigmoid && !on_x) {  // the keys right away (no sum to wait for)
         make_keys(i, [&](int64_t v) {
           const __m512 y = sigmoid_ps(_mm512_loadu_ps(xl[i] + 16 * v));

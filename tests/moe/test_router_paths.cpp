@@ -280,6 +280,24 @@ TEST(MoeRouterPaths, HugeLogits) {
   }
 }
 
+// Finite logits near the fp32 maximum: x log2 e overflows in the vector exps, which the fused
+// finiteness check takes for a bad row; the call must still return every row, as the reference does.
+TEST(MoeRouterPaths, NearFloatMaxLogits) {
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    Tensor x = randn(DType::f32, {19, 128}, 12, 2.f);
+    // (9 equal maxima: which of the rest underflow to a score of 0 does not decide the top 8.)
+    for (int64_t j = 0; j < 12; ++j) x.ptr<float>()[3 * 128 + 7 * j] = j < 9 ? 3e38f : -3e38f;
+    x.ptr<float>()[11 * 128 + 5] = -3.3e38f;
+    std::string what = cpu::isa_name(isa);
+    expect_match(moe_gating_top_k_softmax(x, 8), ref::moe_gating_top_k_softmax(x, 8), DType::f32, what + " v1");
+    expect_match(moe_gating_top_k_softmax_v2(x, 8, {}, 0, true), ref::moe_gating_top_k_softmax_v2(x, 8, {}, 0, true), DType::f32, what + " v2");
+    GatingTopKOptions o;
+    o.k = 8;
+    expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::f32, what + " gating");
+  }
+}
+
 // Rows of whole vectors without a mask (E 16 m): the softmax routers check finiteness through the
 // sum of the exps (NaN exactly when some logit is NaN or +-Inf), read fp32 rows in place, reduce a
 // block's row maxima and sums together and store 16 output lanes a row (lanes past k are the next
