@@ -202,15 +202,18 @@ template <int S, int D> constexpr __mmask16 keeps_max() {
   for (int i = 0; i < 16; ++i) m |= unsigned(((i & D) == 0) == ((i & S) == 0)) << i;
   return __mmask16(m);
 }
-template <class F> inline void bitonic16(F&& step) {
+// Always inlined, with the lambdas: out of line, a block's 16 registers went through memory every
+// step (masked stores, then loads that could not be forwarded from them: ~20% of the router's time).
+#define OT_INLINE __attribute__((always_inline))
+template <class F> OT_INLINE inline void bitonic16(F&& step) {
   step.template operator()<2, 1>();
   step.template operator()<4, 2>(); step.template operator()<4, 1>();
   step.template operator()<8, 4>(); step.template operator()<8, 2>(); step.template operator()<8, 1>();
   step.template operator()<16, 8>(); step.template operator()<16, 4>(); step.template operator()<16, 2>(); step.template operator()<16, 1>();
 }
 // The 16 values of x, descending (values only: 3 ops a step).
-inline __m512 sort16(__m512 x) {
-  bitonic16([&]<int S, int D>() {
+OT_INLINE inline __m512 sort16(__m512 x) {
+  bitonic16([&]<int S, int D>() OT_INLINE {
     const __m512 y = swap_lanes<D>(x);
     x = _mm512_mask_max_ps(_mm512_min_ps(x, y), keeps_max<S, D>(), x, y);
   });
@@ -221,8 +224,8 @@ inline __m512 sort16(__m512 x) {
 // order: callers check the sorted values for ties).
 // The networks run over a block of rows in lockstep: one row's network is a chain of 10 dependent
 // steps, the block's rows are independent chains the core overlaps step by step.
-inline void sort16_block(__m512* x) {
-  bitonic16([&]<int S, int D>() {
+OT_INLINE inline void sort16_block(__m512* x) {
+  bitonic16([&]<int S, int D>() OT_INLINE {
 #pragma GCC unroll 8
     for (int i = 0; i < kRouterBlock; ++i) {
       const __m512 y = swap_lanes<D>(x[i]);
@@ -230,8 +233,8 @@ inline void sort16_block(__m512* x) {
     }
   });
 }
-inline void sort16_ids_block(__m512* x, __m512i* id) {
-  bitonic16([&]<int S, int D>() {
+OT_INLINE inline void sort16_ids_block(__m512* x, __m512i* id) {
+  bitonic16([&]<int S, int D>() OT_INLINE {
 #pragma GCC unroll 8
     for (int i = 0; i < kRouterBlock; ++i) {
       const __m512 y = swap_lanes<D>(x[i]);
@@ -312,17 +315,17 @@ inline void topk_finish(__m512 c, __m512i cid, int n, int64_t k, __m512 x, __m51
 // reduced together by a transposing tree (four halving steps, two groups per shuffle), so there is
 // no horizontal reduction per group. The lanes of the result hold groups in the order `map` says.
 struct Top2 { __m512 a, b; };  // per lane: largest, second largest (multiset)
-inline Top2 merge2(Top2 u, Top2 v, bool top2) {
+OT_INLINE inline Top2 merge2(Top2 u, Top2 v, bool top2) {
   if (!top2) return {_mm512_max_ps(u.a, v.a), u.b};
   return {_mm512_max_ps(u.a, v.a), _mm512_max_ps(_mm512_min_ps(u.a, v.a), _mm512_max_ps(u.b, v.b))};
 }
-template <int Step> inline __m512 pick(__m512 p, __m512 q, bool hi) {
+template <int Step> OT_INLINE inline __m512 pick(__m512 p, __m512 q, bool hi) {
   if constexpr (Step == 0) return hi ? _mm512_shuffle_f32x4(p, q, 0xEE) : _mm512_shuffle_f32x4(p, q, 0x44);
   else if constexpr (Step == 1) return hi ? _mm512_shuffle_f32x4(p, q, 0xDD) : _mm512_shuffle_f32x4(p, q, 0x88);
   else if constexpr (Step == 2) return hi ? _mm512_shuffle_ps(p, q, 0xEE) : _mm512_shuffle_ps(p, q, 0x44);
   else return hi ? _mm512_shuffle_ps(p, q, 0xDD) : _mm512_shuffle_ps(p, q, 0x88);
 }
-template <int Step> inline int tree_step(Top2* g, int n, bool top2) {
+template <int Step> OT_INLINE inline int tree_step(Top2* g, int n, bool top2) {
   const int out = std::max(1, n / 2);
   for (int i = 0; i < out; ++i) {
     const Top2 p = g[2 * i], q = n > 1 ? g[2 * i + 1] : g[2 * i];
@@ -333,7 +336,7 @@ template <int Step> inline int tree_step(Top2* g, int n, bool top2) {
   return out;
 }
 // g[0, n) (n a power of 2 <= 16) -> one vector of per-group results.
-inline Top2 group_tree(Top2* g, int n, bool top2) {
+OT_INLINE inline Top2 group_tree(Top2* g, int n, bool top2) {
   n = tree_step<0>(g, n, top2);
   n = tree_step<1>(g, n, top2);
   n = tree_step<2>(g, n, top2);
@@ -360,35 +363,47 @@ inline bool group_net(const RouterSpec& s, GroupNet& net) {
   net.inv = _mm512_load_si512(inv);
   return true;
 }
-// Masks (-inf) the groups outside the k_group best (score: max, or sum of the top 2; ties to the
-// lower group) in key and returns the column maxima of what is left.
-inline __m512 limit_groups_net(const RouterSpec& s, const GroupNet& net, float* key) {
-  const bool top2 = s.group_mode == 1;
+// Group-limited selection in two steps, so that the sort between them runs over a block of rows in
+// lockstep (sort16_block; one row's sort is a chain of 10 dependent steps): group_scores gives the
+// groups' scores (max, or sum of the top 2) in lanes 0..G-1 (-inf above), keep_groups, given them
+// sorted, masks (-inf) the groups outside the k_group best in key (ties to the lower group) and
+// returns the column maxima of what is left. P_ / M_ (> 0): the padded group count (= G) and the
+// vectors per group fixed at compile time, so the tree and the groups' pairs stay in registers
+// (DeepSeek-V3's 8 groups of 32; the generic loops spilled them).
+template <int P_ = 0, int M_ = 0, bool Top2Mode = false>
+inline __m512 group_scores(const RouterSpec& s, const GroupNet& net, const float* key) {
+  const bool top2 = P_ ? Top2Mode : s.group_mode == 1;
+  const int P = P_ ? P_ : net.P, M = M_ ? M_ : net.m, G = P_ ? P_ : net.G;
   const __m512 ninf = _mm512_set1_ps(kNegInf);
   Top2 g[16];
-  for (int i = 0; i < net.P; ++i) {
-    if (i >= net.G) { g[i] = {ninf, ninf}; continue; }
-    const float* p = key + int64_t(i) * net.m * 16;
+  for (int i = 0; i < P; ++i) {
+    if (i >= G) { g[i] = {ninf, ninf}; continue; }
+    const float* p = key + int64_t(i) * M * 16;
     Top2 t{_mm512_load_ps(p), ninf};
-    for (int j = 1; j < net.m; ++j) {
+    for (int j = 1; j < M; ++j) {
       const __m512 v = _mm512_load_ps(p + 16 * j);
       if (top2) t.b = _mm512_max_ps(t.b, _mm512_min_ps(t.a, v));
       t.a = _mm512_max_ps(t.a, v);
     }
     g[i] = t;
   }
-  const Top2 r = group_tree(g, net.P, top2);
-  const __mmask16 live = lanes(net.G);
-  const __m512 sc = _mm512_mask_blend_ps(live, ninf, _mm512_permutexvar_ps(net.inv, top2 ? _mm512_add_ps(r.a, r.b) : r.a));
+  const Top2 r = group_tree(g, P, top2);
+  return _mm512_mask_blend_ps(lanes(G), ninf, _mm512_permutexvar_ps(net.inv, top2 ? _mm512_add_ps(r.a, r.b) : r.a));
+}
+template <int P_ = 0, int M_ = 0>
+inline __m512 keep_groups(const RouterSpec& s, const GroupNet& net, float* key, __m512 sc, __m512 sorted) {
+  const int M = M_ ? M_ : net.m, G = P_ ? P_ : net.G;
+  const __m512 ninf = _mm512_set1_ps(kNegInf);
+  const __mmask16 live = lanes(G);
   // Kept: scores above the k_group-th best, then the lowest groups among those equal to it.
-  const __m512 tg = _mm512_permutexvar_ps(_mm512_set1_epi32(int(s.k_group - 1)), sort16(sc));
+  const __m512 tg = _mm512_permutexvar_ps(_mm512_set1_epi32(int(s.k_group - 1)), sorted);
   const uint32_t gt = _mm512_mask_cmp_ps_mask(live, sc, tg, _CMP_GT_OQ), eq = _mm512_mask_cmp_ps_mask(live, sc, tg, _CMP_EQ_OQ);
   uint32_t kept = gt, tied = eq;
   for (int need = int(s.k_group) - __builtin_popcount(gt); need > 0; --need, tied &= tied - 1) kept |= tied & (0u - tied);
   __m512 cm = ninf;
-  for (int i = 0; i < net.G; ++i) {
-    float* p = key + int64_t(i) * net.m * 16;
-    for (int j = 0; j < net.m; ++j) {
+  for (int i = 0; i < G; ++i) {
+    float* p = key + int64_t(i) * M * 16;
+    for (int j = 0; j < M; ++j) {
       if (kept >> i & 1) cm = _mm512_max_ps(cm, _mm512_load_ps(p + 16 * j));
       else _mm512_store_ps(p + 16 * j, ninf);
     }
@@ -444,6 +459,7 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
   const bool on_x = select_on_logits(s), groups = limits_groups(s);
   GroupNet net;
   const bool group_vec = groups && group_net(s, net);
+  const bool net8x2 = group_vec && net.G == 8 && net.m == 2;  // E 256 in 8 groups (DeepSeek-V3)
   // Softmax over all experts (its sum is needed) unless the weights are a softmax over the k chosen.
   const bool softmax = s.select != Select::topk_softmax && !s.sigmoid;
   // Scores of every expert are kept in b.sc when selection or the scores output needs them.
@@ -563,7 +579,8 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
         if (finite_by_sum && std::isnan(inv[i]) && !(skip >> i & 1)) { valid = false; skip |= 1u << i; }
       }
     }
-    // Then the keys when not the logits, and the group limit.
+    // Then the keys when not the logits, and the groups' scores.
+    __m512 gsc[kRouterBlock];
     for (int i = 0; i < nb; ++i) {
       if (skip >> i & 1) continue;
       float* sc = b.sc + i * st;
@@ -572,13 +589,24 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
         make_keys(i, [&](int64_t v) { return _mm512_mul_ps(_mm512_load_ps(sc + 16 * v), vi); });
       }
       if (group_vec) {
-        cm[i] = limit_groups_net(s, net, const_cast<float*>(xa[i]));  // a copy (see direct)
+        const float* key = xa[i];
+        gsc[i] = !net8x2 ? group_scores(s, net, key) : s.group_mode == 1 ? group_scores<8, 2, true>(s, net, key) : group_scores<8, 2, false>(s, net, key);
       } else if (groups) {
         float* key = const_cast<float*>(xa[i]);
         limit_groups_vec(s, key, b.gs);
         __m512 c = _mm512_load_ps(key);
         for (int64_t v = 1; v < nv; ++v) c = _mm512_max_ps(c, _mm512_load_ps(key + 16 * v));
         cm[i] = c;
+      }
+    }
+    if (group_vec) {  // the groups' sorts in lockstep, then each row's group mask
+      __m512 srt[kRouterBlock];
+      for (int i = 0; i < kRouterBlock; ++i) srt[i] = i < nb && !(skip >> i & 1) ? gsc[i] : ninf;
+      sort16_block(srt);
+      for (int i = 0; i < nb; ++i) {
+        if (skip >> i & 1) continue;
+        float* key = const_cast<float*>(xa[i]);  // a copy (see direct)
+        cm[i] = net8x2 ? keep_groups<8, 2>(s, net, key, gsc[i], srt[i]) : keep_groups(s, net, key, gsc[i], srt[i]);
       }
     }
     // Top k for every row: thresholds, compressed candidates, their sort.
