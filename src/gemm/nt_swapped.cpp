@@ -2,7 +2,8 @@
 // columns): the job's A^T panel (packed once per job and thread, kept in L2) meets MR-row tiles
 // of W read straight from memory over the whole K (each W byte is read once per call; the
 // kernel prefetches each row's stream, the driver the next tile's first lines), into an fp32
-// C^T buffer that is transposed into C at the end of the unit.
+// C^T buffer that is transposed into C at the end of the unit. The dot tail's rows (nt_split) add
+// their columns of the C^T tile from the same W tile while it is still in cache.
 #include "src/gemm/nt_swapped.h"
 
 #include <algorithm>
@@ -21,6 +22,7 @@ namespace {
 struct Scratch {
   Buf panel, tile;
   std::vector<const char*> rows;
+  const uint16_t* tail[2][16];  // the dot tail's A rows at each K segment's start
   uint64_t call = 0;
   const NtJob* job = nullptr;
 };
@@ -50,23 +52,35 @@ bool nt_swapped_fits(const NtJob& j) {
 
 uint64_t nt_swapped_call() { return g_call.fetch_add(1, std::memory_order_relaxed); }
 
+NtSplit nt_split(int64_t M) {
+  int nz = int(M / 16), tail = int(M % 16);
+  if (tail > kNtDotMaxTail) ++nz, tail = 0;
+  return {nz, tail, nz ? nt_mr(nz) : kNtDotMR};
+}
+
 void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u) {
-  const int nz = int((j.M + 15) / 16), width = 16 * nz, mr = nt_mr(nz);
+  const NtSplit sp = nt_split(j.M);
+  const int nz = sp.nz, mr = sp.mr;
+  const int width = 16 * nz, ldt = 16 * (nz + (sp.tail > 0));  // A^T panel / C^T tile row widths
   const int64_t P = job_k(j) / 2;
   Scratch& s = scratch();
   auto* panel = reinterpret_cast<uint32_t*>(s.panel.p.get());
   if (s.call != call || s.job != &j) {  // A^T: dword (pair) p of row m at panel[p * width + m]
-    panel = reinterpret_cast<uint32_t*>(s.panel.get(size_t(P) * size_t(width) * 4));
     s.rows.resize(size_t(j.M));
     for (int64_t m = 0; m < j.M; ++m)
       s.rows[size_t(m)] = row_at(j.a.data, DType::bf16, j.a.ld, j.a.rows ? j.a.rows[m] : m);
+    for (int s2 = 0, p0 = 0; s2 < 2; p0 += int(j.w[s2].K / 2), ++s2)  // the dot tail reads its rows in place
+      for (int i = 0; i < sp.tail; ++i) s.tail[s2][i] = reinterpret_cast<const uint16_t*>(s.rows[size_t(width + i)]) + 2 * p0;
     prefetch_rows_l2(j, u * kNtSwapNB, mr);  // the unit's first tile arrives while A^T is packed
-    transpose_dword_rows_avx512(s.rows.data(), int(j.M), P, panel, width);
+    if (nz) {
+      panel = reinterpret_cast<uint32_t*>(s.panel.get(size_t(P) * size_t(width) * 4));
+      transpose_dword_rows_avx512(s.rows.data(), int(std::min<int64_t>(j.M, width)), P, panel, width);
+    }
     s.call = call, s.job = &j;
   }
   const int64_t n0 = u * kNtSwapNB;
   const int nb = int(std::min(kNtSwapNB, j.N - n0));
-  float* t = reinterpret_cast<float*>(s.tile.get(size_t(kNtSwapNB) * size_t(width) * 4));
+  float* t = reinterpret_cast<float*>(s.tile.get(size_t(kNtSwapNB) * size_t(ldt) * 4));
   for (int i = 0; i < nb; i += mr) {
     const int rows = std::min(mr, nb - i);
     // the next tile (the next unit's first one at the end of this unit) is fetched while this one runs
@@ -77,12 +91,15 @@ void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u) {
       const NtSegment& sg = j.w[s2];
       if (sg.K == 0) continue;
       const auto* w = static_cast<const uint16_t*>(sg.data);
-      kernel_nt_bf16_avx512bf16(rows, nz, sg.K / 2, w + (n0 + i) * sg.ld, sg.ld, reinterpret_cast<const uint16_t*>(panel + size_t(p0) * size_t(width)),
-                                t + size_t(i) * size_t(width), width, load, nrows ? w + nx * sg.ld : nullptr, nrows);
+      if (nz)
+        kernel_nt_bf16_avx512bf16(rows, nz, sg.K / 2, w + (n0 + i) * sg.ld, sg.ld, reinterpret_cast<const uint16_t*>(panel + size_t(p0) * size_t(width)),
+                                  t + size_t(i) * size_t(ldt), ldt, load, nrows ? w + nx * sg.ld : nullptr, nrows);
+      if (sp.tail)  // the tile's W rows are in L1/L2 now
+        kernel_nt_dot_bf16_avx512bf16(rows, sp.tail, sg.K / 2, w + (n0 + i) * sg.ld, sg.ld, s.tail[s2], t + size_t(i) * size_t(ldt) + width, ldt, load);
       load = true;
     }
   }
-  store_transposed_avx512(t, width, nb, int(j.M), j.c + n0, j.ldc, j.accumulate);
+  store_transposed_avx512(t, ldt, nb, int(j.M), j.c + n0, j.ldc, j.accumulate);
 }
 
 }  // namespace ot::gemm::detail

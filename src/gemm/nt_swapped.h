@@ -3,6 +3,9 @@
 // broadcast operand, read in place (no transposing pack of the big operand), and only the small
 // A^T is packed (a dword transpose of M x K, once per job and thread). The C^T tiles are
 // transposed on store (each C element carries K multiply-adds, so that is cheap).
+// The zmm columns hold 16 A rows each, so a job's last M % 16 rows, when few (the dot tail,
+// nt_split), are dot products along K instead (A and W rows read in place, every lane used),
+// run over each W tile right after the swapped kernel has streamed it.
 #pragma once
 #include <cstdint>
 
@@ -14,12 +17,25 @@ namespace ot::gemm::detail {
 // accumulators, and at least 12 independent chains to cover the dot product's latency.
 constexpr int nt_mr(int nz) { return nz == 1 ? 16 : nz == 2 ? 12 : nz == 3 ? 8 : 6; }
 constexpr int64_t kNtSwapMaxM = 64;  // 4 zmm columns
+constexpr int kNtDotMR = 16;         // W rows per tile when the whole job is a dot tail (M < 16)
 
 // t[r][0 .. 16 nz) (+)= sum over P k-pairs of W row r's pair q (row r at w + r * ldw, bf16) times
 // the vnni panel b [P][16 nz][2] (pair q at b + q * 32 nz). mr <= nt_mr(nz); t rows ldt floats apart.
 // Meanwhile the next tile's mrn rows (row r at wn + r * ldw, the same P pairs) are prefetched into L2.
 void kernel_nt_bf16_avx512bf16(int mr, int nz, int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load,
                                const uint16_t* wn, int mrn);
+
+// t[r * ldt + i] (+)= dot(W row r, A row i) over P k-pairs for r < mr, i < na (W row r at
+// w + r * ldw, A row i at a[i], both bf16 and read in place): the job's last rows (the dot tail).
+void kernel_nt_dot_bf16_avx512bf16(int mr, int na, int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* const* a, float* t, int64_t ldt,
+                                   bool load);
+// How a job of M rows is cut: nz full zmm columns of the swapped kernel (16 rows each, mr W rows
+// per tile) and `tail` rows in the dot kernel. A tail of up to kNtDotMaxTail rows costs less as
+// dot products (every lane used) than as one more zmm column (16 lanes for `tail` rows).
+// (Qwen3 T512, experts of 20-46 rows: limits 0 / 8 / 11 measured, 8 best for g and dx.)
+constexpr int kNtDotMaxTail = 8;
+struct NtSplit { int nz, tail, mr; };
+NtSplit nt_split(int64_t M);
 
 // Whether job j runs on the swapped form here (bf16 A and W, AVX512-BF16, 1 <= M <= 64, every
 // K segment even and K > 0).

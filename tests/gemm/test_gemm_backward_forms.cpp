@@ -114,6 +114,23 @@ TEST(GemmNt, SwappedFormEdges) {
   run_nt({32, 100, 64, 33, DType::bf16, DType::bf16, true, true}, cpu::detected_isa(), seed++);
 }
 
+// The swapped form's dot tail (the last M % 16 rows, when few, as dot products along K, A and W
+// read in place): every M from 1 to 65 (M < 16: the whole job; tails of 1..15 rows on 1-3 zmm
+// columns, the last ones back to a whole column), K below, at and past the kernel's 32-element
+// steps (masked remainders), two segments with an odd pair count, widths that are not multiples
+// of the tile rows (16/12/8/6 and the dot blocks'), gathered rows, accumulate.
+TEST(GemmNt, SwappedDotTail) {
+  uint32_t seed = 5000;
+  const NtCase shapes[] = {{0, 13, 2, 0}, {0, 197, 64, 0}, {0, 385, 94, 0}, {0, 31, 130, 62}, {0, 100, 256, 2}};
+  for (int64_t m = 1; m <= 65; ++m) {
+    NtCase cs = shapes[m % 5];
+    cs.M = m;
+    cs.gather = m % 3 == 1;
+    cs.acc = m % 4 >= 2;
+    run_nt(cs, cpu::detected_isa(), seed++);
+  }
+}
+
 // Many NT jobs in one call (swapped and panel forms mixed; units of one job on both threads),
 // and from inside a parallel region (runs on the calling thread).
 void run_grouped_nt(const std::vector<NtCase>& cases) {
