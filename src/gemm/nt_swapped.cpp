@@ -87,6 +87,8 @@ void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u) {
     const int64_t nx = n0 + i + rows;
     const int nrows = int(std::clamp<int64_t>(j.N - nx, 0, mr));
     bool load = false;
+    NtDotSeg dot[2];
+    int ndot = 0;
     for (int s2 = 0, p0 = 0; s2 < 2; p0 += int(j.w[s2].K / 2), ++s2) {
       const NtSegment& sg = j.w[s2];
       if (sg.K == 0) continue;
@@ -94,10 +96,11 @@ void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u) {
       if (nz)
         kernel_nt_bf16_avx512bf16(rows, nz, sg.K / 2, w + (n0 + i) * sg.ld, sg.ld, reinterpret_cast<const uint16_t*>(panel + size_t(p0) * size_t(width)),
                                   t + size_t(i) * size_t(ldt), ldt, load, nrows ? w + nx * sg.ld : nullptr, nrows);
-      if (sp.tail)  // the tile's W rows are in L1/L2 now
-        kernel_nt_dot_bf16_avx512bf16(rows, sp.tail, sg.K / 2, w + (n0 + i) * sg.ld, sg.ld, s.tail[s2], t + size_t(i) * size_t(ldt) + width, ldt, load);
+      if (sp.tail) dot[ndot++] = {w + (n0 + i) * sg.ld, sg.ld, sg.K / 2, s.tail[s2]};
       load = true;
     }
+    if (sp.tail)  // the tile's W rows are in L1/L2 now
+      kernel_nt_dot_bf16_avx512bf16(rows, sp.tail, dot, ndot, t + size_t(i) * size_t(ldt) + width, ldt);
   }
   store_transposed_avx512(t, ldt, nb, int(j.M), j.c + n0, j.ldc, j.accumulate);
 }

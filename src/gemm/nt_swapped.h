@@ -25,10 +25,16 @@ constexpr int kNtDotMR = 16;         // W rows per tile when the whole job is a 
 void kernel_nt_bf16_avx512bf16(int mr, int nz, int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load,
                                const uint16_t* wn, int mrn);
 
-// t[r * ldt + i] (+)= dot(W row r, A row i) over P k-pairs for r < mr, i < na (W row r at
-// w + r * ldw, A row i at a[i], both bf16 and read in place): the job's last rows (the dot tail).
-void kernel_nt_dot_bf16_avx512bf16(int mr, int na, int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* const* a, float* t, int64_t ldt,
-                                   bool load);
+// One K segment of the dot tail: W row r at w + r * ldw, A row i at a[i] (both bf16, read in
+// place), P k-pairs.
+struct NtDotSeg {
+  const uint16_t* w = nullptr;
+  int64_t ldw = 0, P = 0;
+  const uint16_t* const* a = nullptr;
+};
+// t[r * ldt + i] = sum over the segments of dot(W row r, A row i), for r < mr, i < na: the job's
+// last rows (the dot tail).
+void kernel_nt_dot_bf16_avx512bf16(int mr, int na, const NtDotSeg* seg, int nseg, float* t, int64_t ldt);
 // How a job of M rows is cut: nz full zmm columns of the swapped kernel (16 rows each, mr W rows
 // per tile) and `tail` rows in the dot kernel. A tail of up to kNtDotMaxTail rows costs less as
 // dot products (every lane used) than as one more zmm column (16 lanes for `tail` rows).
