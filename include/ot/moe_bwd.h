@@ -174,7 +174,10 @@ struct MoeFfnBackwardOptions {
   float z_loss_coeff = 0;    // > 0: add moe_z_loss of the router logits
   // dtype of the expert weight gradients d_gate/d_up/d_down: f32 (master-precision accumulators)
   // or bf16 (as PyTorch produces for bf16 parameters: half the bytes, and writing these gradients
-  // is what bounds the backward). Rounded once from the fp32 sum (with accumulate: c + sum).
+  // is what bounds the backward). Rounded once from the fp32 sum (with accumulate: c + sum), to
+  // nearest even; on AVX512_BF16 by vcvtne2ps2bf16, which flushes results below bf16's normal
+  // range (|v| < 1.2e-38) to zero -- harmless for weight gradients (an optimizer step on such a
+  // value is 0 anyway); fp32 gradients are not flushed.
   DType weight_grad_dtype = DType::f32;
   // Optional caller-owned buffers for the expert weight gradients (contiguous [E, H, I], [E, H, I],
   // [E, I, H] in weight_grad_dtype): written in place of fresh tensors (the result's

@@ -159,12 +159,10 @@ void tn_unit_direct(const TnJob& j, const TnPlan& pl, const char* base, int64_t 
   const uint16_t* b = reinterpret_cast<const uint16_t*>(base + pl.b_off);
   const size_t pel = pl.panel_bytes() / 2;
   for (int64_t ir = 0; ir < mc; ir += kTnMR) {
-    const int rows = int(std::min<int64_t>(kTnMR, mc - ir));
     const uint16_t* a = reinterpret_cast<const uint16_t*>(base + pl.a_off) + (m0 + ir) * pl.Kp;
-    char* c = static_cast<char*>(j.c) + size_t((m0 + ir) * j.ldc) * celt;
-    for (int64_t p = p0; p < p1; ++p)
-      tn_kernel_bf16_avx512bf16(rows, pl.Kp, a, pl.Kp, b + size_t(p) * pel, c + size_t(p * kTnNR) * celt, j.c_dtype, j.ldc,
-                                int(std::min<int64_t>(kTnNR, j.N - p * kTnNR)), j.accumulate);
+    char* c = static_cast<char*>(j.c) + size_t((m0 + ir) * j.ldc + p0 * kTnNR) * celt;
+    tn_rows_bf16_avx512bf16(int(std::min<int64_t>(kTnMR, mc - ir)), pl.Kp, a, pl.Kp, b + size_t(p0) * pel, pel, p1 - p0, c, j.c_dtype, j.ldc,
+                            j.N - p0 * kTnNR, j.accumulate);
   }
 }
 

@@ -11,11 +11,13 @@ namespace ot::gemm::detail {
 inline constexpr int kTnNR = 64;
 inline constexpr int kTnMR = 6;
 
-// C rows [0, rows) (rows <= kTnMR) x columns [0, width) (width <= 64) (=|+=) A^T x B over Kp (even)
-// with A^T row r at a + r * lda (pairs adjacent) and B one 64-column panel. C fp32 or bf16 (row
-// stride ldc elements), written from the accumulators: whole 64-byte lines with streaming stores
-// when not accumulating, the rest with masked stores.
-void tn_kernel_bf16_avx512bf16(int rows, int64_t Kp, const uint16_t* a, int64_t lda, const uint16_t* b, void* c, DType c_dtype, int64_t ldc,
-                               int width, bool accumulate);
+// C rows [0, nrows) (nrows <= kTnMR) x columns [0, N) (=|+=) A^T x B over Kp (even), along the
+// np 64-column panels of B (panel p at b + p * panel_elems; columns p * 64 ..), with A^T row r at
+// a + r * lda (pairs adjacent). C fp32 or bf16 (row stride ldc elements), written from the
+// accumulators: whole 64-byte lines with streaming stores when not accumulating and C is 64-byte
+// aligned, the rest with masked stores. bf16 C: vcvtne2ps2bf16 (round to nearest even, results
+// below bf16's normal range flushed to zero).
+void tn_rows_bf16_avx512bf16(int nrows, int64_t Kp, const uint16_t* a, int64_t lda, const uint16_t* b, size_t panel_elems, int64_t np, void* c,
+                             DType c_dtype, int64_t ldc, int64_t N, bool accumulate);
 
 }  // namespace ot::gemm::detail

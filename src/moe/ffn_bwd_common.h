@@ -16,8 +16,8 @@ struct FfnDims { int64_t T = 0, H = 0, E = 0, K = 0, I = 0, Is = 0; };
 void check_ffn(const char* op, const TensorView& x, const MoeFfnWeights& w, const MoeFfnOptions& o, FfnDims& d);
 // One span per expert with kept rows (rows [offset, offset + count) of the sorted order).
 std::vector<Span> expert_spans(const RoutingPlan& p);
-// out[i] = src[rows[i]] (same dtype, contiguous [n, H] at out).
-void gather_rows(const TensorView& src, const int32_t* rows, int64_t n, void* out);
+// out[i] = the row rows[i] of src (rows of row_bytes, contiguous at out).
+void gather_rows(const void* src, size_t row_bytes, const int32_t* rows, int64_t n, void* out);
 // The training paths' slots 0..7 of the shared per-thread scratch (impl::scratch 4..11): the
 // backward's row buffers are tens of MB, and fresh ones cost page faults on every call.
 inline void* scratch(int slot, size_t bytes) { return impl::scratch(4 + slot, bytes); }
@@ -52,7 +52,8 @@ struct FfnWeights {
 struct FfnRowsForward {
   int64_t H = 0, I = 0, G = 1;
   DType dt = DType::f32;
-  const void* xs = nullptr;          // [A, H] rows (dt)
+  const void* xs = nullptr;          // [A, H] rows (dt), or with gather the [T, H] source rows
+  const int32_t* gather = nullptr;   // [A] source row of each row (rows gathered where they are used)
   std::vector<Span> spans;
   FfnWeights w;
   void* z = nullptr;                 // out: [A, 2I] pre-activation (dt)
@@ -64,8 +65,9 @@ void ffn_rows_forward(const FfnRowsForward& f);
 struct FfnRowsBackward {
   int64_t H = 0, I = 0, G = 1;
   DType dt = DType::f32;
-  const void* xs = nullptr;          // [A, H] rows (dt)
-  const void* dys = nullptr;         // [A, H] gradient of the FFN output rows (dt)
+  const void* xs = nullptr;          // [A, H] rows (dt), or with gather the [T, H] source rows
+  const void* dys = nullptr;         // [A, H] gradient of the FFN output rows (dt), or as xs
+  const int32_t* gather = nullptr;   // [A] source row of each row of xs and dys, or none (rows given)
   const void* z = nullptr;           // [A, 2I] stored pre-activation (dt)
   const float* scale = nullptr;      // [A] routed weights (output = scale * FFN), or none
   std::vector<Span> spans;

@@ -39,6 +39,26 @@ gemm::NtJob job(int64_t n, int64_t N, const void* a, DType dt, int64_t lda, cons
   return j;
 }
 
+// Rows [row0, row0 + rows) of an [A, H] row operand: the rows themselves, or (gather) copied from
+// their source rows into per-thread scratch `slot` -- in the expert-major schedule one expert's
+// rows, straight into L2 where its chain reads them, instead of a separate pass over all rows
+// through memory.
+struct RowsOf {
+  const char* base;
+  int64_t row0, ld;
+  DType dt;
+  RowsOf(const void* src, const int32_t* gather, DType dt_, int64_t H, int64_t r0, int64_t rows, int slot) : row0(0), ld(H), dt(dt_) {
+    base = static_cast<const char*>(src);
+    if (!gather || rows == 0) return;
+    const size_t rb = size_t(H) * dtype_size(dt);
+    void* buf = scratch(slot, size_t(rows) * rb);
+    gather_rows(src, rb, gather + r0, rows, buf);
+    base = static_cast<const char*>(buf);
+    row0 = r0;
+  }
+  const char* row(int64_t i) const { return elem_at(base, dt, (i - row0) * ld); }
+};
+
 }  // namespace
 
 namespace {
@@ -50,10 +70,11 @@ void spans_forward(const FfnRowsForward& f, const Span* s0, const Span* s1, int6
   const DType dt = f.dt;
   float* zf = static_cast<float*>(scratch(6, size_t(rows * 2 * I) * 4));
   void* a = scratch(7, size_t(rows * I) * dtype_size(dt));
+  const RowsOf xr(f.xs, f.gather, dt, H, row0, rows, 0);
   thread_local std::vector<gemm::NtJob> jobs;
   jobs.clear();
   for (const Span* s = s0; s != s1; ++s) {  // z = [x Wg | x Wu]
-    const char* x = elem_at(f.xs, dt, s->offset * H);
+    const char* x = xr.row(s->offset);
     float* z = zf + (s->offset - row0) * 2 * I;
     jobs.push_back(job(s->count, I, x, dt, H, weight_of(f.w.g, s->group), H, weight_ld(f.w.g), z, 2 * I, false));
     jobs.push_back(job(s->count, I, x, dt, H, weight_of(f.w.u, s->group), H, weight_ld(f.w.u), z + I, 2 * I, false));
@@ -103,11 +124,12 @@ void spans_backward(const FfnRowsBackward& f, const Span* s0, const Span* s1, in
   float* gr = static_cast<float*>(scratch(2, size_t(rows * I) * 4));
   void* dz = scratch(3, size_t(rows * 2 * I) * dtype_size(dt));
   void* aw = scratch(4, size_t(rows * I) * dtype_size(dt));
+  const RowsOf xr(f.xs, f.gather, dt, H, row0, rows, 0), dyr(f.dys, f.gather, dt, H, row0, rows, 1);
   // g = dy Wd^T: the gradient of the down projection's input (before the routed weight)
   thread_local std::vector<gemm::NtJob> nt;
   nt.clear();
   for (const Span* s = s0; s != s1; ++s)
-    nt.push_back(job(s->count, I, elem_at(f.dys, dt, s->offset * H), dt, H, weight_of(f.w.d, s->group), H, weight_ld(f.w.d),
+    nt.push_back(job(s->count, I, dyr.row(s->offset), dt, H, weight_of(f.w.d, s->group), H, weight_ld(f.w.d),
                      gr + (s->offset - row0) * I, I, false));
   gemm::grouped_gemm_nt(nt.data(), int64_t(nt.size()));
   SwigluBwd p;
@@ -126,8 +148,8 @@ void spans_backward(const FfnRowsBackward& f, const Span* s0, const Span* s1, in
   const int64_t gsz = H * I;
   for (const Span* s = s0; s != s1; ++s) {
     const int64_t r = s->offset - row0, n = s->count, e = s->group;
-    const char* x = elem_at(f.xs, dt, s->offset * H);
-    tn.push_back({n, I, H, elem_at(aw, dt, r * I), elem_at(f.dys, dt, s->offset * H), dt, dt, I, H, elem_at(f.dd, f.gdt, e * gsz), H, f.acc, f.gdt});
+    const char* x = xr.row(s->offset);
+    tn.push_back({n, I, H, elem_at(aw, dt, r * I), dyr.row(s->offset), dt, dt, I, H, elem_at(f.dd, f.gdt, e * gsz), H, f.acc, f.gdt});
     tn.push_back({n, H, I, x, elem_at(dz, dt, r * 2 * I), dt, dt, H, 2 * I, elem_at(f.dg, f.gdt, e * gsz), I, f.acc, f.gdt});
     tn.push_back({n, H, I, x, elem_at(dz, dt, r * 2 * I + I), dt, dt, H, 2 * I, elem_at(f.du, f.gdt, e * gsz), I, f.acc, f.gdt});
   }

@@ -116,12 +116,8 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
   g.d_gate = given ? bo.d_gate_out : Tensor::empty(gdt, {E, H, I});
   g.d_up = given ? bo.d_up_out : Tensor::empty(gdt, {E, H, I});
   g.d_down = given ? bo.d_down_out : Tensor::empty(gdt, {E, I, H});
-  const size_t es = dtype_size(x.dtype);
-  // Rows in expert order: x and dy gathered; the routed experts' backward (dx rows in fp32).
-  char* xs = static_cast<char*>(bwd::scratch(0, size_t(A * H) * es));
-  char* dys = static_cast<char*>(bwd::scratch(1, size_t(A * H) * es));
-  bwd::gather_rows(x, s.plan.token.data(), A, xs);
-  bwd::gather_rows(dy, s.plan.token.data(), A, dys);
+  // Rows in expert order (x and dy gathered where each expert's chain reads them); the routed
+  // experts' backward (dx rows in fp32).
   float* dxs = static_cast<float*>(bwd::scratch(5, size_t(A * H) * 4));
   std::vector<float> dw_row(static_cast<size_t>(A));
   bwd::FfnRowsBackward routed;
@@ -129,8 +125,9 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
   routed.I = I;
   routed.G = E;
   routed.dt = x.dtype;
-  routed.xs = xs;
-  routed.dys = dys;
+  routed.xs = x.data;
+  routed.dys = dy.data;
+  routed.gather = s.plan.token.data();
   routed.z = s.z.view().data;
   routed.scale = s.plan.weight.data();
   routed.spans = bwd::expert_spans(s.plan);

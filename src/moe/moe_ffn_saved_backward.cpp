@@ -53,11 +53,10 @@ std::vector<Span> expert_spans(const RoutingPlan& p) {
   return s;
 }
 
-void gather_rows(const TensorView& src, const int32_t* rows, int64_t n, void* out) {
-  const size_t bytes = size_t(src.sizes[1]) * dtype_size(src.dtype);
-  parallel_rows(n, src.sizes[1], [&](int64_t i0, int64_t i1) {
+void gather_rows(const void* src, size_t row_bytes, const int32_t* rows, int64_t n, void* out) {
+  parallel_rows(n, int64_t(row_bytes / 2), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
-      std::memcpy(static_cast<char*>(out) + size_t(i) * bytes, static_cast<const char*>(src.data) + size_t(rows[i]) * bytes, bytes);
+      std::memcpy(static_cast<char*>(out) + size_t(i) * row_bytes, static_cast<const char*>(src) + size_t(rows[i]) * row_bytes, row_bytes);
   });
 }
 
@@ -122,11 +121,10 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
   s.expert_counts = Tensor::empty(DType::i64, {E});
   std::copy(s.plan.counts.begin(), s.plan.counts.end(), s.expert_counts.ptr<int64_t>());
 
-  // Routed experts on gathered rows (o = FFN rows in fp32), then the shared expert straight into
+  // Routed experts on gathered rows (gathered where each expert's chain reads them; o = FFN rows
+  // in fp32), then the shared expert straight into
   // the fp32 accumulator, then each token's weighted rows.
   const int64_t A = int64_t(s.plan.token.size());
-  void* xs = bwd::scratch(0, size_t(A * H) * dtype_size(x.dtype));
-  bwd::gather_rows(x, s.plan.token.data(), A, xs);
   s.z = Tensor::empty(x.dtype, {A, 2 * I});
   float* o_rows = static_cast<float*>(bwd::scratch(1, size_t(A * H) * 4));
   bwd::FfnRowsForward f;
@@ -134,7 +132,8 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
   f.I = I;
   f.G = E;
   f.dt = x.dtype;
-  f.xs = xs;
+  f.xs = x.data;
+  f.gather = s.plan.token.data();
   f.spans = bwd::expert_spans(s.plan);
   f.w = bwd::FfnWeights(w.gate, w.up, w.down);
   f.z = s.z.view().data;

@@ -318,6 +318,34 @@ TEST(GemmTn, JobsSharingAPackedA) {
   }
 }
 
+// bf16 C is the fp32 sum rounded to nearest even (the direct path converts with vcvtne2ps2bf16 /
+// vcvtneps2bf16, the others with the integer rounding): sums 256 + d are exact in fp32 and fall
+// on bf16 ties for odd d (257 -> 256, 259 -> 260; truncation would give 258). Every ISA level,
+// streaming (aligned whole panels) and masked (partial panel, accumulate into zeros) stores.
+TEST(GemmTn, Bf16CRoundsToNearestEven) {
+  for (cpu::Isa isa : isa_paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (auto [N, acc] : {std::pair<int64_t, bool>{128, false}, std::pair<int64_t, bool>{100, false}, std::pair<int64_t, bool>{128, true}}) {
+      const int64_t K = 2, M = 7;
+      Tensor a = Tensor::empty(DType::bf16, {K, M}), b = Tensor::empty(DType::bf16, {K, N}), c = Tensor::empty(DType::bf16, {M, N});
+      for (int64_t i = 0; i < K * M; ++i) set_from_double(a, i, 1.0);
+      for (int64_t n = 0; n < N; ++n) {
+        set_from_double(b, n, n % 2 ? -256.0 : 256.0);
+        set_from_double(b, N + n, double((n % 2 ? -1 : 1) * (n % 9)));
+      }
+      for (int64_t i = 0; i < M * N; ++i) set_from_double(c, i, acc ? 0.0 : NAN);
+      TnJob j{K, M, N, a.view().data, b.view().data, DType::bf16, DType::bf16, M, N, c.view().data, N, acc, DType::bf16};
+      grouped_gemm_tn(&j, 1);
+      const uint16_t* got = c.ptr<uint16_t>();
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          const float sum = float((n % 2 ? -1 : 1) * (256 + n % 9));
+          ASSERT_EQ(got[m * N + n], f32_to_bf16(sum)) << "isa " << isa_str(isa) << " N" << N << " acc " << acc << " m" << m << " n" << n << " sum " << sum;
+        }
+    }
+  }
+}
+
 TEST(GemmBackwardForms, ForceRefAgrees) {
   cpu::ScopedForceRef fr(true);
   run_nt({9, 50, 6, 4, DType::bf16, DType::bf16, true, true}, cpu::detected_isa(), 77);
