@@ -2,7 +2,7 @@
 // M % 16 rows of a job (when few) as dot products along K, A rows and W rows both read in place
 // (a zmm is 16 k-pairs of one row), so no lane is wasted on rows the job does not have. The
 // partial sums of a (A rows x W rows) block stay in registers over the whole K (both segments)
-// and are reduced once into the C^T tile.
+// and are reduced once, straight into C (no transposed store for these rows).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -17,7 +17,7 @@ namespace {
 constexpr int dot_nb(int na) { return na == 1 ? 16 : na == 2 ? 12 : na == 3 ? 8 : 6; }
 
 template <int NA, int NB>
-void block(const NtDotSeg* seg, int nseg, int r0, int i0, float* t, int64_t ldt) {
+void block(const NtDotSeg* seg, int nseg, int r0, int i0, float* c, int64_t ldc, bool acc_c) {
   __m512 acc[NA][NB];
 #pragma GCC unroll 4
   for (int i = 0; i < NA; ++i)
@@ -44,38 +44,42 @@ void block(const NtDotSeg* seg, int nseg, int r0, int i0, float* t, int64_t ldt)
     for (; k + 32 <= K; k += 32) step(k, ~__mmask32(0));
     if (k < K) step(k, __mmask32((1u << (K - k)) - 1));  // K - k < 32 (even): zeros past the row
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < NB; ++r)
 #pragma GCC unroll 4
-    for (int i = 0; i < NA; ++i) t[(r0 + r) * ldt + i0 + i] = _mm512_reduce_add_ps(acc[i][r]);
+  for (int i = 0; i < NA; ++i)
+#pragma GCC unroll 16
+    for (int r = 0; r < NB; ++r) {
+      float& d = c[(i0 + i) * ldc + r0 + r];
+      const float v = _mm512_reduce_add_ps(acc[i][r]);
+      d = acc_c ? d + v : v;
+    }
 }
 
 // A block of NA A rows against nb (<= dot_nb(NA)) W rows.
 template <int NA, int NB = dot_nb(NA)>
-void dispatch_nb(int nb, const NtDotSeg* seg, int nseg, int r0, int i0, float* t, int64_t ldt) {
+void dispatch_nb(int nb, const NtDotSeg* seg, int nseg, int r0, int i0, float* c, int64_t ldc, bool acc_c) {
   if constexpr (NB > 1)
-    if (nb < NB) return dispatch_nb<NA, NB - 1>(nb, seg, nseg, r0, i0, t, ldt);
-  block<NA, NB>(seg, nseg, r0, i0, t, ldt);
+    if (nb < NB) return dispatch_nb<NA, NB - 1>(nb, seg, nseg, r0, i0, c, ldc, acc_c);
+  block<NA, NB>(seg, nseg, r0, i0, c, ldc, acc_c);
 }
 
 template <int NA>
-void rows_of(int mr, const NtDotSeg* seg, int nseg, int i0, float* t, int64_t ldt) {
+void rows_of(int mr, const NtDotSeg* seg, int nseg, int i0, float* c, int64_t ldc, bool acc_c) {
   constexpr int NB = dot_nb(NA);
-  for (int r = 0; r < mr; r += NB) dispatch_nb<NA>(std::min(NB, mr - r), seg, nseg, r, i0, t, ldt);
+  for (int r = 0; r < mr; r += NB) dispatch_nb<NA>(std::min(NB, mr - r), seg, nseg, r, i0, c, ldc, acc_c);
 }
 
 }  // namespace
 
-void kernel_nt_dot_bf16_avx512bf16(int mr, int na, const NtDotSeg* seg, int nseg, float* t, int64_t ldt) {
+void kernel_nt_dot_bf16_avx512bf16(int mr, int na, const NtDotSeg* seg, int nseg, float* c, int64_t ldc, bool accumulate) {
   // groups of <= 4 A rows, as even as possible (7 = 4 + 3, 6 = 3 + 3): W is read once per group
   const int groups = (na + 3) / 4;
   for (int g = 0, i = 0; g < groups; ++g) {
     const int n = (na - i + (groups - g) - 1) / (groups - g);
     switch (n) {
-      case 1: rows_of<1>(mr, seg, nseg, i, t, ldt); break;
-      case 2: rows_of<2>(mr, seg, nseg, i, t, ldt); break;
-      case 3: rows_of<3>(mr, seg, nseg, i, t, ldt); break;
-      default: rows_of<4>(mr, seg, nseg, i, t, ldt); break;
+      case 1: rows_of<1>(mr, seg, nseg, i, c, ldc, accumulate); break;
+      case 2: rows_of<2>(mr, seg, nseg, i, c, ldc, accumulate); break;
+      case 3: rows_of<3>(mr, seg, nseg, i, c, ldc, accumulate); break;
+      default: rows_of<4>(mr, seg, nseg, i, c, ldc, accumulate); break;
     }
     i += n;
   }

@@ -2,8 +2,8 @@
 // columns): the job's A^T panel (packed once per job and thread, kept in L2) meets MR-row tiles
 // of W read straight from memory over the whole K (each W byte is read once per call; the
 // kernel prefetches each row's stream, the driver the next tile's first lines), into an fp32
-// C^T buffer that is transposed into C at the end of the unit. The dot tail's rows (nt_split) add
-// their columns of the C^T tile from the same W tile while it is still in cache.
+// C^T buffer that is transposed into C at the end of the unit. The dot tail's rows (nt_split) are
+// computed from the same W tile while it is still in cache and written straight into C.
 #include "src/gemm/nt_swapped.h"
 
 #include <algorithm>
@@ -61,7 +61,7 @@ NtSplit nt_split(int64_t M) {
 void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u) {
   const NtSplit sp = nt_split(j.M);
   const int nz = sp.nz, mr = sp.mr;
-  const int width = 16 * nz, ldt = 16 * (nz + (sp.tail > 0));  // A^T panel / C^T tile row widths
+  const int width = 16 * nz;  // A^T panel and C^T tile row width
   const int64_t P = job_k(j) / 2;
   Scratch& s = scratch();
   auto* panel = reinterpret_cast<uint32_t*>(s.panel.p.get());
@@ -80,7 +80,7 @@ void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u) {
   }
   const int64_t n0 = u * kNtSwapNB;
   const int nb = int(std::min(kNtSwapNB, j.N - n0));
-  float* t = reinterpret_cast<float*>(s.tile.get(size_t(kNtSwapNB) * size_t(ldt) * 4));
+  float* t = nz ? reinterpret_cast<float*>(s.tile.get(size_t(kNtSwapNB) * size_t(width) * 4)) : nullptr;
   for (int i = 0; i < nb; i += mr) {
     const int rows = std::min(mr, nb - i);
     // the next tile (the next unit's first one at the end of this unit) is fetched while this one runs
@@ -95,14 +95,14 @@ void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u) {
       const auto* w = static_cast<const uint16_t*>(sg.data);
       if (nz)
         kernel_nt_bf16_avx512bf16(rows, nz, sg.K / 2, w + (n0 + i) * sg.ld, sg.ld, reinterpret_cast<const uint16_t*>(panel + size_t(p0) * size_t(width)),
-                                  t + size_t(i) * size_t(ldt), ldt, load, nrows ? w + nx * sg.ld : nullptr, nrows);
+                                  t + size_t(i) * size_t(width), width, load, nrows ? w + nx * sg.ld : nullptr, nrows);
       if (sp.tail) dot[ndot++] = {w + (n0 + i) * sg.ld, sg.ld, sg.K / 2, s.tail[s2]};
       load = true;
     }
     if (sp.tail)  // the tile's W rows are in L1/L2 now
-      kernel_nt_dot_bf16_avx512bf16(rows, sp.tail, dot, ndot, t + size_t(i) * size_t(ldt) + width, ldt);
+      kernel_nt_dot_bf16_avx512bf16(rows, sp.tail, dot, ndot, j.c + width * j.ldc + n0 + i, j.ldc, j.accumulate);
   }
-  store_transposed_avx512(t, ldt, nb, int(j.M), j.c + n0, j.ldc, j.accumulate);
+  if (nz) store_transposed_avx512(t, width, nb, int(j.M) - sp.tail, j.c + n0, j.ldc, j.accumulate);
 }
 
 }  // namespace ot::gemm::detail

@@ -32,13 +32,13 @@ struct NtDotSeg {
   int64_t ldw = 0, P = 0;
   const uint16_t* const* a = nullptr;
 };
-// t[r * ldt + i] = sum over the segments of dot(W row r, A row i), for r < mr, i < na: the job's
-// last rows (the dot tail).
-void kernel_nt_dot_bf16_avx512bf16(int mr, int na, const NtDotSeg* seg, int nseg, float* t, int64_t ldt);
+// c[i * ldc + r] (=|+=) sum over the segments of dot(W row r, A row i), for r < mr, i < na: the
+// job's last rows (the dot tail), written straight into C.
+void kernel_nt_dot_bf16_avx512bf16(int mr, int na, const NtDotSeg* seg, int nseg, float* c, int64_t ldc, bool accumulate);
 // How a job of M rows is cut: nz full zmm columns of the swapped kernel (16 rows each, mr W rows
 // per tile) and `tail` rows in the dot kernel. A tail of up to kNtDotMaxTail rows costs less as
 // dot products (every lane used) than as one more zmm column (16 lanes for `tail` rows).
-// (Qwen3 T512, experts of 20-46 rows: limits 0 / 8 / 11 measured, 8 best for g and dx.)
+// (Qwen3 T512, experts of 20-46 rows: limits 0 / 8 / 10 / 11 / 12 measured, 8 best for g and dx.)
 constexpr int kNtDotMaxTail = 8;
 struct NtSplit { int nz, tail, mr; };
 NtSplit nt_split(int64_t M);
