@@ -158,7 +158,7 @@ struct TnJob {
   void* c = nullptr;  // [M, N] in c_dtype, row stride ldc
   int64_t ldc = 0;
   bool accumulate = false;
-  DType c_dtype = DType::f32;  // f32 or bf16
+  DType c_dtype = DType::f32;  // f32 or bf16 (bf16: nearest even; the AVX512-BF16 path flushes results below 1.2e-38 to 0)
 };
 void grouped_gemm_tn(const TnJob* jobs, int64_t count);
 
