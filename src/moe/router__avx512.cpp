@@ -572,7 +572,7 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
           if (keep_sc) _mm512_store_ps(sc + 16 * v, e);
           if (v & 1) vs2 = _mm512_add_ps(vs2, e); else vs = _mm512_add_ps(vs, e);
         }
-        psum[i] = _mm512_add_ps(_mm512_add_ps(vs, vs2), _mm512_mul_ps(fs, _mm512_setzero_ps()));  // + NaN when some t is
+        psum[i] = _mm512_add_ps(_mm512_add_ps(vs, vs2), fs);  // fs is 0, or NaN when some t is not finite
       } else if (s.sigmoid && !on_x) {  // the keys right away (no sum to wait for)
         make_keys(i, [&](int64_t v) {
           const __m512 y = sigmoid_ps(_mm512_loadu_ps(xl[i] + 16 * v));
