@@ -81,7 +81,14 @@ bool route_row_scalar(const RouterSpec& s, GatingResult& r, int64_t row, RouterS
 // Writes ids (E for finished rows), y (cast to x's dtype) and the v1 row_idx of one row.
 void write_row(const RouterSpec& s, GatingResult& r, int64_t row, const int32_t* ids, const float* vals);
 // Rows [r0, r1) with AVX-512 (k <= 16); rows it cannot decide exactly go to route_row_scalar.
-// False when some row fails check_rows.
+// False when some row fails check_rows. Takes the 16-tokens-in-lanes kernel where it applies
+// (route_rows_t16), the row kernel (route_rows_avx512_rowwise) for the rest.
 bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
+bool route_rows_avx512_rowwise(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
+// The calls route_rows_t16 handles: softmax routers selecting on the logits (no bias, no group
+// limit, no mask, no scores output), E a multiple of 16 up to 256, k <= 16, AVX512_VBMI/VBMI2.
+bool t16_applies(const RouterSpec& s);
+// Whole blocks of 16 rows of [r0, r1) (the rest, and rows it cannot decide, by the row kernel).
+bool route_rows_t16(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 
 }  // namespace ot::moe::impl

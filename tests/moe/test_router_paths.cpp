@@ -335,3 +335,47 @@ TEST(MoeRouterPaths, WholeVectorRowsAndBlockEdges) {
       }
   }
 }
+
+// The 16-tokens-in-lanes kernel (softmax routers selecting on the logits, E a multiple of 16 up to
+// 256, no mask / bias / groups / scores output): whole blocks of 16 rows, the rest by the row
+// kernel, so T around multiples of 16; E of 1, 5, 8 and 16 vectors; k from 1 to 16 (8 has its own
+// pruned networks); random rows, rows of a few levels (exact ties: the lower expert wins; more than
+// 16 candidates: those rows go to the row kernel), rows of +0 and -0 (equal: the lower id wins),
+// rows of +-1e30 (a saturated softmax; every unchosen score underflows alike); bad values in a block's rows on the paths with and without the full softmax.
+TEST(MoeRouterPaths, TokensInLanesKernel) {
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (DType t : {DType::f32, DType::bf16})
+      for (int64_t T : {15, 16, 17, 33, 100})
+        for (int64_t E : {16, 80, 128, 256})
+          for (int64_t k : {1, 2, 5, 8, 16})
+            for (int variant : {0, 1, 2, 3}) {
+              if (k > E || (variant > 0 && T != 33)) continue;
+              Tensor x = variant == 1 ? tied(t, T, E, uint32_t(E + k), 3) : randn(t, {T, E}, uint32_t(T * 7 + E + k), 2.f);
+              for (int64_t i = 0; variant >= 2 && i < T * E; ++i) {
+                const double v = variant == 2 ? ((i * 7) % 5 == 0 ? -0.0 : 0.0) : (i % 3 == 0 ? 1e30 : -1e30);
+                set_from_double(x, i, v);
+              }
+              std::string what = std::string(cpu::isa_name(isa)) + " " + dtype_name(t) + " T" + std::to_string(T) + " E" + std::to_string(E) +
+                                 " k" + std::to_string(k) + " variant " + std::to_string(variant);
+              Tensor fin = Tensor::zeros(DType::u8, {T});
+              fin.ptr<uint8_t>()[T - 2] = 1;
+              expect_match(moe_gating_top_k_softmax(x, k, fin), ref::moe_gating_top_k_softmax(x, k, fin), t, what + " v1");
+              for (int renorm : {0, 1})
+                expect_match(moe_gating_top_k_softmax_v2(x, k, {}, renorm, false), ref::moe_gating_top_k_softmax_v2(x, k, {}, renorm, false), t,
+                             what + " v2 renorm " + std::to_string(renorm));
+              GatingTopKOptions o;
+              o.k = k; o.routed_scaling_factor = 2.5f;
+              expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), t, what + " gating softmax");
+            }
+    for (float bad : {NAN, INFINITY, -INFINITY})
+      for (int64_t row : {3, 16, 31}) {
+        Tensor x = randn(DType::f32, {48, 128}, 5);
+        x.ptr<float>()[row * 128 + (row * 37) % 128] = bad;
+        SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " row " + std::to_string(row) + " value " + std::to_string(bad));
+        EXPECT_OT_ERROR(moe_gating_top_k_softmax(x, 8), "x");
+        EXPECT_OT_ERROR(moe_gating_top_k_softmax_v2(x, 5, {}, 1, false), "x");
+        EXPECT_OT_ERROR(moe_gating_top_k_softmax_v2(x, 8, {}, 0, false), "x");
+      }
+  }
+}

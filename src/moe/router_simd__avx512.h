@@ -1,0 +1,97 @@
+// AVX-512 pieces the router kernels share (router__avx512.cpp: rows; router_t16__avx512.cpp: 16
+// tokens in lanes): masked row loads, 2^x, the candidate collection, the row stores.
+// Only for translation units built with the AVX-512 flags (*__avx512*.cpp).
+#pragma once
+#include <immintrin.h>
+
+#include <array>
+#include <cstdint>
+#include <limits>
+
+#include "src/core/cvt_avx512.h"
+#include "src/moe/router_plan.h"
+
+namespace ot::moe::impl::rsimd {
+
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
+
+// 16 floats of a row (masked lanes read as -inf).
+inline __m512 load16(const void* base, DType t, int64_t i, __mmask16 m) {
+  const bool full = m == 0xffff;  // plain loads where possible: masked ones are slower on some cores
+  __m512 v;
+  if (t == DType::f32) {
+    const float* p = static_cast<const float*>(base) + i;
+    v = full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
+  } else {
+    const uint16_t* p = static_cast<const uint16_t*>(base) + i;
+    __m256i h = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(m, p);
+    v = t == DType::bf16 ? simd::bf16x16_to_f32(h) : simd::f16x16_to_f32(h);
+  }
+  return full ? v : _mm512_mask_blend_ps(m, _mm512_set1_ps(kNegInf), v);
+}
+
+constexpr float kLog2e = 1.44269504088896341f;
+
+// 2^t: f = t - floor(t) in [0, 1) by one vreduceps, a degree-5 minimax polynomial (relative error
+// 1.5e-7 over the fp32 range, about 1 ulp) and vscalefps, which floors t itself (no separate
+// round and subtract: 8 ops a vector, was 10). -inf gives 0 (f = 0), NaN gives NaN, 0 below the
+// fp32 range. Every expert's exp is on the router's critical path; the tests' fp32 tolerance is 1e-5.
+inline __m512 exp2_ps(__m512 t) {
+  const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 p = _mm512_set1_ps(1.8775747157633305e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.989345282316208e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.582631379365921e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24015362560749054f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931530833244324f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999999403953552f));
+  return _mm512_scalef_ps(p, t);
+}
+
+// Top-k candidates: the ids of the experts whose key is >= vt (per lane), compressed in expert order
+// as bytes (E <= 256) on cores with AVX512_VBMI2: one vpcompressb per 4 vectors (64 experts). cb
+// must hold n + 64 bytes (no branches: every store is whole). Returns n.
+alignas(64) inline constexpr auto kIota8 = [] {
+  std::array<uint8_t, 256> a{};
+  for (int i = 0; i < 256; ++i) a[size_t(i)] = uint8_t(i);
+  return a;
+}();
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"))) inline int topk_collect_bytes(const float* key, int64_t nv, __m512 vt, uint8_t* cb) {
+  int n = 0;
+  for (int64_t g = 0; g < nv; g += 4) {
+    __mmask16 m[4] = {0, 0, 0, 0};
+    for (int j = 0; j < 4 && g + j < nv; ++j) m[j] = _mm512_cmp_ps_mask(_mm512_loadu_ps(key + 16 * (g + j)), vt, _CMP_GE_OQ);
+    const __mmask64 mm = _mm512_kunpackd(_mm512_kunpackw(m[3], m[2]), _mm512_kunpackw(m[1], m[0]));
+    _mm512_storeu_si512(cb + n, _mm512_maskz_compress_epi8(mm, _mm512_load_si512(kIota8.data() + 16 * g)));
+    n += int(__builtin_popcountll(mm));
+  }
+  return n;
+}
+inline bool has_vbmi2() {
+  static const bool yes = __builtin_cpu_supports("avx512vbmi2");
+  return yes;
+}
+
+// write_row from registers: ids (E for finished rows), weights cast to y's dtype, v1 row_idx.
+// `whole`: all 16 lanes are stored unmasked (masked stores are slow on some cores); the lanes past
+// k land in the next rows' slots, which the caller writes later.
+// jr: lane j holds j * R (row_idx is k-major).
+inline void write_row16(const RouterSpec& s, GatingResult& r, int64_t row, __m512i ids, __m512 w, bool whole, __m512i jr) {
+  const int64_t k = s.k;
+  const __mmask16 m = whole ? __mmask16(0xffff) : lanes(k);
+  if (s.finished && s.finished[row]) ids = _mm512_set1_epi32(int(s.E));
+  _mm512_mask_storeu_epi32(r.expert_idx.ptr<int32_t>() + row * k, m, ids);
+  const DType yt = r.y.dtype();
+  if (yt == DType::f32) {
+    _mm512_mask_storeu_ps(r.y.ptr<float>() + row * k, m, w);
+  } else {
+    __m256i h = yt == DType::bf16 ? simd::f32_to_bf16x16(w) : simd::f32_to_f16x16(w);
+    _mm256_mask_storeu_epi16(r.y.ptr<uint16_t>() + row * k, m, h);
+  }
+  if (s.row_idx) {
+    _mm512_mask_storeu_epi32(r.row_idx.ptr<int32_t>() + row * k, m, _mm512_add_epi32(jr, _mm512_set1_epi32(int32_t(row))));
+  }
+}
+
+}  // namespace ot::moe::impl::rsimd
