@@ -91,6 +91,56 @@ TEST(GroupedGemm, EveryRowCountBalancedTilesScatterAccumulate) {
   }
 }
 
+// Row counts around the row-block size (at most 160 rows per block, blocks of equal size: 161 ->
+// 88 + 73, 321 -> 112 + 112 + 97), K past one K block (200: 192 + a short chunk), both the
+// scatter-accumulate (race-free) schedule and plain output rows (dynamic units).
+TEST(GroupedGemm, RowBlocksAroundTheBlockSize) {
+  const int64_t N = 100, K = 200, rows_out = 53;
+  const std::vector<int64_t> Ms = {128, 129, 139, 160, 161, 167, 0, 300, 321, 65};
+  int64_t total = 0;
+  for (int64_t m : Ms) total += m;
+  for (cpu::Isa isa : isa_paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (DType t : {DType::bf16, DType::f32}) {
+      Tensor x = random_tensor(t, {400, K}, 3), w = random_tensor(t, {N, K}, 6);
+      PackedB pw = prepack(w, BLayout::NK);
+      std::mt19937 rng(9);
+      std::vector<std::vector<int32_t>> gather(Ms.size()), scatter(Ms.size());
+      Tensor c_fast = random_tensor(DType::f32, {rows_out, N}, 11), c_ref = Tensor::copy_of(c_fast);
+      Tensor p_fast = Tensor::zeros(DType::f32, {total, N}), p_ref = Tensor::zeros(DType::f32, {total, N});
+      std::vector<Group> acc(Ms.size()), plain(Ms.size());
+      for (size_t g = 0, off = 0; g < Ms.size(); off += size_t(Ms[g]), ++g) {
+        for (int64_t i = 0; i < Ms[g]; ++i) {
+          gather[g].push_back(int32_t(rng() % 400));
+          scatter[g].push_back(int32_t(rng() % rows_out));
+        }
+        Group& gr = acc[g];
+        gr.M = Ms[g];
+        gr.a = {x.view().data, t, K, gather[g].data()};
+        gr.b = &pw;
+        gr.c = {c_fast.view().data, DType::f32, N};
+        gr.ep.scatter_rows = scatter[g].data();
+        gr.ep.accumulate = true;
+        plain[g] = gr;
+        plain[g].c = {p_fast.ptr<float>() + off * size_t(N), DType::f32, N};
+        plain[g].ep = {};
+      }
+      grouped_gemm(acc.data(), int64_t(acc.size()));
+      grouped_gemm(plain.data(), int64_t(plain.size()));
+      for (size_t g = 0; g < Ms.size(); ++g) {
+        Group gr = acc[g];
+        gr.c.data = c_ref.view().data;
+        ref::gemm(gr.M, gr.a, w, BLayout::NK, gr.c, gr.ep);
+        gr = plain[g];
+        gr.c.data = p_ref.ptr<float>() + (static_cast<const float*>(plain[g].c.data) - p_fast.ptr<float>());
+        ref::gemm(gr.M, gr.a, w, BLayout::NK, gr.c, gr.ep);
+      }
+      EXPECT_LE(norm_err(c_fast, c_ref), 1e-5) << "isa=" << isa_str(isa) << " " << dtype_name(t);
+      EXPECT_LE(norm_err(p_fast, p_ref), 1e-5) << "isa=" << isa_str(isa) << " " << dtype_name(t);
+    }
+  }
+}
+
 TEST(GroupedGemm, IndependentOutputsWithSwiglu) {
   const int64_t N = 2 * 70, K = 96;
   const std::vector<int64_t> Ms = {64, 0, 3, 200};
