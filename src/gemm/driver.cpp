@@ -64,6 +64,7 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
   float* cbuf = reinterpret_cast<float*>(s.c.get(size_t(mc_pad * ldt) * 4));
   // One micro-tile row block: no reuse of a B chunk across tiles, so stream whole panels.
   const int64_t kc = mc_pad <= K.mr ? std::max<int64_t>(B.Kp, 1) : K.kc;
+  const KernelFn fn = mc_pad <= 2 && K.decode ? K.decode : K.fn;  // decode: the weight-streaming kernel
   // Row tiles of balanced height (25 rows -> 7+6+6+6, not 8+8+8+1): a 1-3 row tile has too few
   // independent accumulator chains to hide the dot product's latency and runs at a fraction of
   // the 8-row tile's rate (MoE experts get ~32 +- 6 rows at Qwen3 T512: +8-13% on M = 25).
@@ -92,7 +93,7 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
         const char* bp = panel + size_t(pc) * kNR * elt;
         for (int64_t it = 0, ir = 0; it < ntile; ++it) {
           int rows = bal ? int(mc_pad / ntile + (it < mc_pad % ntile)) : int(std::min<int64_t>(K.mr, mc_pad - ir));
-          K.fn(rows, kcur, abuf + size_t(ir * lda + pc) * elt, lda, bp, cbuf + ir * ldt + q * kNR, ldt, pc > 0);
+          fn(rows, kcur, abuf + size_t(ir * lda + pc) * elt, lda, bp, cbuf + ir * ldt + q * kNR, ldt, pc > 0);
           ir += rows;
         }
       }
@@ -125,7 +126,7 @@ Layout layout_for(DType a, DType b) {
 Kernel select_kernel(Layout layout, int64_t M) {
   if (layout == Layout::bf16_vnni) {
     if (cpu::has(cpu::Isa::amx) && M >= 16) return {kernel_amx_bf16, 32, 512, true, "amx_bf16"};
-    if (cpu::has(cpu::Isa::avx512_bf16)) return {kernel_avx512_bf16, 8, 192, false, "avx512_bf16"};  // 18 KiB B chunk + 4 A tiles fit L1
+    if (cpu::has(cpu::Isa::avx512_bf16)) return {kernel_avx512_bf16, 8, 192, false, "avx512_bf16", kernel_decode_bf16};  // 18 KiB B chunk + 4 A tiles fit L1
     return {kernel_scalar_vnni, 8, 256, false, "scalar"};
   }
   if (cpu::has(cpu::Isa::avx512)) return {kernel_avx512_f32, 8, 384, false, "avx512_f32"};

@@ -89,6 +89,7 @@ struct Kernel {
   int64_t kc = 256;      // K block that keeps a B panel chunk in L1
   bool pad_rows = false; // the kernel always computes mr rows
   const char* name = "scalar";
+  KernelFn decode = nullptr;  // for a 1-2 row tile over a whole panel (decode), when set
 };
 // The kernel for a layout under the active ISA cap (M lets decode-sized calls avoid AMX).
 Kernel select_kernel(Layout layout, int64_t M);
@@ -113,6 +114,7 @@ void kernel_scalar_f32(int mr, int64_t kc, const void* a, int64_t lda, const voi
 void kernel_scalar_vnni(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+void kernel_decode_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);  // mr <= 2 streamed
 void kernel_amx_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 
 // Everything the epilogue needs: out = alpha*a_scale*acc (+bias) -> act -> *row_scale -> (+ beta*C).

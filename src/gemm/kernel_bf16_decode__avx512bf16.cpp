@@ -1,0 +1,62 @@
+// Decode micro-kernel (M = 1..2 rows, one whole B panel per call): the weights are read once per
+// call, so the kernel is a DRAM stream, not a dot-product loop. A single sequential stream per
+// thread reaches only ~49 GB/s on two threads here, two concurrent streams per thread ~61 GB/s
+// (plain read loops over the same 76 MB of Qwen3 T1 expert weights, docs/moe.md "decode, session 8"):
+// the hardware prefetcher keeps a bounded number of lines in flight per stream. So the panel's
+// k-pairs are cut into S contiguous ranges read side by side, each with its own accumulators
+// (3 * MR * S zmm), summed at the end. No software prefetch (it did not pay in the read loop).
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "src/gemm/internal.h"
+
+namespace ot::gemm::detail {
+
+template <int MR, int S>
+static void decode_tile(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
+  const int64_t pairs = kc / 2, len = pairs / S;  // pairs of stream s: [s * len, (s + 1) * len); the tail goes to stream 0
+  __m512 acc[S][MR][3];
+#pragma GCC unroll 16
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < 3; ++j) acc[s][r][j] = load_c && s == 0 ? _mm512_loadu_ps(c + r * ldc + 16 * j) : _mm512_setzero_ps();
+  auto step = [&](int s, int64_t p) {
+    const uint16_t* bk = b + p * 2 * kNR;
+    __m512bh b0 = (__m512bh)_mm512_load_si512(bk), b1 = (__m512bh)_mm512_load_si512(bk + 32), b2 = (__m512bh)_mm512_load_si512(bk + 64);
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, a + r * lda + 2 * p, 4);
+      __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+      acc[s][r][0] = _mm512_dpbf16_ps(acc[s][r][0], av, b0);
+      acc[s][r][1] = _mm512_dpbf16_ps(acc[s][r][1], av, b1);
+      acc[s][r][2] = _mm512_dpbf16_ps(acc[s][r][2], av, b2);
+    }
+  };
+  for (int64_t i = 0; i < len; ++i) {
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) step(s, s * len + i);
+  }
+  for (int64_t p = S * len; p < pairs; ++p) step(0, p);
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 3; ++j) {
+      __m512 v = acc[0][r][j];
+#pragma GCC unroll 4
+      for (int s = 1; s < S; ++s) v = _mm512_add_ps(v, acc[s][r][j]);
+      _mm512_storeu_ps(c + r * ldc + 16 * j, v);
+    }
+}
+
+// Two streams: at M = 1 +12-15% over kernel_avx512_bf16 (one stream, software prefetch), at M = 2
+// +6%; at M = 3-4 (12 dot products per k-pair) no gain was measured, so those stay on the 8x48 kernel.
+void kernel_decode_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
+  const auto* A = static_cast<const uint16_t*>(a);
+  const auto* B = static_cast<const uint16_t*>(b);
+  if (mr == 1) decode_tile<1, 2>(kc, A, lda, B, c, ldc, load_c);
+  else if (mr == 2) decode_tile<2, 2>(kc, A, lda, B, c, ldc, load_c);
+  else kernel_avx512_bf16(mr, kc, a, lda, b, c, ldc, load_c);
+}
+
+}  // namespace ot::gemm::detail

@@ -1,0 +1,90 @@
+// The decode micro-kernel (kernel_bf16_decode__avx512bf16.cpp: 1-2 row tiles over a whole panel,
+// read as two k-ranges side by side): directly against an fp64 dot product of the packed panel
+// layout for every row count it serves and the ones it hands on (1..4), even k lengths that split
+// unevenly between the streams (pair counts 0, 1, 15, 17, 383, 1024, 1025), padded A rows, and
+// accumulation onto C; and through gemm() at decode sizes (M 1..5, odd K, N tails, SwiGLU,
+// weighted scatter-add) against ref::gemm.
+#include <cmath>
+#include <vector>
+
+#include "gemm_test_util.h"
+#include "src/gemm/internal.h"
+
+using namespace ot;
+using namespace ot::gemm;
+using namespace ot::gemm::testing;
+
+namespace {
+
+std::vector<uint16_t> random_bf16(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = f32_to_bf16(d(rng));
+  return v;
+}
+
+}  // namespace
+
+TEST(GemmDecode, KernelMatchesFp64DotOfThePanel) {
+  if (!cpu::has(cpu::Isa::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16";
+  using namespace ot::gemm::detail;
+  for (int64_t pairs : {0, 1, 15, 17, 383, 1024, 1025})
+    for (int mr = 1; mr <= 4; ++mr)
+      for (bool load_c : {false, true}) {
+        const int64_t kc = 2 * pairs, lda = kc + 6, ldc = kNR + 16;
+        std::vector<uint16_t> b = random_bf16(size_t(kc) * kNR + 32, uint32_t(pairs * 8 + mr));  // +32: 64-byte aligned start below
+        uint16_t* bp = b.data() + (64 - reinterpret_cast<uintptr_t>(b.data()) % 64) / 2 % 32;
+        std::vector<uint16_t> a = random_bf16(size_t(mr * lda), uint32_t(pairs + 100 * mr));
+        std::vector<float> c(size_t(mr * ldc)), c0(c.size());
+        for (size_t i = 0; i < c.size(); ++i) c0[i] = c[i] = float(i % 7) - 3.f;
+        kernel_decode_bf16(mr, kc, a.data(), lda, bp, c.data(), ldc, load_c);
+        double maxerr = 0, maxref = 1e-30;
+        for (int r = 0; r < mr; ++r)
+          for (int j = 0; j < kNR; ++j) {
+            double s = load_c ? c0[size_t(r * ldc + j)] : 0.0;
+            for (int64_t k = 0; k < kc; ++k)  // panel layout [kc/2][48][2]
+              s += double(bf16_to_f32(a[size_t(r * lda + k)])) * double(bf16_to_f32(bp[(k / 2) * 2 * kNR + 2 * j + (k & 1)]));
+            maxerr = std::max(maxerr, std::fabs(s - double(c[size_t(r * ldc + j)])));
+            maxref = std::max(maxref, std::fabs(s));
+          }
+        EXPECT_LE(maxerr / maxref, 1e-5) << "pairs=" << pairs << " mr=" << mr << " load_c=" << load_c;
+        for (int r = 0; r < mr; ++r)  // columns past the tile untouched
+          for (int j = kNR; j < ldc; ++j) EXPECT_EQ(c[size_t(r * ldc + j)], c0[size_t(r * ldc + j)]);
+      }
+}
+
+TEST(GemmDecode, DecodeSizesThroughGemmMatchReference) {
+  std::mt19937 rng(11);
+  {  // this machine's ISA only: the other paths' decode sizes are covered by test_gemm.cpp
+    const cpu::Isa isa = cpu::detected_isa();
+    for (int64_t M : {1, 2, 3, 4, 5})
+      for (int64_t K : {1, 33, 2049})
+        for (int64_t N : {1, 49, 98})
+          for (int variant = 0; variant < 2; ++variant) {
+            // variant 0: plain rows, f32 C; 1: SwiGLU, row scale and scatter-add into f32 C.
+            if (variant == 1 && N % 2) continue;
+            const bool swiglu = variant == 1;
+            const int64_t n_out = swiglu ? N / 2 : N, lda = K + 3, ldc = n_out + 5, c_rows = M + 3;
+            Tensor a = random_tensor(DType::bf16, {M, lda}, uint32_t(M * 7 + K));
+            Tensor b = random_tensor(DType::bf16, {N, K}, uint32_t(K * 3 + N));
+            std::vector<float> scale = to_f32(random_tensor(DType::f32, {M}, uint32_t(N), 0.5f, 1.5f));
+            std::vector<int32_t> scatter(static_cast<size_t>(M));
+            for (auto& s : scatter) s = int32_t(rng() % uint32_t(c_rows));
+            Tensor c0 = random_tensor(DType::f32, {c_rows, ldc}, uint32_t(M + N + K));
+            Tensor cf = Tensor::copy_of(c0), cr = Tensor::copy_of(c0);
+            Epilogue ep;
+            if (swiglu) {
+              ep.act = Act::swiglu;
+              ep.row_scale = scale.data();
+              ep.scatter_rows = scatter.data();
+              ep.accumulate = true;
+            }
+            AOperand ao{a.view().data, DType::bf16, lda, nullptr};
+            PackedB pb = prepack(b, BLayout::NK);
+            ot::gemm::gemm(M, ao, pb, {cf.view().data, DType::f32, ldc}, ep);
+            ref::gemm(M, ao, b, BLayout::NK, {cr.view().data, DType::f32, ldc}, ep);
+            EXPECT_LE(norm_err(cf, cr), 1e-4) << "isa=" << isa_str(isa) << " M=" << M << " K=" << K << " N=" << N << " swiglu=" << swiglu;
+          }
+  }
+}
