@@ -57,16 +57,21 @@ alignas(64) inline constexpr auto kIota8 = [] {
   for (int i = 0; i < 256; ++i) a[size_t(i)] = uint8_t(i);
   return a;
 }();
-__attribute__((target("avx512f,avx512bw,avx512vbmi2"))) inline int topk_collect_bytes(const float* key, int64_t nv, __m512 vt, uint8_t* cb) {
+// The ids of the set bits of m[0, nv) (bit l of m[v]: expert 16 v + l) compressed as bytes into cb.
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"))) inline int compress_ids_bytes(const __mmask16* m, int64_t nv, uint8_t* cb) {
   int n = 0;
   for (int64_t g = 0; g < nv; g += 4) {
-    __mmask16 m[4] = {0, 0, 0, 0};
-    for (int j = 0; j < 4 && g + j < nv; ++j) m[j] = _mm512_cmp_ps_mask(_mm512_loadu_ps(key + 16 * (g + j)), vt, _CMP_GE_OQ);
-    const __mmask64 mm = _mm512_kunpackd(_mm512_kunpackw(m[3], m[2]), _mm512_kunpackw(m[1], m[0]));
+    const __mmask16 m0 = m[g], m1 = g + 1 < nv ? m[g + 1] : 0, m2 = g + 2 < nv ? m[g + 2] : 0, m3 = g + 3 < nv ? m[g + 3] : 0;
+    const __mmask64 mm = _mm512_kunpackd(_mm512_kunpackw(m3, m2), _mm512_kunpackw(m1, m0));
     _mm512_storeu_si512(cb + n, _mm512_maskz_compress_epi8(mm, _mm512_load_si512(kIota8.data() + 16 * g)));
     n += int(__builtin_popcountll(mm));
   }
   return n;
+}
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"))) inline int topk_collect_bytes(const float* key, int64_t nv, __m512 vt, uint8_t* cb) {
+  __mmask16 m[16];
+  for (int64_t v = 0; v < nv; ++v) m[v] = _mm512_cmp_ps_mask(_mm512_loadu_ps(key + 16 * v), vt, _CMP_GE_OQ);
+  return compress_ids_bytes(m, nv, cb);
 }
 inline bool has_vbmi2() {
   static const bool yes = __builtin_cpu_supports("avx512vbmi2");

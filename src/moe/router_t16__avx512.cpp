@@ -136,6 +136,27 @@ alignas(64) constexpr auto kByteT = [] {
 // involution on the bits.
 OT_T16_AI inline __m512i ordered(__m512i u) { return _mm512_xor_si512(u, _mm512_and_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32(0x7fffffff))); }
 
+// The outputs of 16 rows for k = 8 (ids, weights in lanes 0-7 of ids[i] / w[i]), two rows a vector.
+void write_pairs8(const RouterSpec& s, GatingResult& r, int64_t rb, const __m512* ids, const __m512* w) {
+  const __m512i jr8 = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7), _mm512_set1_epi32(int32_t(s.R))),
+                                       _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+  int32_t* ip = r.expert_idx.ptr<int32_t>() + rb * 8;
+  int32_t* rp = s.row_idx ? r.row_idx.ptr<int32_t>() + rb * 8 : nullptr;
+  const DType yt = r.y.dtype();
+  for (int m = 0; m < 8; ++m) {
+    __m512i id = _mm512_castps_si512(_mm512_shuffle_f32x4(ids[2 * m], ids[2 * m + 1], 0x44));
+    if (s.finished) {
+      const uint8_t* f = s.finished + rb + 2 * m;
+      id = _mm512_mask_mov_epi32(id, __mmask16((f[0] ? 0x00ff : 0) | (f[1] ? 0xff00 : 0)), _mm512_set1_epi32(int32_t(s.E)));
+    }
+    _mm512_storeu_si512(ip + 16 * m, id);
+    const __m512 y = _mm512_shuffle_f32x4(w[2 * m], w[2 * m + 1], 0x44);
+    if (yt == DType::f32) _mm512_storeu_ps(r.y.ptr<float>() + (rb + 2 * m) * 8, y);
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(r.y.ptr<uint16_t>() + (rb + 2 * m) * 8), yt == DType::bf16 ? simd::f32_to_bf16x16(y) : simd::f32_to_f16x16(y));
+    if (rp) _mm512_storeu_si512(rp + 16 * m, _mm512_add_epi32(jr8, _mm512_set1_epi32(int32_t(rb + 2 * m))));
+  }
+}
+
 // Per-thread fp32 copies of a block's rows (bf16 / fp16 inputs).
 float* block_rows(int64_t E) {
   thread_local std::vector<float> buf;
@@ -201,18 +222,24 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1) {
     __m512 psum[16];
     for (int i = 0; i < 16; ++i) {
       const float* x = xf + i * E;
+      const __m512 th = _mm512_set1_ps(tha[i]);
+      __mmask16 m[NV];
       if (softmax) {
         const __m512 ml = _mm512_set1_ps(mxa[i] * kLog2e);
         __m512 vs = zero, vs2 = zero, fs = zero;
         for (int v = 0; v < NV; ++v) {
-          const __m512 t = _mm512_fmsub_ps(_mm512_loadu_ps(x + 16 * v), l2e, ml);
+          const __m512 xv = _mm512_loadu_ps(x + 16 * v);
+          m[v] = _mm512_cmp_ps_mask(xv, th, _CMP_GE_OQ);
+          const __m512 t = _mm512_fmsub_ps(xv, l2e, ml);
           fs = _mm512_add_ps(fs, t);  // NaN once some t is not finite (or -inf: the sum of t <= 0)
           const __m512 e = exp2_ps(t);
           if (v & 1) vs2 = _mm512_add_ps(vs2, e); else vs = _mm512_add_ps(vs, e);
         }
         psum[i] = _mm512_add_ps(_mm512_add_ps(vs, vs2), _mm512_mul_ps(fs, zero));
+      } else {
+        for (int v = 0; v < NV; ++v) m[v] = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + 16 * v), th, _CMP_GE_OQ);
       }
-      ncand[i] = topk_collect_bytes(x, NV, _mm512_set1_ps(tha[i]), cb + 16 * i);
+      ncand[i] = compress_ids_bytes(m, NV, cb + 16 * i);
     }
     __m512 scale = _mm512_set1_ps(mul);
     if (softmax) {
@@ -264,10 +291,14 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1) {
     for (int j = 0; j < k; ++j) w[j] = _mm512_mul_ps(w[j], scale);
     transpose16(w);
     transpose16(ids);
-    for (int i = 0; i < 16; ++i) {
-      if (slow >> i & 1) continue;
-      const int64_t row = rb + i;
-      write_row16(s, r, row, _mm512_castps_si512(ids[i]), w[i], row * k + 16 <= r1 * k, jr);
+    if constexpr (K == 8) {
+      write_pairs8(s, r, rb, ids, w);  // (the rows of many candidates are rewritten below)
+    } else {
+      for (int i = 0; i < 16; ++i) {
+        if (slow >> i & 1) continue;
+        const int64_t row = rb + i;
+        write_row16(s, r, row, _mm512_castps_si512(ids[i]), w[i], row * k + 16 <= r1 * k, jr);
+      }
     }
     // Rows of more than 16 candidates (~0.4% of random rows at E 128, k 8): their top k by an
     // insertion over the candidates (in expert order; strict '>' keeps the lower id first), stored
