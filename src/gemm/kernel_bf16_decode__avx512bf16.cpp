@@ -49,8 +49,9 @@ static void decode_tile(int64_t kc, const uint16_t* a, int64_t lda, const uint16
     }
 }
 
-// Two streams: at M = 1 +12-15% over kernel_avx512_bf16 (one stream, software prefetch), at M = 2
-// +6%; at M = 3-4 (12 dot products per k-pair) no gain was measured, so those stay on the 8x48 kernel.
+// Two streams: at M = 1 +12-19% over kernel_avx512_bf16 (one stream, software prefetch), at M = 2
+// +6-12% (three or four streams: no better); at M = 3-4 no gain was measured (+3% at M = 3, none at
+// M = 4; also not as two passes of <= 2 rows), so those stay on the 8x48 kernel.
 void kernel_decode_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
   const auto* A = static_cast<const uint16_t*>(a);
   const auto* B = static_cast<const uint16_t*>(b);
