@@ -338,17 +338,18 @@ TEST(MoeRouterPaths, WholeVectorRowsAndBlockEdges) {
 
 // The 16-tokens-in-lanes kernel (softmax routers selecting on the logits, E a multiple of 16 up to
 // 256, no mask / bias / groups / scores output): whole blocks of 16 rows, the rest by the row
-// kernel, so T around multiples of 16; E of 1, 5, 8 and 16 vectors; k from 1 to 16 (8 has its own
-// pruned networks); random rows, rows of a few levels (exact ties: the lower expert wins; more than
-// 16 candidates: those rows go to the row kernel), rows of +0 and -0 (equal: the lower id wins),
-// rows of +-1e30 (a saturated softmax; every unchosen score underflows alike); bad values in a block's rows on the paths with and without the full softmax.
+// kernel, so T below and past multiples of 16; E of 1, 5, 8 and 16 vectors; k from 1 to 16 (8 has
+// its own pruned networks); random rows, rows of a few levels (exact ties: the lower expert wins;
+// rows of more than 16 candidates: the kernel's insertion), rows of +0 and -0 (equal: the lower id
+// wins), rows of +-1e30 (a saturated softmax; every unchosen score underflows alike); bad values in
+// a block's rows on the paths with and without the full softmax.
 TEST(MoeRouterPaths, TokensInLanesKernel) {
-  for (cpu::Isa isa : paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  {  // the machine's own ISA (the scalar rows have their tests above)
+    const cpu::Isa isa = cpu::detected_isa();
     for (DType t : {DType::f32, DType::bf16})
-      for (int64_t T : {15, 16, 17, 33, 100})
+      for (int64_t T : {15, 33, 100})
         for (int64_t E : {16, 80, 128, 256})
-          for (int64_t k : {1, 2, 5, 8, 16})
+          for (int64_t k : {1, 5, 8, 16})
             for (int variant : {0, 1, 2, 3}) {
               if (k > E || (variant > 0 && T != 33)) continue;
               Tensor x = variant == 1 ? tied(t, T, E, uint32_t(E + k), 3) : randn(t, {T, E}, uint32_t(T * 7 + E + k), 2.f);
