@@ -10,6 +10,7 @@
 
 #include <cstring>
 
+#include "src/core/cvt_avx512.h"
 #include "src/gemm/tn_form.h"
 
 namespace ot::gemm::detail {
@@ -18,8 +19,8 @@ namespace {
 
 enum class Store { f32_stream, bf16_stream, masked };
 
+// The hardware conversion here too (not simd::f32_to_bf16x16), so every tile rounds and flushes alike.
 inline __m256i cvt_bf16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
-inline __m512 bf16_f32(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 
 // Rows [0, MR) x 64 columns of C from the accumulators s.
 //   f32_stream / bf16_stream: whole 64-column segments, C 64-byte aligned, written once (streaming;
@@ -45,7 +46,7 @@ inline void store(const __m512 (&s)[MR][4], char* c, bool bf, int64_t ldc_bytes,
         __m512 v = s[r][j];
         if (bf) {
           uint16_t* p = reinterpret_cast<uint16_t*>(d) + 16 * j;
-          if (acc) v = _mm512_add_ps(v, bf16_f32(_mm256_maskz_loadu_epi16(mk, p)));
+          if (acc) v = _mm512_add_ps(v, simd::bf16x16_to_f32(_mm256_maskz_loadu_epi16(mk, p)));
           _mm256_mask_storeu_epi16(p, mk, cvt_bf16(v));
         } else {
           float* p = reinterpret_cast<float*>(d) + 16 * j;

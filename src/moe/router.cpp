@@ -25,11 +25,11 @@ RouterScratch::RouterScratch(const RouterSpec& s) {
   const size_t rows = kRouterBlock;
   stride = int64_t(ep);
   cand_stride = int64_t(ep + 32);
-  size_t n = 3 * rows * ep + 2 * ep + g + 3 * kp + 3 * 80 + rows * size_t(cand_stride) + 14 * 16;  // floats, each piece rounded up to 16
+  size_t n = (2 * rows + std::max<size_t>(rows, kT16Rows)) * ep + 2 * ep + g + 3 * kp + 3 * 80 + rows * size_t(cand_stride) + 14 * 16;  // floats, each piece rounded up to 16
   mem = aligned_alloc64(n * 4);
   float* f = static_cast<float*>(mem);
   auto take = [&](size_t n) { float* p = f; f += (n + 15) / 16 * 16; return p; };
-  xr = take(rows * ep); sc = take(rows * ep); key = take(rows * ep); gs = take(g); kv = take(kp); vals = take(kp); cand = take(ep + 80);
+  xr = take(std::max<size_t>(rows, kT16Rows) * ep); sc = take(rows * ep); key = take(rows * ep); gs = take(g); kv = take(kp); vals = take(kp); cand = take(ep + 80);
   ki = reinterpret_cast<int32_t*>(take(kp));
   cand_id = reinterpret_cast<int32_t*>(take(ep + 80));
   rank = reinterpret_cast<int32_t*>(take(80));

@@ -53,8 +53,10 @@ inline bool select_on_logits(const RouterSpec& s) {
 // Rows the vector kernel carries through each of its phases together (independent dependency
 // chains for the out-of-order core; one row's chain is several hundred cycles long).
 constexpr int kRouterBlock = 8;
-// Per-thread row buffers of the fast executors (rows padded to a multiple of 16 floats; xr, sc and
-// key hold kRouterBlock rows `stride` apart, the scalar row uses the first).
+constexpr int kT16Rows = 16;  // rows of route_rows_t16's block (lanes = tokens)
+// Per-thread row buffers of the fast executors (rows padded to a multiple of 16 floats, `stride`
+// apart: sc and key hold kRouterBlock rows, xr max(kRouterBlock, kT16Rows); the scalar row uses
+// the first).
 struct RouterScratch {
   explicit RouterScratch(const RouterSpec& s);
   // This thread's buffers for s (kept between calls: no allocation per task).

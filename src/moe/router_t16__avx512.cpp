@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <utility>
-#include <vector>
 
 #include "src/moe/common.h"
 #include "src/moe/router_plan.h"
@@ -157,20 +156,14 @@ void write_pairs8(const RouterSpec& s, GatingResult& r, int64_t rb, const __m512
   }
 }
 
-// Per-thread fp32 copies of a block's rows (bf16 / fp16 inputs).
-float* block_rows(int64_t E) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < size_t(16 * E)) buf.resize(size_t(16 * E));
-  return buf.data();
-}
-
 // K > 0: k == K (networks pruned at compile time); 0: any k <= 16 (whole networks).
 template <int NV, bool Direct, int K>
-bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1) {
+bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
   constexpr int Live = K > 0 ? K : 16;
   const int64_t E = 16 * NV, k = s.k;
   const DType xt = s.x.dtype;
   const size_t row_bytes = size_t(E) * dtype_size(xt);
+  // Softmax over all experts (its sum is needed) unless the weights are a softmax over the k chosen.
   const bool softmax = s.select != Select::topk_softmax;
   const float mul = s.select == Select::gating ? s.scale : 1.f;
   const __m512 l2e = _mm512_set1_ps(kLog2e), zero = _mm512_setzero_ps();
@@ -180,7 +173,7 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1) {
   // Qword keys hold the rows in unpack order: lo = rows {0,1,4,5,..}, hi = {2,3,6,7,..}.
   const __m512i sel_id = _mm512_setr_epi32(0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30);
   const __m512i sel_val = _mm512_add_epi32(sel_id, _mm512_set1_epi32(1));
-  float* copy = Direct ? nullptr : block_rows(E);
+  float* copy = Direct ? nullptr : b.xr;  // fp32 copies of a block's bf16 / fp16 rows (16 rows, stride E = b.stride)
   alignas(64) uint8_t cb[16 * 16 + 256 + 64];
   alignas(64) uint8_t bt[256];
   alignas(64) float mxa[16], tha[16];
@@ -333,12 +326,12 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1) {
 }
 
 template <int NV, bool Direct>
-bool t16_dispatch_k(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1) {
-  return s.k == 8 ? t16_rows<NV, Direct, 8>(s, r, r0, r1) : t16_rows<NV, Direct, 0>(s, r, r0, r1);
+bool t16_dispatch_k(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+  return s.k == 8 ? t16_rows<NV, Direct, 8>(s, r, r0, r1, b) : t16_rows<NV, Direct, 0>(s, r, r0, r1, b);
 }
 template <int NV>
-bool t16_dispatch(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1) {
-  return s.x.dtype == DType::f32 ? t16_dispatch_k<NV, true>(s, r, r0, r1) : t16_dispatch_k<NV, false>(s, r, r0, r1);
+bool t16_dispatch(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+  return s.x.dtype == DType::f32 ? t16_dispatch_k<NV, true>(s, r, r0, r1, b) : t16_dispatch_k<NV, false>(s, r, r0, r1, b);
 }
 
 }  // namespace
@@ -358,7 +351,7 @@ bool route_rows_t16(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1
   if (r16 > r0) {
     switch (s.E / 16) {
 #define OT_T16_CASE(NV) \
-  case NV: ok = t16_dispatch<NV>(s, r, r0, r16); break;
+  case NV: ok = t16_dispatch<NV>(s, r, r0, r16, b); break;
       OT_T16_CASE(1) OT_T16_CASE(2) OT_T16_CASE(3) OT_T16_CASE(4) OT_T16_CASE(5) OT_T16_CASE(6) OT_T16_CASE(7) OT_T16_CASE(8)
       OT_T16_CASE(9) OT_T16_CASE(10) OT_T16_CASE(11) OT_T16_CASE(12) OT_T16_CASE(13) OT_T16_CASE(14) OT_T16_CASE(15) OT_T16_CASE(16)
 #undef OT_T16_CASE
