@@ -126,7 +126,8 @@ Layout layout_for(DType a, DType b) {
 Kernel select_kernel(Layout layout, int64_t M) {
   if (layout == Layout::bf16_vnni) {
     if (cpu::has(cpu::Isa::amx) && M >= 16) return {kernel_amx_bf16, 32, 512, true, "amx_bf16"};
-    if (cpu::has(cpu::Isa::avx512_bf16)) return {kernel_avx512_bf16, 8, 192, false, "avx512_bf16", kernel_decode_bf16};  // 18 KiB B chunk + 4 A tiles fit L1
+    // 18 KiB B chunk + 4 A tiles fit L1; row blocks of <= 2 rows (every block when M <= 2) stream on the decode kernel.
+    if (cpu::has(cpu::Isa::avx512_bf16)) return {kernel_avx512_bf16, 8, 192, false, M <= 2 ? "avx512_bf16_decode" : "avx512_bf16", kernel_decode_bf16};
     return {kernel_scalar_vnni, 8, 256, false, "scalar"};
   }
   if (cpu::has(cpu::Isa::avx512)) return {kernel_avx512_f32, 8, 384, false, "avx512_f32"};

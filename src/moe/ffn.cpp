@@ -204,6 +204,13 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const 
   r.topk_weights = g.y;
   RoutingPlan plan = moe_routing_plan(r.topk_ids, r.topk_weights, p.E, p.cap);
   r.dropped = plan.dropped;
+  if (scope.active()) {  // name what the expert GEMMs run: experts of 1-2 rows take the decode kernel
+    int64_t lo = p.T, hi = 0;
+    for (size_t e = 0; e + 1 < plan.offsets.size(); ++e)
+      if (int64_t n = plan.offsets[e + 1] - plan.offsets[e]) lo = std::min(lo, n), hi = std::max(hi, n);
+    std::string a = gemm::kernel_name(x_in.dtype, ex.dtype(), lo), b = gemm::kernel_name(x_in.dtype, ex.dtype(), hi);
+    if (hi > 0) scope.kernel(a == b ? a : a + "+" + b);
+  }
   r.expert_counts = Tensor::empty(DType::i64, {p.E});
   std::copy(plan.counts.begin(), plan.counts.end(), r.expert_counts.ptr<int64_t>());
   // fp32 accumulator: the output itself when it is fp32, else one [T, H] buffer cast at the end.
