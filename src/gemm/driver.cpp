@@ -46,6 +46,8 @@ struct JobPlan {
   int ppb = 1;  // panels per output block (2 for SwiGLU)
 };
 
+bool rmw_c(const Job& job) { return job.epi.beta != 0.f && job.epi.csc == 1; }
+
 // Rows block mb of the job, output blocks [ob0, ob1).
 void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_t ob1, uint64_t call) {
   const Kernel& K = pl.k;
@@ -61,10 +63,28 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
     s.packed_call = call, s.packed_job = &job, s.packed_mb = mb;
   }
   const int64_t ldt = pl.ppb * kNR;  // one output block's tile (gate + up panels for SwiGLU)
-  float* cbuf = reinterpret_cast<float*>(s.c.get(size_t(mc_pad * ldt) * 4));
+  // Decode (a few rows): all the unit's panels stream first (two at a time, kernel_decode_panels),
+  // one tile per output block, then the epilogues run.
+  const int64_t npan = (ob1 - ob0) * pl.ppb, tsz = mc_pad * ldt;
+  const bool dec = mc_pad <= kDecodeRows && K.decode && npan <= 16;
+  float* cbuf = reinterpret_cast<float*>(s.c.get(size_t(tsz * (dec ? ob1 - ob0 : 1)) * 4));
+  if (dec) {
+    const char* pp[16];
+    float* tp[16];
+    int n = 0;
+    for (int64_t ob = ob0; ob < ob1; ++ob) {
+      int64_t col0;
+      int width;
+      B.cols(ob * pl.ppb, &col0, &width);
+      if (width <= 0) continue;
+      if (rmw_c(job)) prefetch_c(job.epi, m0, int(mc), col0, width);
+      for (int64_t q = 0; q < pl.ppb; ++q, ++n) pp[n] = B.panel(ob * pl.ppb + q), tp[n] = cbuf + (ob - ob0) * tsz + q * kNR;
+    }
+    K.decode(int(mc_pad), std::max<int64_t>(B.Kp, 1), abuf, lda, pp, tp, n, ldt);
+  }
   // One micro-tile row block: no reuse of a B chunk across tiles, so stream whole panels.
   const int64_t kc = mc_pad <= K.mr ? std::max<int64_t>(B.Kp, 1) : K.kc;
-  const KernelFn fn = mc_pad <= 2 && K.decode ? K.decode : K.fn;  // decode: the weight-streaming kernel
+  const KernelFn fn = K.fn;
   // Row tiles of balanced height (25 rows -> 7+6+6+6, not 8+8+8+1): a 1-3 row tile has too few
   // independent accumulator chains to hide the dot product's latency and runs at a fraction of
   // the 8-row tile's rate (MoE experts get ~32 +- 6 rows at Qwen3 T512: +8-13% on M = 25).
@@ -74,7 +94,7 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
   // The epilogue reads C (accumulate: the down GEMM's weighted scatter-add into token rows, which
   // are scattered and not in cache): fetch the block's C lines into L2 before its panels run, so
   // the read-modify-write does not wait on memory (it was ~80% of the epilogue's time).
-  const bool rmw = job.epi.beta != 0.f && job.epi.csc == 1;
+  const bool rmw = rmw_c(job);
   // Panel-major: the unit's B panels are adjacent in memory and each is read front to back, so
   // the weights stream from DRAM as one sequential run the hardware prefetcher follows (a K-block-
   // major order jumps by a whole panel between chunks and restarts a stream each time: 30-40%
@@ -85,8 +105,8 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
     int width;
     B.cols(ob * pl.ppb, &col0, &width);
     if (width <= 0) continue;  // padding block of an odd split
-    if (rmw) prefetch_c(job.epi, m0, int(mc), col0, width);
-    for (int64_t q = 0; q < pl.ppb; ++q) {
+    if (rmw && !dec) prefetch_c(job.epi, m0, int(mc), col0, width);
+    for (int64_t q = 0; q < pl.ppb && !dec; ++q) {
       const char* panel = B.panel(ob * pl.ppb + q);
       for (int64_t pc = 0; pc < B.Kp || pc == 0; pc += kc) {
         int64_t kcur = std::min(kc, B.Kp - pc);
@@ -102,14 +122,14 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
     eb.m0 = m0;
     eb.rows = int(mc);
     eb.ldt = ldt;
-    eb.t = cbuf;
+    eb.t = cbuf + (dec ? (ob - ob0) * tsz : 0);
     eb.col0 = eb.bcol = col0;
     eb.width = width;
     if (job.swiglu) {
       int64_t ucol;
       int uw;
       B.cols(ob * 2 + 1, &ucol, &uw);
-      eb.u = cbuf + kNR;
+      eb.u = eb.t + kNR;
       eb.ucol = ucol;
     }
     if (vec) epilogue_avx512(job.epi, eb);
@@ -126,8 +146,8 @@ Layout layout_for(DType a, DType b) {
 Kernel select_kernel(Layout layout, int64_t M) {
   if (layout == Layout::bf16_vnni) {
     if (cpu::has(cpu::Isa::amx) && M >= 16) return {kernel_amx_bf16, 32, 512, true, "amx_bf16"};
-    // 18 KiB B chunk + 4 A tiles fit L1; row blocks of <= 2 rows (every block when M <= 2) stream on the decode kernel.
-    if (cpu::has(cpu::Isa::avx512_bf16)) return {kernel_avx512_bf16, 8, 192, false, M <= 2 ? "avx512_bf16_decode" : "avx512_bf16", kernel_decode_bf16};
+    // 18 KiB B chunk + 4 A tiles fit L1; row blocks of <= kDecodeRows rows (all when M is) stream on the decode kernel.
+    if (cpu::has(cpu::Isa::avx512_bf16)) return {kernel_avx512_bf16, 8, 192, false, M <= kDecodeRows ? "avx512_bf16_decode" : "avx512_bf16", kernel_decode_panels_bf16};
     return {kernel_scalar_vnni, 8, 256, false, "scalar"};
   }
   if (cpu::has(cpu::Isa::avx512)) return {kernel_avx512_f32, 8, 384, false, "avx512_f32"};

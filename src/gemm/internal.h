@@ -89,8 +89,11 @@ struct Kernel {
   int64_t kc = 256;      // K block that keeps a B panel chunk in L1
   bool pad_rows = false; // the kernel always computes mr rows
   const char* name = "scalar";
-  KernelFn decode = nullptr;  // for a 1-2 row tile over a whole panel (decode), when set
+  // Decode (a row block of <= kDecodeRows rows, one tile over whole panels), when set: runs all of
+  // a unit's panels at once, tiles[i] (row stride ldc) = A x panels[i].
+  void (*decode)(int mr, int64_t kc, const void* a, int64_t lda, const char* const* panels, float* const* tiles, int n, int64_t ldc) = nullptr;
 };
+constexpr int kDecodeRows = 3;
 // The kernel for a layout under the active ISA cap (M lets decode-sized calls avoid AMX).
 Kernel select_kernel(Layout layout, int64_t M);
 Layout layout_for(DType a, DType b);  // what prepack/matmul pack into under the active ISA
@@ -115,6 +118,7 @@ void kernel_scalar_vnni(int mr, int64_t kc, const void* a, int64_t lda, const vo
 void kernel_avx512_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_decode_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);  // mr <= 2 streamed
+void kernel_decode_panels_bf16(int mr, int64_t kc, const void* a, int64_t lda, const char* const* panels, float* const* tiles, int n, int64_t ldc);
 void kernel_amx_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 
 // Everything the epilogue needs: out = alpha*a_scale*acc (+bias) -> act -> *row_scale -> (+ beta*C).

@@ -2,8 +2,9 @@
 // read as two k-ranges side by side): directly against an fp64 dot product of the packed panel
 // layout for every row count it serves and the ones it hands on (1..4), even k lengths that split
 // unevenly between the streams (pair counts 0, 1, 15, 17, 383, 1024, 1025), padded A rows, and
-// accumulation onto C; and through gemm() at decode sizes (M 1..5, odd K, N tails, SwiGLU,
-// weighted scatter-add) against ref::gemm.
+// accumulation onto C; the unit form (kernel_decode_panels_bf16: n panels paired side by side,
+// odd n); and through gemm() at decode sizes (M 1..5, odd K, N tails, units of several panels,
+// SwiGLU, weighted scatter-add) against ref::gemm.
 #include <cmath>
 #include <vector>
 
@@ -54,14 +55,54 @@ TEST(GemmDecode, KernelMatchesFp64DotOfThePanel) {
       }
 }
 
+TEST(GemmDecode, PanelsKernelMatchesFp64DotOfEachPanel) {
+  // kernel_decode_panels_bf16: n panels of one unit (pairs i, i + n/2 side by side, an odd last one
+  // on the half-panel split), rows 1..3 paired and 4 handed on, tiles overwritten (no load_c).
+  if (!cpu::has(cpu::Isa::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16";
+  using namespace ot::gemm::detail;
+  for (int64_t pairs : {0, 1, 17, 1025})
+    for (int n : {0, 1, 2, 3, 5, 8, 9})
+      for (int mr = 1; mr <= 4; ++mr) {
+        const int64_t kc = 2 * pairs, lda = kc + 6, ldc = 2 * kNR + 16, psz = kc * kNR;
+        std::vector<uint16_t> b = random_bf16(size_t(n * psz) + 32, uint32_t(pairs * 16 + n * 5 + mr));
+        uint16_t* bp = b.data() + (64 - reinterpret_cast<uintptr_t>(b.data()) % 64) / 2 % 32;
+        std::vector<uint16_t> a = random_bf16(size_t(mr * lda), uint32_t(pairs + 100 * mr));
+        std::vector<float> c(size_t(n * mr * ldc), 7.f);
+        std::vector<const char*> pp(size_t(n) + 1);
+        std::vector<float*> tp(size_t(n) + 1);
+        for (int i = 0; i < n; ++i) pp[size_t(i)] = reinterpret_cast<const char*>(bp + i * psz), tp[size_t(i)] = c.data() + i * mr * ldc + (i % 2) * kNR;
+        kernel_decode_panels_bf16(mr, kc, a.data(), lda, pp.data(), tp.data(), n, ldc);
+        for (int i = 0; i < n; ++i) {
+          double maxerr = 0, maxref = 1e-30;
+          for (int r = 0; r < mr; ++r)
+            for (int j = 0; j < kNR; ++j) {
+              double sum = 0;
+              for (int64_t k = 0; k < kc; ++k)
+                sum += double(bf16_to_f32(a[size_t(r * lda + k)])) * double(bf16_to_f32(bp[i * psz + (k / 2) * 2 * kNR + 2 * j + (k & 1)]));
+              maxerr = std::max(maxerr, std::fabs(sum - double(tp[size_t(i)][r * ldc + j])));
+              maxref = std::max(maxref, std::fabs(sum));
+            }
+          EXPECT_LE(maxerr / maxref, 1e-5) << "pairs=" << pairs << " n=" << n << " i=" << i << " mr=" << mr;
+          const float* tile = c.data() + i * mr * ldc;  // the other 48 + 16 columns of each row untouched
+          for (int r = 0; r < mr; ++r)
+            for (int j = 0; j < ldc; ++j) {
+              if (j / kNR != i % 2 || j >= 2 * kNR) {
+                EXPECT_EQ(tile[r * ldc + j], 7.f) << "n=" << n << " i=" << i << " r=" << r << " j=" << j;
+              }
+            }
+        }
+      }
+}
+
 TEST(GemmDecode, DecodeSizesThroughGemmMatchReference) {
   std::mt19937 rng(11);
   {  // this machine's ISA only: the other paths' decode sizes are covered by test_gemm.cpp
     const cpu::Isa isa = cpu::detected_isa();
     for (int64_t M : {1, 2, 3, 4, 5})
       for (int64_t K : {1, 33, 2049})
-        for (int64_t N : {1, 49, 98})
+        for (int64_t N : {1, 49, 98, 2930})  // 2930: 62 panels, units of 8 (the paired streams) and a tail
           for (int variant = 0; variant < 2; ++variant) {
+            if (N == 2930 && K != 33) continue;  // the wide case for the unit form only (kept fast)
             // variant 0: plain rows, f32 C; 1: SwiGLU, row scale and scatter-add into f32 C.
             if (variant == 1 && N % 2) continue;
             const bool swiglu = variant == 1;

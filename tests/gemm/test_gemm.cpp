@@ -149,7 +149,8 @@ TEST(Gemm, KernelNamesFollowTheIsaCap) {
   if (cpu::detected_isa() >= cpu::Isa::avx512_bf16) {
     cpu::ScopedMaxIsa cap(cpu::Isa::avx512_bf16);
     EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 1), "avx512_bf16_decode");
-    EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 3), "avx512_bf16");
+    EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 3), "avx512_bf16_decode");
+    EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 4), "avx512_bf16");
     EXPECT_STREQ(kernel_name(DType::f32, DType::f32, 64), "avx512_f32");
     Tensor b = random_tensor(DType::bf16, {32, 32}, 1);
     EXPECT_EQ(prepack(b, BLayout::KN).isa(), cpu::Isa::avx512_bf16);
