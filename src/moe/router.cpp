@@ -25,11 +25,11 @@ RouterScratch::RouterScratch(const RouterSpec& s) {
   const size_t rows = kRouterBlock;
   stride = int64_t(ep);
   cand_stride = int64_t(ep + 32);
-  size_t n = (2 * rows + std::max<size_t>(rows, kT16Rows)) * ep + 2 * ep + g + 3 * kp + 3 * 80 + rows * size_t(cand_stride) + 14 * 16;  // floats, each piece rounded up to 16
+  size_t n = (2 * rows + std::max<size_t>(rows, kT16Rows) + kT16Rows) * ep + 2 * ep + g + 3 * kp + 3 * 80 + rows * size_t(cand_stride) + 14 * 16;  // floats, each piece rounded up to 16
   mem = aligned_alloc64(n * 4);
   float* f = static_cast<float*>(mem);
   auto take = [&](size_t n) { float* p = f; f += (n + 15) / 16 * 16; return p; };
-  xr = take(std::max<size_t>(rows, kT16Rows) * ep); sc = take(rows * ep); key = take(rows * ep); gs = take(g); kv = take(kp); vals = take(kp); cand = take(ep + 80);
+  xr = take(std::max<size_t>(rows, kT16Rows) * ep); sc = take(rows * ep); key = take(rows * ep); key16 = take(kT16Rows * ep); gs = take(g); kv = take(kp); vals = take(kp); cand = take(ep + 80);
   ki = reinterpret_cast<int32_t*>(take(kp));
   cand_id = reinterpret_cast<int32_t*>(take(ep + 80));
   rank = reinterpret_cast<int32_t*>(take(80));
@@ -161,7 +161,7 @@ bool route_fast(const RouterSpec& s, GatingResult& r) {
 
 static GatingResult run(const char* op, RouterSpec& s, const TensorView& x, bool force_ref) {
   trace::OpScope scope(op);
-  scope.kernel(force_ref ? "ref" : !(s.k <= 16 && cpu::has(cpu::Isa::avx512)) ? "fp32_rows" : t16_applies(s) ? "avx512_t16" : "avx512_rows").args(x.shape_str()).bytes(double(x.nbytes()));
+  scope.kernel(force_ref ? "ref" : !(s.k <= 16 && cpu::has(cpu::Isa::avx512)) ? "fp32_rows" : t16_applies(s) || t16_sigmoid_applies(s) ? "avx512_t16" : "avx512_rows").args(x.shape_str()).bytes(double(x.nbytes()));
   GatingResult r = alloc_outputs(s, x);
   if (force_ref) {
     check_rows(op, s);

@@ -130,14 +130,6 @@ void limit_groups_vec(const RouterSpec& s, float* key, float* gs) {
 }
 
 
-// 1 / (1 + 2^(-x log2 e)): the exponent clamped to 125 (the reciprocal stays a normal number),
-// reciprocal estimate (2^-14) and one Newton step (about 1 ulp; vdivps is slow).
-inline __m512 sigmoid_ps(__m512 x) {
-  const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.f), exp2_ps(_mm512_min_ps(_mm512_mul_ps(x, _mm512_set1_ps(-kLog2e)), _mm512_set1_ps(125.f))));
-  const __m512 r = _mm512_rcp14_ps(d);
-  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
-}
-
 // rank_i = number of the 16 values c (also in memory at cm) larger than c_i (Ties: plus the equal
 // ones at lower lanes, i.e. lower expert ids: candidates are kept in expert order). Each c_j comes
 // as a broadcast from memory: load ports, not the shuffle unit (the scarce one here).
@@ -628,7 +620,9 @@ bool route_rows_avx512_rowwise(const RouterSpec& s, GatingResult& r, int64_t r0,
 }
 
 bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
-  return t16_applies(s) ? route_rows_t16(s, r, r0, r1, b) : route_rows_avx512_rowwise(s, r, r0, r1, b);
+  return t16_applies(s)           ? route_rows_t16(s, r, r0, r1, b)
+         : t16_sigmoid_applies(s) ? route_rows_t16_sigmoid(s, r, r0, r1, b)
+                                  : route_rows_avx512_rowwise(s, r, r0, r1, b);
 }
 
 }  // namespace ot::moe::impl

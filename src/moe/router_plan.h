@@ -65,6 +65,7 @@ struct RouterScratch {
   RouterScratch(const RouterScratch&) = delete;
   RouterScratch& operator=(const RouterScratch&) = delete;
   float *xr, *sc, *key, *gs, *kv, *vals;
+  float* key16;  // [kT16Rows, stride]: the selection keys of route_rows_t16_sigmoid's block
   int64_t stride;
   int32_t* ki;
   float* cand;       // [E + 80]: candidates of the vector top-k (compressed stores run 16 past)
@@ -92,5 +93,10 @@ bool route_rows_avx512_rowwise(const RouterSpec& s, GatingResult& r, int64_t r0,
 bool t16_applies(const RouterSpec& s);
 // Whole blocks of 16 rows of [r0, r1) (the rest, and rows it cannot decide, by the row kernel).
 bool route_rows_t16(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
+// The same layout for gating_top_k with sigmoid scores: any bias, group limit (groups of whole
+// vectors, at most 16 groups) and scores output; no mask; E a multiple of 16 up to 256, k <= 16,
+// AVX512_VBMI/VBMI2.
+bool t16_sigmoid_applies(const RouterSpec& s);
+bool route_rows_t16_sigmoid(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 
 }  // namespace ot::moe::impl

@@ -12,13 +12,7 @@
 //   pruned network;
 // - the weights of the k chosen are k vertical exps for the 16 rows, transposed back to rows.
 // Partial blocks go to the row kernel.
-#include <algorithm>
-#include <cstdint>
-#include <utility>
-
-#include "src/moe/common.h"
-#include "src/moe/router_plan.h"
-#include "src/moe/router_simd__avx512.h"
+#include "src/moe/router_t16__avx512.h"
 
 // Only this file's kernels (internal) get the VBMI targets; they run only where CPUID has them.
 #pragma GCC push_options
@@ -26,135 +20,8 @@
 
 namespace ot::moe::impl {
 using namespace rsimd;
+using namespace t16;
 namespace {
-
-#define OT_T16_AI __attribute__((always_inline))
-
-// Batcher's odd-even merge sort of 16 (63 comparators; comparator (a, b), a < b, puts the larger
-// value at a), pruned to those the first `live` outputs depend on.
-struct Net {
-  int n = 0;
-  uint8_t a[64] = {}, b[64] = {};
-};
-constexpr Net batcher16(int live) {
-  Net all;
-  for (int p = 1; p < 16; p *= 2)
-    for (int k = p; k >= 1; k /= 2)
-      for (int j = k % p; j + k < 16; j += 2 * k)
-        for (int i = 0; i < std::min(k, 16 - j - k); ++i)
-          if ((i + j) / (2 * p) == (i + j + k) / (2 * p)) {
-            all.a[all.n] = uint8_t(i + j);
-            all.b[all.n] = uint8_t(i + j + k);
-            ++all.n;
-          }
-  bool need[16] = {}, keep[64] = {};
-  for (int i = 0; i < live; ++i) need[i] = true;
-  for (int c = all.n - 1; c >= 0; --c)
-    if (need[all.a[c]] || need[all.b[c]]) keep[c] = need[all.a[c]] = need[all.b[c]] = true;
-  Net net;
-  for (int c = 0; c < all.n; ++c)
-    if (keep[c]) {
-      net.a[net.n] = all.a[c];
-      net.b[net.n] = all.b[c];
-      ++net.n;
-    }
-  return net;
-}
-template <int Live> struct NetOf {
-  static constexpr Net net = batcher16(Live);
-};
-static_assert(NetOf<16>::net.n == 63);
-
-template <const Net& N, class F, size_t... I> OT_T16_AI inline void run_net(F&& f, std::index_sequence<I...>) { (f(N.a[I], N.b[I]), ...); }
-// v[0, 16) sorted descending per lane (the first Live outputs).
-template <int Live> OT_T16_AI inline void sort_lanes(__m512* v) {
-  run_net<NetOf<Live>::net>([&](int a, int b) OT_T16_AI {
-    const __m512 hi = _mm512_max_ps(v[a], v[b]);
-    v[b] = _mm512_min_ps(v[a], v[b]);
-    v[a] = hi;
-  }, std::make_index_sequence<NetOf<Live>::net.n>{});
-}
-template <int Live> OT_T16_AI inline void sort_lanes(__m512i* v) {
-  run_net<NetOf<Live>::net>([&](int a, int b) OT_T16_AI {
-    const __m512i hi = _mm512_max_epi64(v[a], v[b]);
-    v[b] = _mm512_min_epi64(v[a], v[b]);
-    v[a] = hi;
-  }, std::make_index_sequence<NetOf<Live>::net.n>{});
-}
-
-// 16x16 transpose: v[j] lane i <- v[i] lane j (64 shuffles).
-OT_T16_AI inline void transpose16(__m512* v) {
-  __m512 t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
-  }
-  auto lo = [](__m512 a, __m512 b) { return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))); };
-  auto hi = [](__m512 a, __m512 b) { return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))); };
-  for (int i = 0; i < 4; ++i) {  // u[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c
-    u[4 * i] = lo(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = hi(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = lo(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = hi(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512 b0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), b1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
-    const __m512 b2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44), b3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
-    v[c] = _mm512_shuffle_f32x4(b0, b2, 0x88);
-    v[4 + c] = _mm512_shuffle_f32x4(b0, b2, 0xDD);
-    v[8 + c] = _mm512_shuffle_f32x4(b1, b3, 0x88);
-    v[12 + c] = _mm512_shuffle_f32x4(b1, b3, 0xDD);
-  }
-}
-
-// Lane i <- the sum of v[i]'s 16 lanes (a transposing tree: 45 ops and one permute for 16 rows).
-OT_T16_AI inline __m512 reduce16_add(const __m512* v) {
-  __m512 w[8], x[4], y[2];
-  for (int i = 0; i < 8; ++i)  // lanes 0-7: v[2i] folded, 8-15: v[2i + 1]
-    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
-  for (int i = 0; i < 4; ++i)  // 128-bit lane q: v[4i + q] folded
-    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88), _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
-  for (int i = 0; i < 2; ++i)  // lane q: [v[8i + q] x2, v[8i + 4 + q] x2]
-    y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44), _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE));
-  // lane q: [v[q], v[4 + q], v[8 + q], v[12 + q]]: element 4q + m holds row 4m + q
-  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
-}
-
-// Byte transpose: column c of B_p (p = 0..3) at byte 16 c + i = row i's byte 4 p + c, with rows
-// 4q..4q+3 in A_q: rows 0-7 from the pair (A0, A1), 8-15 from (A2, A3), the same index for both.
-alignas(64) constexpr auto kByteT = [] {
-  std::array<uint8_t, 256> a{};
-  for (int p = 0; p < 4; ++p)
-    for (int c = 0; c < 4; ++c)
-      for (int i = 0; i < 16; ++i) a[size_t(64 * p + 16 * c + i)] = uint8_t(16 * (i & 7) + 4 * p + c);
-  return a;
-}();
-
-// Order-preserving int32 of a float (signed compare), -0 made +0 first (it ties with +0); an
-// involution on the bits.
-OT_T16_AI inline __m512i ordered(__m512i u) { return _mm512_xor_si512(u, _mm512_and_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32(0x7fffffff))); }
-
-// The outputs of 16 rows for k = 8 (ids, weights in lanes 0-7 of ids[i] / w[i]), two rows a vector.
-void write_pairs8(const RouterSpec& s, GatingResult& r, int64_t rb, const __m512* ids, const __m512* w) {
-  const __m512i jr8 = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7), _mm512_set1_epi32(int32_t(s.R))),
-                                       _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
-  int32_t* ip = r.expert_idx.ptr<int32_t>() + rb * 8;
-  int32_t* rp = s.row_idx ? r.row_idx.ptr<int32_t>() + rb * 8 : nullptr;
-  const DType yt = r.y.dtype();
-  for (int m = 0; m < 8; ++m) {
-    __m512i id = _mm512_castps_si512(_mm512_shuffle_f32x4(ids[2 * m], ids[2 * m + 1], 0x44));
-    if (s.finished) {
-      const uint8_t* f = s.finished + rb + 2 * m;
-      id = _mm512_mask_mov_epi32(id, __mmask16((f[0] ? 0x00ff : 0) | (f[1] ? 0xff00 : 0)), _mm512_set1_epi32(int32_t(s.E)));
-    }
-    _mm512_storeu_si512(ip + 16 * m, id);
-    const __m512 y = _mm512_shuffle_f32x4(w[2 * m], w[2 * m + 1], 0x44);
-    if (yt == DType::f32) _mm512_storeu_ps(r.y.ptr<float>() + (rb + 2 * m) * 8, y);
-    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(r.y.ptr<uint16_t>() + (rb + 2 * m) * 8), yt == DType::bf16 ? simd::f32_to_bf16x16(y) : simd::f32_to_f16x16(y));
-    if (rp) _mm512_storeu_si512(rp + 16 * m, _mm512_add_epi32(jr8, _mm512_set1_epi32(int32_t(rb + 2 * m))));
-  }
-}
 
 // K > 0: k == K (networks pruned at compile time); 0: any k <= 16 (whole networks).
 template <int NV, bool Direct, int K>
@@ -169,16 +36,10 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
   const __m512 l2e = _mm512_set1_ps(kLog2e), zero = _mm512_setzero_ps();
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i jr = _mm512_mullo_epi32(iota, _mm512_set1_epi32(int32_t(s.R)));
-  const __m512i rowoff = _mm512_mullo_epi32(iota, _mm512_set1_epi32(int32_t(E)));
-  // Qword keys hold the rows in unpack order: lo = rows {0,1,4,5,..}, hi = {2,3,6,7,..}.
-  const __m512i sel_id = _mm512_setr_epi32(0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30);
-  const __m512i sel_val = _mm512_add_epi32(sel_id, _mm512_set1_epi32(1));
   float* copy = Direct ? nullptr : b.xr;  // fp32 copies of a block's bf16 / fp16 rows (16 rows, stride E = b.stride)
   alignas(64) uint8_t cb[16 * 16 + 256 + 64];
-  alignas(64) uint8_t bt[256];
   alignas(64) float mxa[16], tha[16];
   alignas(64) int32_t ncand[16];
-  alignas(64) __m512i keys[2][16];
   for (int64_t rb = r0; rb + 16 <= r1; rb += 16) {
     const char* xb = static_cast<const char*>(s.x.data) + size_t(rb) * row_bytes;
     const float* xf = Direct ? reinterpret_cast<const float*>(xb) : copy;
@@ -242,40 +103,16 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
     }
     const __m512i nc = _mm512_load_si512(ncand);
     const __mmask16 slow = _mm512_cmpgt_epi32_mask(nc, _mm512_set1_epi32(16));
-    // Candidate ids transposed: slot j of the 16 rows at bt + 16 j.
-    {
-      const __m512i a0 = _mm512_load_si512(cb), a1 = _mm512_load_si512(cb + 64), a2 = _mm512_load_si512(cb + 128),
-                    a3 = _mm512_load_si512(cb + 192);
-      for (int p = 0; p < 4; ++p) {
-        const __m512i idx = _mm512_load_si512(kByteT.data() + 64 * p);
-        _mm512_store_si512(bt + 64 * p, _mm512_mask_blend_epi8(__mmask64(0xFF00FF00FF00FF00ull), _mm512_permutex2var_epi8(a0, idx, a1),
-                                                                _mm512_permutex2var_epi8(a2, idx, a3)));
-      }
-    }
-    // Keys: (ordered value, 255 - id); -inf (below every finite value) past a row's candidates.
-    const __mmask16 live = __mmask16(~slow);
-    for (int j = 0; j < 16; ++j) {
-      const __m512i id = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(bt + 16 * j)));
-      const __mmask16 m = live & _mm512_cmpgt_epi32_mask(nc, _mm512_set1_epi32(j));
-      const __m512 v = _mm512_add_ps(_mm512_mask_i32gather_ps(_mm512_set1_ps(kNegInf), m, _mm512_add_epi32(rowoff, id), xf, 4), zero);
-      const __m512i o = ordered(_mm512_castps_si512(v)), lo = _mm512_sub_epi32(_mm512_set1_epi32(255), id);
-      keys[0][j] = _mm512_unpacklo_epi32(lo, o);
-      keys[1][j] = _mm512_unpackhi_epi32(lo, o);
-    }
-    for (int h = 0; h < 2; ++h) {
-      __m512i q[16];
-      for (int j = 0; j < 16; ++j) q[j] = keys[h][j];
-      sort_lanes<Live>(q);
-      for (int j = 0; j < Live; ++j) keys[h][j] = q[j];
-    }
+    __m512i sid[16];
+    __m512 sval[16];
+    select16<Live>(cb, nc, slow, xf, E, k, sid, sval);
     // The k chosen per lane, their weights, back to rows.
     __m512 w[16], ids[16];
     __m512 esum = zero, e0 = zero;
     for (int j = 0; j < 16; ++j) {
       if (j >= k) { w[j] = zero; ids[j] = zero; continue; }
-      const __m512i idr = _mm512_permutex2var_epi32(keys[0][j], sel_id, keys[1][j]);
-      const __m512 v = _mm512_castsi512_ps(ordered(_mm512_permutex2var_epi32(keys[0][j], sel_val, keys[1][j])));
-      ids[j] = _mm512_castsi512_ps(_mm512_sub_epi32(_mm512_set1_epi32(255), idr));
+      const __m512 v = sval[j];
+      ids[j] = _mm512_castsi512_ps(sid[j]);
       if (j == 0) e0 = softmax ? mx : v;  // topk_softmax: a softmax over the k chosen (v0 is their max)
       w[j] = exp2_ps(_mm512_fmsub_ps(v, l2e, _mm512_mul_ps(e0, l2e)));
       esum = _mm512_add_ps(esum, w[j]);

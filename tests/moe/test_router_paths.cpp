@@ -380,3 +380,73 @@ TEST(MoeRouterPaths, TokensInLanesKernel) {
       }
   }
 }
+
+// The 16-tokens-in-lanes kernel of gating_top_k with sigmoid scores (route_rows_t16_sigmoid: E a
+// multiple of 16 up to 256, groups of whole vectors, no mask): T below 16, past multiples of 16;
+// 1, 4, 8 and 16 groups of 1 to 4 vectors (E 192: rows of a run-time vector count), k_group from
+// 1 to all groups, both group scores, with and without bias, k 1 / 8 / 16 (8 has pruned networks),
+// fp32 and bf16 logits; rows of a few levels (exact ties in the scores and in the group scores: the
+// lower expert and the lower group win; the bias one level a group), a bias that changes the choice (checked: the ids differ
+// from the unbiased call's), the scores output; huge logits; NaN / +-Inf in a block's rows.
+TEST(MoeRouterPaths, TokensInLanesSigmoid) {
+  const cpu::Isa isa = cpu::detected_isa();  // the machine's own ISA (the scalar rows have their tests above)
+  int run = 0;
+  for (auto [E, G] : {std::pair<int64_t, int64_t>{64, 1}, {64, 4}, {128, 8}, {256, 8}, {256, 4}, {256, 16}, {192, 4}})
+    for (int64_t kg = 1; kg <= G; kg += (G <= 4 ? 1 : G == 8 ? 3 : 5))
+      for (int mode : {0, 1})
+        for (int variant : {0, 1, 2}) {  // random; tied levels (bias tied too); a bias that changes the choice
+          ++run;
+          const DType t = run % 3 == 0 ? DType::bf16 : DType::f32;
+          const int64_t T = run % 4 == 0 ? 5 : (run % 4 == 1 ? 33 : 48);
+          GatingTopKOptions o;
+          o.norm_type = 1; o.group_count = G; o.k_group = kg; o.group_select_mode = mode;
+          o.k = std::min<int64_t>(run % 5 == 0 ? 16 : run % 5 == 1 ? 1 : 8, kg * (E / G));
+          o.routed_scaling_factor = 2.5f; o.out_flag = run % 7 == 0;
+          Tensor x = variant == 1 ? tied(t, T, E, uint32_t(run), 3) : randn(t, {T, E}, uint32_t(run), 2.f);
+          Tensor bias = randn(DType::f32, {1, E}, uint32_t(run + 2), 0.1f);
+          // Tied rows: one bias a group (0 or 1), so equal group sums are equal sums of equal terms in
+          // fp32 and fp64 alike ((s1 + b1) + (s2 + b2) = (s1 + b2) + (s2 + b1) exactly only in real numbers).
+          for (int64_t e = 0; variant == 1 && e < E; ++e) bias.ptr<float>()[e] = float((e / (E / G)) % 2);
+          if (variant == 2)
+            for (int64_t e = 0; e < E; e += 5) bias.ptr<float>()[e] = 1.5f;
+          const bool with_bias = variant > 0 || mode == 1;
+          if (with_bias) o.bias = bias.view().reshape({E});
+          std::string what = std::string(cpu::isa_name(isa)) + " " + dtype_name(t) + " T" + std::to_string(T) + " E" + std::to_string(E) +
+                             " G" + std::to_string(G) + " kg" + std::to_string(kg) + " k" + std::to_string(o.k) + " mode " +
+                             std::to_string(mode) + " variant " + std::to_string(variant) + " bias " + std::to_string(with_bias);
+          GatingResult f = moe_gating_top_k(x, o);
+          expect_match(f, ref::moe_gating_top_k(x, o), t, what);
+          if (variant == 2) {  // the bias decided some choices
+            GatingTopKOptions u = o;
+            u.bias = {};
+            GatingResult g = moe_gating_top_k(x, u);
+            expect_match(g, ref::moe_gating_top_k(x, u), t, what + " unbiased");
+            int64_t differ = 0;
+            for (int64_t i = 0; i < f.expert_idx.numel(); ++i) differ += f.expert_idx.ptr<int32_t>()[i] != g.expert_idx.ptr<int32_t>()[i];
+            EXPECT_GT(differ, 0) << what;
+          }
+        }
+  // Huge logits: sigmoids of 0 and 1 (ties in fp32 and fp64), with a bias.
+  {
+    Tensor x = randn(DType::f32, {40, 256}, 21, 2.f);
+    for (int64_t i = 0; i < 40 * 256; ++i)
+      if (i % 3 == 0) x.ptr<float>()[i] = i % 2 ? 1e30f : -1e30f;
+    Tensor bias = tied(DType::f32, 1, 256, 22, 2);
+    for (int mode : {0, 1}) {
+      GatingTopKOptions o;
+      o.k = 8; o.norm_type = 1; o.group_count = 8; o.k_group = 4; o.group_select_mode = mode; o.bias = bias.view().reshape({256});
+      expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::f32, "huge logits mode " + std::to_string(mode));
+    }
+  }
+  for (float bad : {NAN, INFINITY, -INFINITY})
+    for (int64_t row : {3, 16, 31}) {
+      Tensor x = randn(DType::f32, {48, 256}, 5);
+      x.ptr<float>()[row * 256 + (row * 37) % 256] = bad;
+      SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " row " + std::to_string(row) + " value " + std::to_string(bad));
+      GatingTopKOptions o;
+      o.k = 8; o.norm_type = 1; o.group_count = 8; o.k_group = 4; o.group_select_mode = 1;
+      Tensor bias = randn(DType::f32, {256}, 6, 0.1f);
+      o.bias = bias;
+      EXPECT_OT_ERROR(moe_gating_top_k(x, o), "x");
+    }
+}

@@ -1,0 +1,215 @@
+// gating_top_k with sigmoid scores (DeepSeek-V3: bias for selection only, group-limited top-k,
+// renorm, routed scaling), 16 tokens in the lanes (the layout of router_t16__avx512.cpp). Per
+// block of 16 rows:
+// - row-wise: the logits' sigmoids (as the row kernel computes them, so the keys are the same
+//   fp32 values) + bias = the selection keys, stored for the block (16 x E floats);
+// - the group scores: each row's groups folded lane-wise into (largest, second largest) over their
+//   vectors, then one transposing tree per group for the 16 rows (lane = row): max, or the top-2 sum;
+// - the k_group best groups per lane: a vertical sorting network gives the k_group-th best score,
+//   the groups above it and then the lowest groups equal to it are kept (ties to the lower group);
+// - row-wise again: the keys of the other groups become -inf, and the column maxima over the kept
+//   groups give each row's threshold (the k-th largest, per lane after a transpose and a network);
+//   the candidates >= it are compressed as byte ids, then selected per lane as in the softmax
+//   kernel (64-bit (value, id) keys: ties to the lower id exactly);
+// - the weights: the k chosen logits gathered, k vertical sigmoids, their sum, the scaling.
+// Partial blocks and rows of more than 16 candidates are done as in the softmax kernel.
+#include "src/moe/router_t16__avx512.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512vbmi,avx512vbmi2")
+
+namespace ot::moe::impl {
+using namespace rsimd;
+using namespace t16;
+namespace {
+
+// Per lane (row), the bits of the k_group best groups of gs[0, G) (ties to the lower group).
+OT_T16_AI inline __m512i keep_groups16(const __m512* gs, int64_t G, int64_t k_group) {
+  const __m512 ninf = _mm512_set1_ps(kNegInf);
+  const __m512i one = _mm512_set1_epi32(1);
+  __m512 srt[16];
+  for (int g = 0; g < 16; ++g) srt[g] = g < G ? gs[g] : ninf;
+  sort_lanes<16>(srt);
+  const __m512 tg = srt[k_group - 1];
+  __m512i above = _mm512_setzero_si512(), taken = _mm512_setzero_si512(), kept = _mm512_setzero_si512();
+  for (int g = 0; g < G; ++g) above = _mm512_mask_add_epi32(above, _mm512_cmp_ps_mask(gs[g], tg, _CMP_GT_OQ), above, one);
+  const __m512i need = _mm512_sub_epi32(_mm512_set1_epi32(int32_t(k_group)), above);
+  for (int g = 0; g < G; ++g) {
+    const __mmask16 eq = _mm512_cmp_ps_mask(gs[g], tg, _CMP_EQ_OQ) & _mm512_cmplt_epi32_mask(taken, need);
+    taken = _mm512_mask_add_epi32(taken, eq, taken, one);
+    kept = _mm512_mask_or_epi32(kept, eq | _mm512_cmp_ps_mask(gs[g], tg, _CMP_GT_OQ), kept, _mm512_set1_epi32(1 << g));
+  }
+  return kept;
+}
+
+// NV > 0: rows of exactly NV vectors; K > 0: k == K (networks pruned at compile time).
+template <int NV, bool Direct, int K>
+bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+  constexpr int Live = K > 0 ? K : 16;
+  const int64_t E = NV > 0 ? 16 * NV : s.E, nv = E / 16, k = s.k;
+  const DType xt = s.x.dtype;
+  const size_t row_bytes = size_t(E) * dtype_size(xt);
+  const bool on_x = select_on_logits(s), groups = limits_groups(s), bias = !s.bias.empty();
+  const int64_t G = s.groups, M = nv / G;  // groups, vectors a group (group_net_applies: whole vectors)
+  const int top2 = s.group_mode == 1;
+  float* scores = s.scores ? r.scores.ptr<float>() : nullptr;
+  const __m512 zero = _mm512_setzero_ps(), ninf = _mm512_set1_ps(kNegInf);
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i jr = _mm512_mullo_epi32(iota, _mm512_set1_epi32(int32_t(s.R)));
+  const __m512i rowoff = _mm512_mullo_epi32(iota, _mm512_set1_epi32(int32_t(E)));
+  float* copy = Direct ? nullptr : b.xr;  // fp32 copies of a block's bf16 / fp16 rows (stride E)
+  float* keys = b.key16;                  // the block's selection keys (stride E)
+  alignas(64) uint8_t cb[16 * 16 + 256 + 64];
+  alignas(64) float tha[16];
+  alignas(64) int32_t ncand[16], keptb[16];
+  for (int64_t rb = r0; rb + 16 <= r1; rb += 16) {
+    const char* xb = static_cast<const char*>(s.x.data) + size_t(rb) * row_bytes;
+    const float* xf = Direct ? reinterpret_cast<const float*>(xb) : copy;
+    // Pass 1: keys (and the fp32 copy, the scores output), finiteness, the column maxima.
+    __m512 cm[16], nonfinite = zero;
+    for (int i = 0; i < 16; ++i) {
+      const char* xp = xb + size_t(i) * row_bytes;
+      if (rb + 32 <= s.R)
+        for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch(xp + 16 * row_bytes + o, _MM_HINT_T0);
+      float* kr = keys + i * E;
+      float* so = scores ? scores + (rb + i) * E : nullptr;
+      __m512 c = ninf;
+      for (int64_t v = 0; v < nv; ++v) {
+        const __m512 x = load16(xp, xt, 16 * v, 0xffff);
+        if (!Direct) _mm512_store_ps(copy + i * E + 16 * v, x);
+        nonfinite = _mm512_fmadd_ps(x, zero, nonfinite);
+        __m512 y = x;
+        if (!on_x || so) {
+          const __m512 sg = sigmoid_ps(x);
+          if (so) _mm512_storeu_ps(so + 16 * v, sg);
+          if (!on_x) y = bias ? _mm512_add_ps(sg, _mm512_loadu_ps(s.bias.data() + 16 * v)) : sg;
+        }
+        _mm512_store_ps(kr + 16 * v, y);
+        c = _mm512_max_ps(c, y);
+      }
+      cm[i] = c;
+    }
+    if (_mm512_cmp_ps_mask(nonfinite, nonfinite, _CMP_UNORD_Q)) return false;
+    if (groups) {
+      // Group scores per lane, the kept groups' bits per row.
+      __m512 gs[16];
+      for (int64_t g = 0; g < G; ++g) {
+        __m512 a[16], sb[16];
+        for (int i = 0; i < 16; ++i) {
+          const float* p = keys + i * E + g * M * 16;
+          __m512 x = _mm512_load_ps(p), y = ninf;
+          for (int64_t j = 1; j < M; ++j) {
+            const __m512 v = _mm512_load_ps(p + 16 * j);
+            if (top2) y = _mm512_max_ps(y, _mm512_min_ps(x, v));
+            x = _mm512_max_ps(x, v);
+          }
+          a[i] = x;
+          sb[i] = y;
+        }
+        gs[g] = top2 ? group_score16<true>(a, sb) : group_score16<false>(a, sb);
+      }
+      _mm512_store_si512(keptb, keep_groups16(gs, G, s.k_group));
+      // The other groups' keys -inf; the column maxima over the kept ones.
+      const uint32_t all = (1u << G) - 1;
+      for (int i = 0; i < 16; ++i) {
+        float* kr = keys + i * E;
+        __m512 c = ninf;
+        for (uint32_t u = uint32_t(keptb[i]); u; u &= u - 1)
+          for (int64_t j = 0, v = __builtin_ctz(u) * M; j < M; ++j) c = _mm512_max_ps(c, _mm512_load_ps(kr + 16 * (v + j)));
+        for (uint32_t u = ~uint32_t(keptb[i]) & all; u; u &= u - 1)
+          for (int64_t j = 0, v = __builtin_ctz(u) * M; j < M; ++j) _mm512_store_ps(kr + 16 * (v + j), ninf);
+        cm[i] = c;
+      }
+    }
+    // Thresholds per lane: the k-th largest column maximum.
+    transpose16(cm);
+    sort_lanes<Live>(cm);
+    _mm512_store_ps(tha, cm[k - 1]);
+    // Candidates (ids as bytes at cb + 16 i; a row's stores run into the next rows', written after it).
+    for (int i = 0; i < 16; ++i) ncand[i] = topk_collect_bytes(keys + i * E, nv, _mm512_set1_ps(tha[i]), cb + 16 * i);
+    const __m512i nc = _mm512_load_si512(ncand);
+    const __mmask16 slow = _mm512_cmpgt_epi32_mask(nc, _mm512_set1_epi32(16));
+    __m512i sid[16];
+    __m512 sval[16];
+    select16<Live>(cb, nc, slow, keys, E, k, sid, sval);
+    // Weights: the chosen experts' sigmoids (unbiased), renormalised and scaled.
+    __m512 w[16], ids[16], sum = zero;
+    for (int j = 0; j < 16; ++j) {
+      if (j >= k) { w[j] = zero; ids[j] = zero; continue; }
+      const __m512 lg = on_x ? sval[j] : _mm512_mask_i32gather_ps(zero, __mmask16(~slow), _mm512_add_epi32(rowoff, sid[j]), xf, 4);
+      w[j] = sigmoid_ps(lg);
+      sum = _mm512_add_ps(sum, w[j]);
+      ids[j] = _mm512_castsi512_ps(sid[j]);
+    }
+    const __m512 mul = _mm512_div_ps(_mm512_set1_ps(s.scale), _mm512_add_ps(sum, _mm512_set1_ps(s.eps)));
+    for (int j = 0; j < k; ++j) w[j] = _mm512_mul_ps(w[j], mul);
+    transpose16(w);
+    transpose16(ids);
+    if constexpr (K == 8) {
+      write_pairs8(s, r, rb, ids, w);  // (the rows of many candidates are rewritten below)
+    } else {
+      for (int i = 0; i < 16; ++i)
+        if (!(slow >> i & 1)) write_row16(s, r, rb + i, _mm512_castps_si512(ids[i]), w[i], (rb + i) * k + 16 <= r1 * k, jr);
+    }
+    // Rows of more than 16 candidates: an insertion over them (in expert order; strict '>' keeps
+    // the lower id first), stored masked (the next rows are written already).
+    for (uint32_t m = slow; m; m &= m - 1) {
+      const int i = __builtin_ctz(m);
+      const float* key = keys + i * E;
+      alignas(64) uint8_t cand[256 + 64];
+      const int n = topk_collect_bytes(key, nv, _mm512_set1_ps(tha[i]), cand);
+      alignas(64) float kv[16];
+      alignas(64) int32_t ki[16];
+      int have = 0;
+      for (int c = 0; c < n; ++c) {
+        const float v = key[cand[c]];
+        if (have == k && !(v > kv[k - 1])) continue;
+        int pos = have < k ? have++ : int(k) - 1;
+        for (; pos > 0 && v > kv[pos - 1]; --pos) { kv[pos] = kv[pos - 1]; ki[pos] = ki[pos - 1]; }
+        kv[pos] = v;
+        ki[pos] = cand[c];
+      }
+      const __mmask16 mk = lanes(k);
+      const __m512i id = _mm512_maskz_load_epi32(mk, ki);
+      const __m512 y = _mm512_maskz_mov_ps(mk, sigmoid_ps(_mm512_mask_i32gather_ps(zero, mk, id, xf + i * E, 4)));
+      write_row16(s, r, rb + i, id, _mm512_mul_ps(y, _mm512_set1_ps(s.scale / (_mm512_reduce_add_ps(y) + s.eps))), false, jr);
+    }
+  }
+  return true;
+}
+
+template <int NV, bool Direct>
+bool dispatch_k(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+  return s.k == 8 ? t16_sigmoid_rows<NV, Direct, 8>(s, r, r0, r1, b) : t16_sigmoid_rows<NV, Direct, 0>(s, r, r0, r1, b);
+}
+template <int NV>
+bool dispatch(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+  return s.x.dtype == DType::f32 ? dispatch_k<NV, true>(s, r, r0, r1, b) : dispatch_k<NV, false>(s, r, r0, r1, b);
+}
+
+}  // namespace
+
+bool t16_sigmoid_applies(const RouterSpec& s) {
+  static const bool isa = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2");
+  const bool groups_ok = !limits_groups(s) || ((s.E / s.groups) % 16 == 0 && s.groups <= 16);
+  return isa && s.select == Select::gating && s.sigmoid && s.k <= 16 && !s.allowed && s.E % 16 == 0 && s.E <= 256 && groups_ok;
+}
+
+bool route_rows_t16_sigmoid(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+  const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
+  bool ok = true;
+  if (r16 > r0) {
+    switch (s.E) {
+      case 64: ok = dispatch<4>(s, r, r0, r16, b); break;
+      case 128: ok = dispatch<8>(s, r, r0, r16, b); break;
+      case 256: ok = dispatch<16>(s, r, r0, r16, b); break;
+      default: ok = dispatch<0>(s, r, r0, r16, b); break;
+    }
+  }
+  // false: the entry point checks every row and runs the reference
+  return ok && (r16 == r1 || route_rows_avx512_rowwise(s, r, r16, r1, b));
+}
+
+}  // namespace ot::moe::impl
+
+#pragma GCC pop_options
