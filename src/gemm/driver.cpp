@@ -7,6 +7,7 @@
 // assigned by output columns so no two threads ever write the same C element.
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <vector>
 
 #include "ot/parallel.h"
@@ -48,8 +49,20 @@ struct JobPlan {
 
 bool rmw_c(const Job& job) { return job.epi.beta != 0.f && job.epi.csc == 1; }
 
-// Rows block mb of the job, output blocks [ob0, ob1).
-void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_t ob1, uint64_t call) {
+constexpr int kZ = kNR / 16;  // zmm columns per panel
+
+// Real (non-padding) zmm columns of output block ob.
+int real_zmm(const Panels& B, const JobPlan& pl, int64_t ob) {
+  int64_t col0;
+  int width;
+  B.cols(ob * pl.ppb, &col0, &width);
+  return width <= 0 ? 0 : (width + 15) / 16;
+}
+
+// Rows block mb of the job, output blocks [ob0, ob1), of which only the zmm columns with global
+// index (kZ * ob + j) in [z0, z1) (a thread's share of a column split; default: all of them).
+void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_t ob1, uint64_t call, int64_t z0 = 0,
+              int64_t z1 = INT64_MAX) {
   const Kernel& K = pl.k;
   const Panels& B = job.b;
   const size_t elt = layout_elt(B.layout);
@@ -105,7 +118,13 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
     int width;
     B.cols(ob * pl.ppb, &col0, &width);
     if (width <= 0) continue;  // padding block of an odd split
-    if (rmw && !dec) prefetch_c(job.epi, m0, int(mc), col0, width);
+    // This unit's zmm columns [j0, j1) of the block; a partial panel computes only its real ones
+    // (the decode kernel computes whole panels: only the epilogue is restricted).
+    const int j0 = int(std::clamp<int64_t>(z0 - kZ * ob, 0, kZ)), j1 = int(std::clamp<int64_t>(z1 - kZ * ob, 0, (width + 15) / 16));
+    if (j1 <= j0) continue;
+    const bool sub = (j0 > 0 || j1 < kZ) && K.cols;
+    const int ec0 = 16 * j0, ew = std::min(width, 16 * j1) - ec0;  // the epilogue's columns within the block
+    if (rmw && !dec) prefetch_c(job.epi, m0, int(mc), col0 + ec0, ew);
     for (int64_t q = 0; q < pl.ppb && !dec; ++q) {
       const char* panel = B.panel(ob * pl.ppb + q);
       for (int64_t pc = 0; pc < B.Kp || pc == 0; pc += kc) {
@@ -113,7 +132,10 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
         const char* bp = panel + size_t(pc) * kNR * elt;
         for (int64_t it = 0, ir = 0; it < ntile; ++it) {
           int rows = bal ? int(mc_pad / ntile + (it < mc_pad % ntile)) : int(std::min<int64_t>(K.mr, mc_pad - ir));
-          fn(rows, kcur, abuf + size_t(ir * lda + pc) * elt, lda, bp, cbuf + ir * ldt + q * kNR, ldt, pc > 0);
+          const char* ap = abuf + size_t(ir * lda + pc) * elt;
+          float* ct = cbuf + ir * ldt + q * kNR;
+          if (sub) K.cols(rows, j0, j1 - j0, kcur, ap, lda, bp, ct, ldt, pc > 0);
+          else fn(rows, kcur, ap, lda, bp, ct, ldt, pc > 0);
           ir += rows;
         }
       }
@@ -122,15 +144,15 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
     eb.m0 = m0;
     eb.rows = int(mc);
     eb.ldt = ldt;
-    eb.t = cbuf + (dec ? (ob - ob0) * tsz : 0);
-    eb.col0 = eb.bcol = col0;
-    eb.width = width;
+    eb.t = cbuf + (dec ? (ob - ob0) * tsz : 0) + ec0;
+    eb.col0 = eb.bcol = col0 + ec0;
+    eb.width = ew;
     if (job.swiglu) {
       int64_t ucol;
       int uw;
       B.cols(ob * 2 + 1, &ucol, &uw);
       eb.u = eb.t + kNR;
-      eb.ucol = ucol;
+      eb.ucol = ucol + ec0;
     }
     if (vec) epilogue_avx512(job.epi, eb);
     else epilogue_scalar(job.epi, eb);
@@ -147,7 +169,9 @@ Kernel select_kernel(Layout layout, int64_t M) {
   if (layout == Layout::bf16_vnni) {
     if (cpu::has(cpu::Isa::amx) && M >= 16) return {kernel_amx_bf16, 32, 512, true, "amx_bf16"};
     // 18 KiB B chunk + 4 A tiles fit L1; row blocks of <= kDecodeRows rows (all when M is) stream on the decode kernel.
-    if (cpu::has(cpu::Isa::avx512_bf16)) return {kernel_avx512_bf16, 8, 192, false, M <= kDecodeRows ? "avx512_bf16_decode" : "avx512_bf16", kernel_decode_panels_bf16};
+    if (cpu::has(cpu::Isa::avx512_bf16))
+      return {kernel_avx512_bf16, 8, 192, false, M <= kDecodeRows ? "avx512_bf16_decode" : "avx512_bf16", kernel_decode_panels_bf16,
+              kernel_avx512_bf16_cols};
     return {kernel_scalar_vnni, 8, 256, false, "scalar"};
   }
   if (cpu::has(cpu::Isa::avx512)) return {kernel_avx512_f32, 8, 384, false, "avx512_f32"};
@@ -156,16 +180,21 @@ Kernel select_kernel(Layout layout, int64_t M) {
 
 void run_jobs(const Job* jobs, int64_t count, bool race_free) {
   thread_local std::vector<JobPlan> plans_tl;
-  thread_local std::vector<int64_t> first_tl;
+  thread_local std::vector<int64_t> first_tl, zstart_tl;
   // Named references: worker threads must see the caller's vectors, not their own thread_locals.
   std::vector<JobPlan>& plans = plans_tl;
   std::vector<int64_t>& first = first_tl;  // first unit of each job
   plans.assign(size_t(count), {});
   first.assign(size_t(count) + 1, 0);
   const int T = num_threads();
-  // Output blocks per unit: 8 panels, fewer when that leaves threads idle.
-  int64_t nb = 8;
-  for (;; nb /= 2) {
+  int64_t rows = 0;
+  for (int64_t j = 0; j < count; ++j) rows += jobs[j].M;
+  const bool prefill = rows > kDecodeRows * count;  // more rows per job on average than a decode-sized block
+  // Output blocks per unit: a job's whole row block when that still gives >= 32 units per thread
+  // (prefill of many experts: one thread packs an expert's gathered A rows once, where 8-panel
+  // units had both threads pack every expert: Qwen3 T512 gate_up -2%), else 8 panels, fewer when
+  // that leaves threads idle.
+  auto plan_with = [&](int64_t nb) {
     int64_t total = 0;
     for (int64_t j = 0; j < count; ++j) {
       const Job& job = jobs[j];
@@ -182,8 +211,12 @@ void run_jobs(const Job* jobs, int64_t count, bool race_free) {
       pl.units = pl.nmb * pl.nub;
       total += pl.units;
     }
-    if (nb == 1 || total >= 4 * T) break;
-  }
+    return total;
+  };
+  constexpr int64_t kWhole = int64_t(1) << 40;
+  int64_t nb = kWhole;
+  if (!(prefill && plan_with(kWhole) >= 32 * T))
+    for (nb = 8; plan_with(nb) < 4 * T && nb > 1;) nb /= 2;
   for (int64_t j = 0; j < count; ++j) first[size_t(j) + 1] = first[size_t(j)] + plans[size_t(j)].units;
   const int64_t total = first[size_t(count)];
   if (total == 0) return;
@@ -210,14 +243,30 @@ void run_jobs(const Job* jobs, int64_t count, bool race_free) {
     for (int64_t u = 0; u < total; ++u) unit(u);
     return;
   }
-  // Each thread owns an equal share of the output blocks (by whole blocks, so 43 panels split
-  // 22 + 21, not 24 + 19 as whole units would), and runs every job's rows on them in order.
+  // Each thread owns an equal share of the output columns and runs every job's rows on them in
+  // order. Shares are whole zmm columns (16) of real output when the kernel computes column
+  // subsets: N 2048 (44 panels, two of them 16 columns wide) is 64 + 64 zmm columns, where whole
+  // blocks computed 22 + 22 panels (66 zmm each, 4 of them padding). Decode-sized calls (<= kDecodeRows
+  // rows per job on average: the streaming kernel reads whole panels) keep whole blocks.
+  const JobPlan& p0 = plans[0];
+  const bool fine = p0.k.cols && prefill;
+  std::vector<int64_t>& zstart = zstart_tl;  // zmm columns of real output before block ob
+  zstart.assign(size_t(p0.nob) + 1, 0);
+  for (int64_t ob = 0; ob < p0.nob; ++ob) zstart[size_t(ob) + 1] = zstart[size_t(ob)] + (fine ? real_zmm(jobs[0].b, p0, ob) : 1);
   parallel_region([&](int tid, int nthreads) {
+    // This thread's share [r0, r1) in real zmm columns (whole blocks: in blocks), as global zmm indices [z0, z1).
+    const int64_t total_z = zstart.back(), r0 = total_z * tid / nthreads, r1 = total_z * (tid + 1) / nthreads;
+    auto to_global = [&](int64_t r) {
+      int64_t ob = int64_t(std::upper_bound(zstart.begin(), zstart.end(), r) - zstart.begin()) - 1;
+      if (ob >= p0.nob) return kZ * p0.nob;
+      return fine ? kZ * ob + (r - zstart[size_t(ob)]) : kZ * ob;
+    };
+    const int64_t z0 = to_global(r0), z1 = to_global(r1), lo = z0 / kZ, hi = (z1 + kZ - 1) / kZ;
     for (int64_t j = 0; j < count; ++j) {
       const JobPlan& pl = plans[size_t(j)];
-      int64_t lo = pl.nob * tid / nthreads, hi = pl.nob * (tid + 1) / nthreads, nbj = std::max<int64_t>(1, nb / pl.ppb);
+      const int64_t nbj = std::max<int64_t>(1, nb / pl.ppb);
       for (int64_t mb = 0; mb < pl.nmb; ++mb)
-        for (int64_t ob = lo; ob < hi; ob += nbj) run_unit(jobs[j], pl, mb, ob, std::min(hi, ob + nbj), call);
+        for (int64_t ob = lo; ob < hi; ob += nbj) run_unit(jobs[j], pl, mb, ob, std::min(hi, ob + nbj), call, z0, z1);
     }
   });
 }

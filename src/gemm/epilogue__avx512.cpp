@@ -22,7 +22,33 @@ static inline void store_c(DType t, void* p, __mmask16 m, __m512 v) {
   }
 }
 
+// The MoE down GEMM's form: fp32 C, no bias or activation: C[row] (+)= acc * (alpha * a_scale) *
+// row_scale, full zmm columns without masks and no per-vector dtype / activation dispatch.
+static void epilogue_scale_add_f32(const EpiArgs& e, const EpiBlock& b) {
+  const __m512 beta = _mm512_set1_ps(e.beta);
+  const bool rmw = e.beta != 0.f;
+  const int full = b.width / 16 * 16;
+  const __mmask16 tail = __mmask16((1u << (b.width - full)) - 1);
+  for (int r = 0; r < b.rows; ++r) {
+    const int64_t m = b.m0 + r;
+    const __m512 alpha = _mm512_set1_ps(acc_scale(e, m)), rs = _mm512_set1_ps(e.row_scale ? e.row_scale[m] : 1.f);
+    float* cp = static_cast<float*>(e.c) + (e.scatter_rows ? e.scatter_rows[m] : m) * e.ldc + b.col0;
+    const float* tp = b.t + r * b.ldt;
+    for (int j = 0; j < full; j += 16) {
+      __m512 v = _mm512_mul_ps(_mm512_mul_ps(alpha, _mm512_loadu_ps(tp + j)), rs);
+      if (rmw) v = _mm512_fmadd_ps(beta, _mm512_loadu_ps(cp + j), v);
+      _mm512_storeu_ps(cp + j, v);
+    }
+    if (tail) {
+      __m512 v = _mm512_mul_ps(_mm512_mul_ps(alpha, _mm512_maskz_loadu_ps(tail, tp + full)), rs);
+      if (rmw) v = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(tail, cp + full), v);
+      _mm512_mask_storeu_ps(cp + full, tail, v);
+    }
+  }
+}
+
 void epilogue_avx512(const EpiArgs& e, const EpiBlock& b) {
+  if (!b.u && !e.bias && e.act == Act::none && e.c_dtype == DType::f32) { epilogue_scale_add_f32(e, b); return; }
   const size_t es = e.c_dtype == DType::f32 ? 4 : 2;
   const __m512 beta = _mm512_set1_ps(e.beta);
   for (int r = 0; r < b.rows; ++r) {

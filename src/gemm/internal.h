@@ -83,6 +83,9 @@ void unpack_b(const Panels& geom, float* dst);
 // a: packed row-major A (fp32 or bf16 by layout), row stride lda elements; b: panel data at k.
 // kc is a multiple of 2 (vnni) or 32 (AMX). load_c: accumulate onto the tile instead of overwriting.
 using KernelFn = void (*)(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+// The same product on zmm columns [j0, j0+nz) of the panel only (16 columns each; b and c at the
+// panel / tile start): a partial last panel, or a panel shared by two threads of a column split.
+using KernelColsFn = void (*)(int mr, int j0, int nz, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 struct Kernel {
   KernelFn fn = nullptr;
   int mr = 8;            // rows per call (AMX: 32, and the A block is zero-padded to it)
@@ -92,6 +95,7 @@ struct Kernel {
   // Decode (a row block of <= kDecodeRows rows, one tile over whole panels), when set: runs all of
   // a unit's panels at once, tiles[i] (row stride ldc) = A x panels[i].
   void (*decode)(int mr, int64_t kc, const void* a, int64_t lda, const char* const* panels, float* const* tiles, int n, int64_t ldc) = nullptr;
+  KernelColsFn cols = nullptr;  // column subset of fn, when set (else fn computes the whole panel)
 };
 constexpr int kDecodeRows = 3;
 // The kernel for a layout under the active ISA cap (M lets decode-sized calls avoid AMX).
@@ -117,6 +121,7 @@ void kernel_scalar_f32(int mr, int64_t kc, const void* a, int64_t lda, const voi
 void kernel_scalar_vnni(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+void kernel_avx512_bf16_cols(int mr, int j0, int nz, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_decode_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);  // mr <= 2 streamed
 void kernel_decode_panels_bf16(int mr, int64_t kc, const void* a, int64_t lda, const char* const* panels, float* const* tiles, int n, int64_t ldc);
 void kernel_amx_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
@@ -175,7 +180,8 @@ struct Job {
   bool swiglu = false;
 };
 // Runs jobs over threads. race_free: jobs may write the same C elements (scatter-accumulate), so
-// output columns are split between threads instead of rows. Runs inline inside a parallel region.
+// output columns are split between threads instead of rows (at 16-column granularity when the
+// kernel computes column subsets and the rows are not decode-sized). Runs inline inside a parallel region.
 void run_jobs(const Job* jobs, int64_t count, bool race_free);
 
 }  // namespace ot::gemm::detail

@@ -91,6 +91,64 @@ TEST(GroupedGemm, EveryRowCountBalancedTilesScatterAccumulate) {
   }
 }
 
+// The race-free split of a scatter-accumulating call at 16-column granularity: every output column
+// summed exactly once by exactly one thread, whatever N (not a multiple of 16 or 48, N < 48, the
+// 16-column partial panels of an even split), ragged M 1..65 with empty groups, K past one K block,
+// SwiGLU on the same split, decode-sized jobs inside a split call (whole-panel kernel, sub-range
+// epilogue), and calls whose rows are decode-sized on average (whole-block split); 1, 2 and 3 threads.
+TEST(GroupedGemm, ColumnSplitAt16ColumnsScatterAccumulate) {
+  const int64_t rows_out = 29;
+  const std::vector<std::vector<int64_t>> row_sets = {{0, 1, 5, 17, 33, 65, 2, 0}, {1, 2, 1, 0, 1}, {40}};
+  struct Shape { int64_t N, K; bool swiglu; };
+  const std::vector<Shape> shapes = {{16, 40, false}, {32, 200, false}, {40, 40, false}, {47, 72, false}, {48, 40, false},
+                                     {64, 200, false}, {100, 40, false}, {130, 72, false}, {290, 40, false}, {2 * 40, 40, true},
+                                     {2 * 70, 200, true}};
+  for (cpu::Isa isa : isa_paths()) {
+    // Every thread count on the full ISA (the 16-column split); the lower paths' kernels have no
+    // column subsets (whole-panel fallback with a sub-range epilogue) and run at 2 threads.
+    for (int threads : isa == cpu::detected_isa() ? std::vector<int>{1, 2, 3} : std::vector<int>{2}) {
+      set_num_threads(threads);
+      cpu::ScopedMaxIsa cap(isa);
+      for (const Shape& sh : shapes)
+        for (size_t set = 0; set < row_sets.size(); ++set) {
+          const std::vector<int64_t>& Ms = row_sets[set];
+          const int64_t nout = sh.swiglu ? sh.N / 2 : sh.N;
+          Tensor x = random_tensor(DType::bf16, {70, sh.K}, 1), w = random_tensor(DType::bf16, {sh.K, sh.N}, uint32_t(sh.N));
+          PackedB pw = prepack(w, BLayout::KN);
+          std::mt19937 rng(uint32_t(7 + set));
+          std::vector<std::vector<int32_t>> gather(Ms.size()), scatter(Ms.size());
+          std::vector<std::vector<float>> scale(Ms.size());
+          std::vector<Group> groups(Ms.size());
+          Tensor c_fast = random_tensor(DType::f32, {rows_out, nout}, 5), c_ref = Tensor::copy_of(c_fast);
+          for (size_t g = 0; g < Ms.size(); ++g) {
+            for (int64_t i = 0; i < Ms[g]; ++i) {
+              gather[g].push_back(int32_t(rng() % 70));
+              scatter[g].push_back(int32_t(rng() % rows_out));
+              scale[g].push_back(0.5f + float(rng() % 3) * 0.25f);
+            }
+            Group& gr = groups[g];
+            gr.M = Ms[g];
+            gr.a = {x.view().data, DType::bf16, sh.K, gather[g].data()};
+            gr.b = &pw;
+            gr.c = {c_fast.view().data, DType::f32, nout};
+            gr.ep.scatter_rows = scatter[g].data();
+            gr.ep.row_scale = scale[g].data();
+            gr.ep.accumulate = true;
+            gr.ep.act = sh.swiglu ? Act::swiglu : Act::none;
+          }
+          grouped_gemm(groups.data(), int64_t(groups.size()));
+          for (Group gr : groups) {
+            gr.c.data = c_ref.view().data;
+            ref::gemm(gr.M, gr.a, w, BLayout::KN, gr.c, gr.ep);
+          }
+          EXPECT_LE(norm_err(c_fast, c_ref), 1e-5) << "threads=" << threads << " isa=" << isa_str(isa) << " N=" << sh.N << " K=" << sh.K
+                                                   << " rows set " << set;
+        }
+    }
+  }
+  set_num_threads(0);
+}
+
 // Row counts around the row-block size (at most 160 rows per block, blocks of equal size: 161 ->
 // 88 + 73, 321 -> 112 + 112 + 97), K past one K block (200: 192 + a short chunk), both the
 // scatter-accumulate (race-free) schedule and plain output rows (dynamic units).
