@@ -42,6 +42,69 @@ OT_T16_AI inline __m512i keep_groups16(const __m512* gs, int64_t G, int64_t k_gr
   return kept;
 }
 
+// The selection keys: the logits (sigmoid without bias and without the top-2 sum: same order), the
+// sigmoids, or the sigmoids + bias.
+enum class Key { logits, sigmoid, sigmoid_bias };
+
+// Pass 1 for one row: its keys into kr (and the fp32 copy into cp unless Direct); the lanes of
+// non-finite logits or'ed into bad; returns the column maxima of the keys.
+template <int NV, bool Direct, Key KM>
+OT_T16_AI inline __m512 keys_row(const char* xp, DType xt, int64_t nv, const float* bias, float* cp, float* kr, __mmask16& bad) {
+  const int64_t n = NV > 0 ? NV : nv;
+  __m512 c = _mm512_set1_ps(kNegInf);
+  __mmask16 b0 = 0, b1 = 0;  // two accumulators: short dependency chains
+#pragma GCC unroll 16
+  for (int64_t v = 0; v < n; ++v) {
+    const __m512 x = Direct ? _mm512_loadu_ps(reinterpret_cast<const float*>(xp) + 16 * v) : load16(xp, xt, 16 * v, 0xffff);
+    if (!Direct) _mm512_store_ps(cp + 16 * v, x);
+    const __mmask16 nf = _mm512_fpclass_ps_mask(x, 0x99);  // NaN (quiet, signalling), +Inf, -Inf
+    if (v & 1) b1 |= nf; else b0 |= nf;
+    const __m512 y = KM == Key::logits ? x : KM == Key::sigmoid ? sigmoid_ps(x) : sigmoid_add_ps(x, _mm512_loadu_ps(bias + 16 * v));
+    _mm512_store_ps(kr + 16 * v, y);
+    c = _mm512_max_ps(c, y);
+  }
+  bad |= b0 | b1;
+  return c;
+}
+
+// Group limit for the block (M_, G_ > 0: vectors a group and groups fixed at compile time): the
+// group scores per lane, the k_group best groups kept, the other groups' keys -inf; cm[i]: the
+// column maxima of row i's kept keys.
+template <int M_, int G_>
+OT_T16_AI inline void limit_groups16(const RouterSpec& s, float* keys, int64_t E, int64_t nv, __m512* cm) {
+  const int64_t G = G_ > 0 ? G_ : s.groups, M = M_ > 0 ? M_ : nv / G;
+  const bool top2 = s.group_mode == 1;
+  const __m512 ninf = _mm512_set1_ps(kNegInf);
+  __m512 gs[16];
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 a[16], sb[16];
+    for (int i = 0; i < 16; ++i) {  // each lane's largest and second largest over the group's vectors
+      const float* p = keys + i * E + g * M * 16;
+      __m512 x = _mm512_load_ps(p), y = ninf;
+      for (int64_t j = 1; j < M; ++j) {
+        const __m512 v = _mm512_load_ps(p + 16 * j);
+        if (top2) y = _mm512_max_ps(y, _mm512_min_ps(x, v));
+        x = _mm512_max_ps(x, v);
+      }
+      a[i] = x;
+      sb[i] = y;
+    }
+    gs[g] = top2 ? group_score16<true>(a, sb) : group_score16<false>(a, sb);
+  }
+  alignas(64) int32_t kept[16];
+  _mm512_store_si512(kept, keep_groups16(gs, G, s.k_group));
+  const uint32_t all = (1u << G) - 1;
+  for (int i = 0; i < 16; ++i) {
+    float* kr = keys + i * E;
+    __m512 c = ninf;
+    for (uint32_t u = uint32_t(kept[i]); u; u &= u - 1)
+      for (int64_t j = 0, v = __builtin_ctz(u) * M; j < M; ++j) c = _mm512_max_ps(c, _mm512_load_ps(kr + 16 * (v + j)));
+    for (uint32_t u = ~uint32_t(kept[i]) & all; u; u &= u - 1)
+      for (int64_t j = 0, v = __builtin_ctz(u) * M; j < M; ++j) _mm512_store_ps(kr + 16 * (v + j), ninf);
+    cm[i] = c;
+  }
+}
+
 // NV > 0: rows of exactly NV vectors; K > 0: k == K (networks pruned at compile time).
 template <int NV, bool Direct, int K>
 bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
@@ -49,11 +112,11 @@ bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t 
   const int64_t E = NV > 0 ? 16 * NV : s.E, nv = E / 16, k = s.k;
   const DType xt = s.x.dtype;
   const size_t row_bytes = size_t(E) * dtype_size(xt);
-  const bool on_x = select_on_logits(s), groups = limits_groups(s), bias = !s.bias.empty();
-  const int64_t G = s.groups, M = nv / G;  // groups, vectors a group (group_net_applies: whole vectors)
-  const int top2 = s.group_mode == 1;
+  const bool on_x = select_on_logits(s), groups = limits_groups(s);
+  const Key km = on_x ? Key::logits : s.bias.empty() ? Key::sigmoid : Key::sigmoid_bias;
+  const int64_t M = nv / s.groups;  // vectors a group (t16_sigmoid_applies: whole vectors)
   float* scores = s.scores ? r.scores.ptr<float>() : nullptr;
-  const __m512 zero = _mm512_setzero_ps(), ninf = _mm512_set1_ps(kNegInf);
+  const __m512 zero = _mm512_setzero_ps();
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i jr = _mm512_mullo_epi32(iota, _mm512_set1_epi32(int32_t(s.R)));
   const __m512i rowoff = _mm512_mullo_epi32(iota, _mm512_set1_epi32(int32_t(E)));
@@ -61,65 +124,29 @@ bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t 
   float* keys = b.key16;                  // the block's selection keys (stride E)
   alignas(64) uint8_t cb[16 * 16 + 256 + 64];
   alignas(64) float tha[16];
-  alignas(64) int32_t ncand[16], keptb[16];
+  alignas(64) int32_t ncand[16];
   for (int64_t rb = r0; rb + 16 <= r1; rb += 16) {
     const char* xb = static_cast<const char*>(s.x.data) + size_t(rb) * row_bytes;
     const float* xf = Direct ? reinterpret_cast<const float*>(xb) : copy;
-    // Pass 1: keys (and the fp32 copy, the scores output), finiteness, the column maxima.
-    __m512 cm[16], nonfinite = zero;
+    // Pass 1: keys (and the fp32 copy), finiteness, the column maxima; the scores output.
+    __m512 cm[16];
+    __mmask16 bad = 0;
     for (int i = 0; i < 16; ++i) {
       const char* xp = xb + size_t(i) * row_bytes;
       if (rb + 32 <= s.R)
         for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch(xp + 16 * row_bytes + o, _MM_HINT_T0);
-      float* kr = keys + i * E;
-      float* so = scores ? scores + (rb + i) * E : nullptr;
-      __m512 c = ninf;
-      for (int64_t v = 0; v < nv; ++v) {
-        const __m512 x = load16(xp, xt, 16 * v, 0xffff);
-        if (!Direct) _mm512_store_ps(copy + i * E + 16 * v, x);
-        nonfinite = _mm512_fmadd_ps(x, zero, nonfinite);
-        __m512 y = x;
-        if (!on_x || so) {
-          const __m512 sg = sigmoid_ps(x);
-          if (so) _mm512_storeu_ps(so + 16 * v, sg);
-          if (!on_x) y = bias ? _mm512_add_ps(sg, _mm512_loadu_ps(s.bias.data() + 16 * v)) : sg;
-        }
-        _mm512_store_ps(kr + 16 * v, y);
-        c = _mm512_max_ps(c, y);
-      }
-      cm[i] = c;
+      float *kr = keys + i * E, *cp = Direct ? nullptr : copy + i * E;
+      cm[i] = km == Key::sigmoid_bias ? keys_row<NV, Direct, Key::sigmoid_bias>(xp, xt, nv, s.bias.data(), cp, kr, bad)
+              : km == Key::sigmoid    ? keys_row<NV, Direct, Key::sigmoid>(xp, xt, nv, nullptr, cp, kr, bad)
+                                      : keys_row<NV, Direct, Key::logits>(xp, xt, nv, nullptr, cp, kr, bad);
+      if (scores)
+        for (int64_t v = 0; v < nv; ++v) _mm512_storeu_ps(scores + (rb + i) * E + 16 * v, sigmoid_ps(_mm512_loadu_ps(xf + i * E + 16 * v)));
     }
-    if (_mm512_cmp_ps_mask(nonfinite, nonfinite, _CMP_UNORD_Q)) return false;
+    if (bad) return false;
     if (groups) {
-      // Group scores per lane, the kept groups' bits per row.
-      __m512 gs[16];
-      for (int64_t g = 0; g < G; ++g) {
-        __m512 a[16], sb[16];
-        for (int i = 0; i < 16; ++i) {
-          const float* p = keys + i * E + g * M * 16;
-          __m512 x = _mm512_load_ps(p), y = ninf;
-          for (int64_t j = 1; j < M; ++j) {
-            const __m512 v = _mm512_load_ps(p + 16 * j);
-            if (top2) y = _mm512_max_ps(y, _mm512_min_ps(x, v));
-            x = _mm512_max_ps(x, v);
-          }
-          a[i] = x;
-          sb[i] = y;
-        }
-        gs[g] = top2 ? group_score16<true>(a, sb) : group_score16<false>(a, sb);
-      }
-      _mm512_store_si512(keptb, keep_groups16(gs, G, s.k_group));
-      // The other groups' keys -inf; the column maxima over the kept ones.
-      const uint32_t all = (1u << G) - 1;
-      for (int i = 0; i < 16; ++i) {
-        float* kr = keys + i * E;
-        __m512 c = ninf;
-        for (uint32_t u = uint32_t(keptb[i]); u; u &= u - 1)
-          for (int64_t j = 0, v = __builtin_ctz(u) * M; j < M; ++j) c = _mm512_max_ps(c, _mm512_load_ps(kr + 16 * (v + j)));
-        for (uint32_t u = ~uint32_t(keptb[i]) & all; u; u &= u - 1)
-          for (int64_t j = 0, v = __builtin_ctz(u) * M; j < M; ++j) _mm512_store_ps(kr + 16 * (v + j), ninf);
-        cm[i] = c;
-      }
+      if (NV == 16 && M == 2) limit_groups16<2, 8>(s, keys, E, nv, cm);
+      else if (M == 1) limit_groups16<1, 0>(s, keys, E, nv, cm);
+      else limit_groups16<0, 0>(s, keys, E, nv, cm);
     }
     // Thresholds per lane: the k-th largest column maximum.
     transpose16(cm);
