@@ -47,21 +47,23 @@ OT_T16_AI inline __m512i keep_groups16(const __m512* gs, int64_t G, int64_t k_gr
 enum class Key { logits, sigmoid, sigmoid_bias };
 
 // Pass 1 for one row: its keys into kr (and the fp32 copy into cp unless Direct); the lanes of
-// non-finite logits or'ed into bad; returns the column maxima of the keys.
-template <int NV, bool Direct, Key KM>
-OT_T16_AI inline __m512 keys_row(const char* xp, DType xt, int64_t nv, const float* bias, float* cp, float* kr, __mmask16& bad) {
+// non-finite logits or'ed into bad; returns the column maxima of the keys (Max: else -inf, the
+// group limit computes its own). pf: the row to prefetch (a line a vector), or null.
+template <int NV, bool Direct, Key KM, bool Max>
+OT_T16_AI inline __m512 keys_row(const char* xp, DType xt, int64_t nv, const float* bias, float* cp, float* kr, __mmask16& bad, const char* pf) {
   const int64_t n = NV > 0 ? NV : nv;
   __m512 c = _mm512_set1_ps(kNegInf);
   __mmask16 b0 = 0, b1 = 0;  // two accumulators: short dependency chains
 #pragma GCC unroll 16
   for (int64_t v = 0; v < n; ++v) {
+    if (pf) _mm_prefetch(pf + (Direct ? 64 : 32) * v, _MM_HINT_T0);  // the vector's bytes (bf16: each line twice)
     const __m512 x = Direct ? _mm512_loadu_ps(reinterpret_cast<const float*>(xp) + 16 * v) : load16(xp, xt, 16 * v, 0xffff);
     if (!Direct) _mm512_store_ps(cp + 16 * v, x);
     const __mmask16 nf = _mm512_fpclass_ps_mask(x, 0x99);  // NaN (quiet, signalling), +Inf, -Inf
     if (v & 1) b1 |= nf; else b0 |= nf;
     const __m512 y = KM == Key::logits ? x : KM == Key::sigmoid ? sigmoid_ps(x) : sigmoid_add_ps(x, _mm512_loadu_ps(bias + 16 * v));
     _mm512_store_ps(kr + 16 * v, y);
-    c = _mm512_max_ps(c, y);
+    if (Max) c = _mm512_max_ps(c, y);
   }
   bad |= b0 | b1;
   return c;
@@ -133,12 +135,12 @@ bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t 
     __mmask16 bad = 0;
     for (int i = 0; i < 16; ++i) {
       const char* xp = xb + size_t(i) * row_bytes;
-      if (rb + 32 <= s.R)
-        for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch(xp + 16 * row_bytes + o, _MM_HINT_T0);
+      const char* pf = rb + 32 <= s.R ? xp + 16 * row_bytes : nullptr;
       float *kr = keys + i * E, *cp = Direct ? nullptr : copy + i * E;
-      cm[i] = km == Key::sigmoid_bias ? keys_row<NV, Direct, Key::sigmoid_bias>(xp, xt, nv, s.bias.data(), cp, kr, bad)
-              : km == Key::sigmoid    ? keys_row<NV, Direct, Key::sigmoid>(xp, xt, nv, nullptr, cp, kr, bad)
-                                      : keys_row<NV, Direct, Key::logits>(xp, xt, nv, nullptr, cp, kr, bad);
+      cm[i] = km == Key::sigmoid_bias ? (groups ? keys_row<NV, Direct, Key::sigmoid_bias, false>(xp, xt, nv, s.bias.data(), cp, kr, bad, pf)
+                                                : keys_row<NV, Direct, Key::sigmoid_bias, true>(xp, xt, nv, s.bias.data(), cp, kr, bad, pf))
+              : km == Key::sigmoid    ? keys_row<NV, Direct, Key::sigmoid, true>(xp, xt, nv, nullptr, cp, kr, bad, pf)
+                                      : keys_row<NV, Direct, Key::logits, true>(xp, xt, nv, nullptr, cp, kr, bad, pf);
       if (scores)
         for (int64_t v = 0; v < nv; ++v) _mm512_storeu_ps(scores + (rb + i) * E + 16 * v, sigmoid_ps(_mm512_loadu_ps(xf + i * E + 16 * v)));
     }
