@@ -1,5 +1,6 @@
 // Routers, fast path: rows split over threads; each row in fp32 through the AVX-512 kernels
-// (router_t16__avx512.cpp, 16 rows at a time, where it applies; router__avx512.cpp) when the ISA
+// (router_t16__avx512.cpp, router_t16_sigmoid__avx512.cpp: 16 rows at a time, where they apply;
+// router__avx512.cpp) when the ISA
 // allows and k <= 16, else the scalar row below, whose top-k is an insertion into a k-long sorted
 // buffer (strict '>' keeps the lower expert id on ties).
 #include <algorithm>

@@ -85,7 +85,7 @@ bool route_row_scalar(const RouterSpec& s, GatingResult& r, int64_t row, RouterS
 void write_row(const RouterSpec& s, GatingResult& r, int64_t row, const int32_t* ids, const float* vals);
 // Rows [r0, r1) with AVX-512 (k <= 16); rows it cannot decide exactly go to route_row_scalar.
 // False when some row fails check_rows. Takes the 16-tokens-in-lanes kernel where it applies
-// (route_rows_t16), the row kernel (route_rows_avx512_rowwise) for the rest.
+// (route_rows_t16, route_rows_t16_sigmoid), the row kernel (route_rows_avx512_rowwise) for the rest.
 bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 bool route_rows_avx512_rowwise(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 // The calls route_rows_t16 handles: softmax routers selecting on the logits (no bias, no group
