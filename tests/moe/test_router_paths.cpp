@@ -409,7 +409,7 @@ TEST(MoeRouterPaths, TokensInLanesSigmoid) {
           for (int64_t e = 0; variant == 1 && e < E; ++e) bias.ptr<float>()[e] = float((e / (E / G)) % 2);
           if (variant == 2)
             for (int64_t e = 0; e < E; e += 5) bias.ptr<float>()[e] = 1.5f;
-          const bool with_bias = variant > 0 || mode == 1;
+          const bool with_bias = variant > 0 || (mode == 1 && run % 2 == 0);  // mode 1 without bias: keys = the sigmoids
           if (with_bias) o.bias = bias.view().reshape({E});
           std::string what = std::string(cpu::isa_name(isa)) + " " + dtype_name(t) + " T" + std::to_string(T) + " E" + std::to_string(E) +
                              " G" + std::to_string(G) + " kg" + std::to_string(kg) + " k" + std::to_string(o.k) + " mode " +
