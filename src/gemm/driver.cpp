@@ -248,11 +248,20 @@ void run_jobs(const Job* jobs, int64_t count, bool race_free) {
   // subsets: N 2048 (44 panels, two of them 16 columns wide) is 64 + 64 zmm columns, where whole
   // blocks computed 22 + 22 panels (66 zmm each, 4 of them padding). Decode-sized calls (<= kDecodeRows
   // rows per job on average: the streaming kernel reads whole panels) keep whole blocks.
+  // Only where that shortens the longest share by >= 2 zmm columns (Qwen3's N 2048: 66 -> 64);
+  // Mixtral's N 4096 is 129 / 127 by blocks, and its 16-column split measured slower there.
   const JobPlan& p0 = plans[0];
-  const bool fine = p0.k.cols && prefill;
   std::vector<int64_t>& zstart = zstart_tl;  // zmm columns of real output before block ob
   zstart.assign(size_t(p0.nob) + 1, 0);
-  for (int64_t ob = 0; ob < p0.nob; ++ob) zstart[size_t(ob) + 1] = zstart[size_t(ob)] + (fine ? real_zmm(jobs[0].b, p0, ob) : 1);
+  for (int64_t ob = 0; ob < p0.nob; ++ob) zstart[size_t(ob) + 1] = zstart[size_t(ob)] + real_zmm(jobs[0].b, p0, ob);
+  int64_t block_max = 0;
+  for (int t = 0; t < T; ++t) {
+    const int64_t b0 = p0.nob * t / T, b1 = p0.nob * (t + 1) / T;
+    block_max = std::max(block_max, zstart[size_t(b1)] - zstart[size_t(b0)]);
+  }
+  const bool fine = p0.k.cols && prefill && block_max - (zstart.back() + T - 1) / T >= 2;
+  if (!fine)
+    for (int64_t ob = 0; ob <= p0.nob; ++ob) zstart[size_t(ob)] = ob;  // shares in whole blocks
   parallel_region([&](int tid, int nthreads) {
     // This thread's share [r0, r1) in real zmm columns (whole blocks: in blocks), as global zmm indices [z0, z1).
     const int64_t total_z = zstart.back(), r0 = total_z * tid / nthreads, r1 = total_z * (tid + 1) / nthreads;
