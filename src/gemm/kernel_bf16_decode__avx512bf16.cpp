@@ -15,6 +15,21 @@
 
 namespace ot::gemm::detail {
 
+// acc[r][0..2] += row r's k-pair p of A times the panel's three zmm columns at that k-pair (bk).
+template <int MR>
+__attribute__((always_inline)) static inline void pair_step(__m512 (&acc)[MR][3], const uint16_t* a, int64_t lda, int64_t p, const uint16_t* bk) {
+  const __m512bh b0 = (__m512bh)_mm512_load_si512(bk), b1 = (__m512bh)_mm512_load_si512(bk + 32), b2 = (__m512bh)_mm512_load_si512(bk + 64);
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) {
+    int32_t pair;
+    std::memcpy(&pair, a + r * lda + 2 * p, 4);
+    const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+    acc[r][2] = _mm512_dpbf16_ps(acc[r][2], av, b2);
+  }
+}
+
 template <int MR, int S>
 static void decode_tile(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
   const int64_t pairs = kc / 2, len = pairs / S;  // pairs of stream s: [s * len, (s + 1) * len); the tail goes to stream 0
@@ -23,19 +38,7 @@ static void decode_tile(int64_t kc, const uint16_t* a, int64_t lda, const uint16
   for (int s = 0; s < S; ++s)
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < 3; ++j) acc[s][r][j] = load_c && s == 0 ? _mm512_loadu_ps(c + r * ldc + 16 * j) : _mm512_setzero_ps();
-  auto step = [&](int s, int64_t p) {
-    const uint16_t* bk = b + p * 2 * kNR;
-    __m512bh b0 = (__m512bh)_mm512_load_si512(bk), b1 = (__m512bh)_mm512_load_si512(bk + 32), b2 = (__m512bh)_mm512_load_si512(bk + 64);
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; ++r) {
-      int32_t pair;
-      std::memcpy(&pair, a + r * lda + 2 * p, 4);
-      __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
-      acc[s][r][0] = _mm512_dpbf16_ps(acc[s][r][0], av, b0);
-      acc[s][r][1] = _mm512_dpbf16_ps(acc[s][r][1], av, b1);
-      acc[s][r][2] = _mm512_dpbf16_ps(acc[s][r][2], av, b2);
-    }
-  };
+  auto step = [&](int s, int64_t p) { pair_step<MR>(acc[s], a, lda, p, b + p * 2 * kNR); };
   for (int64_t i = 0; i < len; ++i) {
 #pragma GCC unroll 4
     for (int s = 0; s < S; ++s) step(s, s * len + i);
@@ -62,20 +65,8 @@ static void pair_tile(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < 3; ++j) acc[s][r][j] = _mm512_setzero_ps();
   for (int64_t p = 0; p < kc / 2; ++p) {
-#pragma GCC unroll 2
-    for (int s = 0; s < 2; ++s) {
-      const uint16_t* bk = (s ? b1 : b0) + p * 2 * kNR;
-      __m512bh x0 = (__m512bh)_mm512_load_si512(bk), x1 = (__m512bh)_mm512_load_si512(bk + 32), x2 = (__m512bh)_mm512_load_si512(bk + 64);
-#pragma GCC unroll 4
-      for (int r = 0; r < MR; ++r) {
-        int32_t pair;
-        std::memcpy(&pair, a + r * lda + 2 * p, 4);
-        __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
-        acc[s][r][0] = _mm512_dpbf16_ps(acc[s][r][0], av, x0);
-        acc[s][r][1] = _mm512_dpbf16_ps(acc[s][r][1], av, x1);
-        acc[s][r][2] = _mm512_dpbf16_ps(acc[s][r][2], av, x2);
-      }
-    }
+    pair_step<MR>(acc[0], a, lda, p, b0 + p * 2 * kNR);
+    pair_step<MR>(acc[1], a, lda, p, b1 + p * 2 * kNR);
   }
 #pragma GCC unroll 4
   for (int r = 0; r < MR; ++r)

@@ -143,15 +143,7 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
         const int n = topk_collect_bytes(x, NV, _mm512_set1_ps(tha[i]), cand);
         alignas(64) float kv[16];
         alignas(64) int32_t ki[16];
-        int have = 0;
-        for (int c = 0; c < n; ++c) {
-          const float v = x[cand[c]];
-          if (have == k && !(v > kv[k - 1])) continue;
-          int pos = have < k ? have++ : int(k) - 1;
-          for (; pos > 0 && v > kv[pos - 1]; --pos) { kv[pos] = kv[pos - 1]; ki[pos] = ki[pos - 1]; }
-          kv[pos] = v;
-          ki[pos] = cand[c];
-        }
+        insert_topk(x, cand, n, int(k), kv, ki);
         const __mmask16 mk = lanes(k);
         __m512 e = _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_fmsub_ps(_mm512_maskz_load_ps(mk, kv), l2e, _mm512_set1_ps((softmax ? mxa[i] : kv[0]) * kLog2e))));
         e = _mm512_mul_ps(e, _mm512_set1_ps(softmax ? sca[i] : mul / _mm512_reduce_add_ps(e)));

@@ -208,6 +208,20 @@ OT_T16_AI inline void select16(const uint8_t* cb, __m512i nc, __mmask16 slow, co
   }
 }
 
+// The top k of a row of more than 16 candidates (byte ids in expert order, keys at key[id]) by an
+// insertion: strict '>' keeps the lower id first on ties. kv / ki: the k keys and ids, best first.
+inline void insert_topk(const float* key, const uint8_t* cand, int n, int k, float* kv, int32_t* ki) {
+  int have = 0;
+  for (int c = 0; c < n; ++c) {
+    const float v = key[cand[c]];
+    if (have == k && !(v > kv[k - 1])) continue;
+    int pos = have < k ? have++ : k - 1;
+    for (; pos > 0 && v > kv[pos - 1]; --pos) { kv[pos] = kv[pos - 1]; ki[pos] = ki[pos - 1]; }
+    kv[pos] = v;
+    ki[pos] = cand[c];
+  }
+}
+
 // The outputs of 16 rows for k = 8 (ids, weights in lanes 0-7 of ids[i] / w[i]), two rows a vector.
 inline void write_pairs8(const RouterSpec& s, GatingResult& r, int64_t rb, const __m512* ids, const __m512* w) {
   const __m512i jr8 = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7), _mm512_set1_epi32(int32_t(s.R))),

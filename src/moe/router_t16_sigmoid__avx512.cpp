@@ -189,15 +189,7 @@ bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t 
       const int n = topk_collect_bytes(key, nv, _mm512_set1_ps(tha[i]), cand);
       alignas(64) float kv[16];
       alignas(64) int32_t ki[16];
-      int have = 0;
-      for (int c = 0; c < n; ++c) {
-        const float v = key[cand[c]];
-        if (have == k && !(v > kv[k - 1])) continue;
-        int pos = have < k ? have++ : int(k) - 1;
-        for (; pos > 0 && v > kv[pos - 1]; --pos) { kv[pos] = kv[pos - 1]; ki[pos] = ki[pos - 1]; }
-        kv[pos] = v;
-        ki[pos] = cand[c];
-      }
+      insert_topk(key, cand, n, int(k), kv, ki);
       const __mmask16 mk = lanes(k);
       const __m512i id = _mm512_maskz_load_epi32(mk, ki);
       const __m512 y = _mm512_maskz_mov_ps(mk, sigmoid_ps(_mm512_mask_i32gather_ps(zero, mk, id, xf + i * E, 4)));
