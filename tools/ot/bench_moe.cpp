@@ -101,7 +101,7 @@ int run(const BenchOptions& opt, const std::vector<int64_t>& only_tokens) {
       r.ms = tm.fast_ms;
       r.ref_ms = tm.ref_ms * double(T) / double(slice);
       double flops = 2.0 * double(T) * double(m.H) * (double(m.E) + 3.0 * double(m.K) * double(m.I));
-      // The path moe_ffn reports for a call (decode kernel for experts of 1-2 rows, the 8x48 one above).
+      // The path moe_ffn reports for a call (decode kernel for experts of 1-3 rows, the 8x48 one above).
       trace::set_timeline(true);
       fast();
       std::vector<trace::Event> ev = trace::take_events();
