@@ -88,6 +88,11 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi2"))) inline int topk_collect_
   for (int64_t v = 0; v < nv; ++v) m[v] = _mm512_cmp_ps_mask(_mm512_loadu_ps(key + 16 * v), vt, _CMP_GE_OQ);
   return compress_ids_bytes(m, nv, cb);
 }
+// The 16-tokens-in-lanes kernels need both (byte permutes and byte compress).
+inline bool has_vbmi_and_vbmi2() {
+  static const bool yes = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2");
+  return yes;
+}
 inline bool has_vbmi2() {
   static const bool yes = __builtin_cpu_supports("avx512vbmi2");
   return yes;

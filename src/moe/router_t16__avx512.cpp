@@ -139,11 +139,9 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
       for (uint32_t m = slow; m; m &= m - 1) {
         const int i = __builtin_ctz(m);
         const float* x = xf + i * E;
-        alignas(64) uint8_t cand[16 * NV + 64];
-        const int n = topk_collect_bytes(x, NV, _mm512_set1_ps(tha[i]), cand);
         alignas(64) float kv[16];
         alignas(64) int32_t ki[16];
-        insert_topk(x, cand, n, int(k), kv, ki);
+        many_candidates_topk(x, NV, tha[i], int(k), kv, ki);
         const __mmask16 mk = lanes(k);
         __m512 e = _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_fmsub_ps(_mm512_maskz_load_ps(mk, kv), l2e, _mm512_set1_ps((softmax ? mxa[i] : kv[0]) * kLog2e))));
         e = _mm512_mul_ps(e, _mm512_set1_ps(softmax ? sca[i] : mul / _mm512_reduce_add_ps(e)));
@@ -169,25 +167,21 @@ bool t16_dispatch(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, 
 namespace ot::moe::impl {
 
 bool t16_applies(const RouterSpec& s) {
-  static const bool isa = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2");
-  return isa && s.k <= 16 && !s.sigmoid && select_on_logits(s) && !limits_groups(s) && !s.allowed && !s.scores && s.E % 16 == 0 &&
+  return has_vbmi_and_vbmi2() && s.k <= 16 && !s.sigmoid && select_on_logits(s) && !limits_groups(s) && !s.allowed && !s.scores && s.E % 16 == 0 &&
          s.E <= 256;
 }
 
 bool route_rows_t16(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
-  const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
-  bool ok = true;
-  if (r16 > r0) {
+  return whole_blocks_then_rows(s, r, r0, r1, b, [&](int64_t a, int64_t e) {
     switch (s.E / 16) {
 #define OT_T16_CASE(NV) \
-  case NV: ok = t16_dispatch<NV>(s, r, r0, r16, b); break;
+  case NV: return t16_dispatch<NV>(s, r, a, e, b);
       OT_T16_CASE(1) OT_T16_CASE(2) OT_T16_CASE(3) OT_T16_CASE(4) OT_T16_CASE(5) OT_T16_CASE(6) OT_T16_CASE(7) OT_T16_CASE(8)
       OT_T16_CASE(9) OT_T16_CASE(10) OT_T16_CASE(11) OT_T16_CASE(12) OT_T16_CASE(13) OT_T16_CASE(14) OT_T16_CASE(15) OT_T16_CASE(16)
 #undef OT_T16_CASE
     }
-  }
-  // false: the entry point checks every row and runs the reference
-  return ok && (r16 == r1 || route_rows_avx512_rowwise(s, r, r16, r1, b));
+    return true;  // not reached: t16_applies takes E 16..256
+  });
 }
 
 }  // namespace ot::moe::impl

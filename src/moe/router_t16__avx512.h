@@ -208,9 +208,12 @@ OT_T16_AI inline void select16(const uint8_t* cb, __m512i nc, __mmask16 slow, co
   }
 }
 
-// The top k of a row of more than 16 candidates (byte ids in expert order, keys at key[id]) by an
-// insertion: strict '>' keeps the lower id first on ties. kv / ki: the k keys and ids, best first.
-inline void insert_topk(const float* key, const uint8_t* cand, int n, int k, float* kv, int32_t* ki) {
+// The top k of a row of more than 16 candidates (keys >= th, nv vectors at key): the candidates'
+// byte ids in expert order, then an insertion (strict '>' keeps the lower id first on ties).
+// kv / ki: the k keys and ids, best first.
+inline void many_candidates_topk(const float* key, int64_t nv, float th, int k, float* kv, int32_t* ki) {
+  alignas(64) uint8_t cand[256 + 64];
+  const int n = topk_collect_bytes(key, nv, _mm512_set1_ps(th), cand);
   int have = 0;
   for (int c = 0; c < n; ++c) {
     const float v = key[cand[c]];
@@ -220,6 +223,14 @@ inline void insert_topk(const float* key, const uint8_t* cand, int n, int k, flo
     kv[pos] = v;
     ki[pos] = cand[c];
   }
+}
+
+// Rows [r0, r1): the whole blocks of 16 by blocks(r0, r16) -> bool, the rest by the row kernel.
+// false: some row failed its checks (the entry point then checks every row and runs the reference).
+template <class Blocks>
+bool whole_blocks_then_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b, Blocks&& blocks) {
+  const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
+  return (r16 == r0 || blocks(r0, r16)) && (r16 == r1 || route_rows_avx512_rowwise(s, r, r16, r1, b));
 }
 
 // The outputs of 16 rows for k = 8 (ids, weights in lanes 0-7 of ids[i] / w[i]), two rows a vector.

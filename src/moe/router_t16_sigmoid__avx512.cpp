@@ -185,11 +185,9 @@ bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t 
     for (uint32_t m = slow; m; m &= m - 1) {
       const int i = __builtin_ctz(m);
       const float* key = keys + i * E;
-      alignas(64) uint8_t cand[256 + 64];
-      const int n = topk_collect_bytes(key, nv, _mm512_set1_ps(tha[i]), cand);
       alignas(64) float kv[16];
       alignas(64) int32_t ki[16];
-      insert_topk(key, cand, n, int(k), kv, ki);
+      many_candidates_topk(key, nv, tha[i], int(k), kv, ki);
       const __mmask16 mk = lanes(k);
       const __m512i id = _mm512_maskz_load_epi32(mk, ki);
       const __m512 y = _mm512_maskz_mov_ps(mk, sigmoid_ps(_mm512_mask_i32gather_ps(zero, mk, id, xf + i * E, 4)));
@@ -211,24 +209,19 @@ bool dispatch(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
 }  // namespace
 
 bool t16_sigmoid_applies(const RouterSpec& s) {
-  static const bool isa = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2");
   const bool groups_ok = !limits_groups(s) || ((s.E / s.groups) % 16 == 0 && s.groups <= 16);
-  return isa && s.select == Select::gating && s.sigmoid && s.k <= 16 && !s.allowed && s.E % 16 == 0 && s.E <= 256 && groups_ok;
+  return has_vbmi_and_vbmi2() && s.select == Select::gating && s.sigmoid && s.k <= 16 && !s.allowed && s.E % 16 == 0 && s.E <= 256 && groups_ok;
 }
 
 bool route_rows_t16_sigmoid(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
-  const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
-  bool ok = true;
-  if (r16 > r0) {
+  return whole_blocks_then_rows(s, r, r0, r1, b, [&](int64_t a, int64_t e) {
     switch (s.E) {
-      case 64: ok = dispatch<4>(s, r, r0, r16, b); break;
-      case 128: ok = dispatch<8>(s, r, r0, r16, b); break;
-      case 256: ok = dispatch<16>(s, r, r0, r16, b); break;
-      default: ok = dispatch<0>(s, r, r0, r16, b); break;
+      case 64: return dispatch<4>(s, r, a, e, b);
+      case 128: return dispatch<8>(s, r, a, e, b);
+      case 256: return dispatch<16>(s, r, a, e, b);
+      default: return dispatch<0>(s, r, a, e, b);
     }
-  }
-  // false: the entry point checks every row and runs the reference
-  return ok && (r16 == r1 || route_rows_avx512_rowwise(s, r, r16, r1, b));
+  });
 }
 
 }  // namespace ot::moe::impl

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ot/parallel.h"
+#include "ot/trace.h"
 
 namespace ot::cli {
 
@@ -70,6 +71,14 @@ void report(const BenchOptions& opt, const BenchResult& r) {
                 r.ms, r.ref_ms, rate, 100 * r.peak_fraction, speedup, r.kernel.c_str());
   }
   std::fflush(stdout);
+}
+
+std::string kernel_of_call(const std::function<void()>& fn) {
+  trace::set_timeline(true);
+  fn();
+  std::vector<trace::Event> ev = trace::take_events();
+  trace::set_timeline(false);
+  return ev.empty() ? "?" : ev.back().kernel;  // scopes end inner first: the last is the operator's
 }
 
 }  // namespace ot::cli

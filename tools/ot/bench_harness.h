@@ -14,6 +14,8 @@ namespace ot::cli {
 struct Timing { double fast_ms = 0, ref_ms = 0; };
 Timing time_interleaved(const std::function<void()>& fast, const std::function<void()>& ref, int repeats, int ref_repeats);
 double time_median_ms(const std::function<void()>& fn, int repeats);
+// The kernel an operator reports (trace::OpScope::kernel) for one call of fn: its outermost scope.
+std::string kernel_of_call(const std::function<void()>& fn);
 
 // This machine's measured peaks (from `ot peak`, cached; measured briefly when no cache exists).
 struct MachinePeak {

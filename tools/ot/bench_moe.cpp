@@ -16,7 +16,6 @@
 #include "ot/moe.h"
 #include "ot/numeric.h"
 #include "ot/parallel.h"
-#include "ot/trace.h"
 
 namespace ot::cli {
 namespace {
@@ -102,11 +101,7 @@ int run(const BenchOptions& opt, const std::vector<int64_t>& only_tokens) {
       r.ref_ms = tm.ref_ms * double(T) / double(slice);
       double flops = 2.0 * double(T) * double(m.H) * (double(m.E) + 3.0 * double(m.K) * double(m.I));
       // The path moe_ffn reports for a call (decode kernel for experts of 1-3 rows, the 8x48 one above).
-      trace::set_timeline(true);
-      fast();
-      std::vector<trace::Event> ev = trace::take_events();
-      trace::set_timeline(false);
-      r.kernel = ev.empty() ? "?" : ev.back().kernel;
+      r.kernel = kernel_of_call(fast);
       if (T <= 16) {
         r.gbps = touched / (r.ms * 1e6);
         double peak = memory_peak_gbps(r.threads);

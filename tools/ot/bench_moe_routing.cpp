@@ -12,21 +12,11 @@
 #include "ot/moe.h"
 #include "ot/numeric.h"
 #include "ot/parallel.h"
-#include "ot/trace.h"
 
 namespace ot::cli {
 namespace {
 
 constexpr int64_t H = 2048, K = 8, E = 128;
-
-// The path the operator itself reports for one call (the routers pick their kernel per call).
-std::string kernel_of_call(const std::function<void()>& call) {
-  trace::set_timeline(true);
-  call();
-  std::vector<trace::Event> ev = trace::take_events();
-  trace::set_timeline(false);
-  return ev.empty() ? "?" : ev.back().kernel;
-}
 
 Tensor rnd(DType dt, const std::vector<int64_t>& shape, uint32_t seed) {
   std::mt19937 g(seed);
