@@ -76,20 +76,22 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
     s.packed_call = call, s.packed_job = &job, s.packed_mb = mb;
   }
   const int64_t ldt = pl.ppb * kNR;  // one output block's tile (gate + up panels for SwiGLU)
-  // Decode (a few rows): all the unit's panels stream first (two at a time, kernel_decode_panels),
-  // one tile per output block, then the epilogues run.
-  const int64_t npan = (ob1 - ob0) * pl.ppb, tsz = mc_pad * ldt;
-  const bool dec = mc_pad <= kDecodeRows && K.decode && npan <= 16;
+  // Decode (a row block of a few rows, in any call): the unit's panels stream first, up to 16 at a
+  // time (two side by side, kernel_decode_panels), one tile per output block, then the epilogues run.
+  const int64_t tsz = mc_pad * ldt;
+  const bool dec = mc_pad <= kDecodeRows && K.decode;
   float* cbuf = reinterpret_cast<float*>(s.c.get(size_t(tsz * (dec ? ob1 - ob0 : 1)) * 4));
   if (dec) {
-    const char* pp[16];
-    float* tp[16];
+    constexpr int kMaxPanels = 16;
+    const char* pp[kMaxPanels];
+    float* tp[kMaxPanels];
     int n = 0;
     for (int64_t ob = ob0; ob < ob1; ++ob) {
       int64_t col0;
       int width;
       B.cols(ob * pl.ppb, &col0, &width);
       if (width <= 0) continue;
+      if (n + pl.ppb > kMaxPanels) K.decode(int(mc_pad), std::max<int64_t>(B.Kp, 1), abuf, lda, pp, tp, n, ldt), n = 0;
       if (rmw_c(job)) prefetch_c(job.epi, m0, int(mc), col0, width);
       for (int64_t q = 0; q < pl.ppb; ++q, ++n) pp[n] = B.panel(ob * pl.ppb + q), tp[n] = cbuf + (ob - ob0) * tsz + q * kNR;
     }

@@ -204,7 +204,7 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const 
   r.topk_weights = g.y;
   RoutingPlan plan = moe_routing_plan(r.topk_ids, r.topk_weights, p.E, p.cap);
   r.dropped = plan.dropped;
-  if (scope.active()) {  // name what the expert GEMMs run: experts of 1-3 rows take the decode kernel (in decode-sized calls)
+  if (scope.active()) {  // name what the expert GEMMs run: experts of 1-3 rows take the decode kernel, larger ones the tile kernel
     int64_t lo = p.T, hi = 0;
     for (size_t e = 0; e + 1 < plan.offsets.size(); ++e)
       if (int64_t n = plan.offsets[e + 1] - plan.offsets[e]) lo = std::min(lo, n), hi = std::max(hi, n);

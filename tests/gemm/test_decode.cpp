@@ -4,11 +4,12 @@
 // unevenly between the streams (pair counts 0, 1, 15, 17, 383, 1024, 1025), padded A rows, and
 // accumulation onto C; the unit form (kernel_decode_panels_bf16: n panels paired side by side,
 // odd n); and through gemm() at decode sizes (M 1..5, odd K, N tails, units of several panels,
-// SwiGLU, weighted scatter-add) against ref::gemm.
+// SwiGLU, weighted scatter-add) against ref::gemm; and 1-3 row groups inside prefill-sized grouped calls.
 #include <cmath>
 #include <vector>
 
 #include "gemm_test_util.h"
+#include "ot/parallel.h"
 #include "src/gemm/internal.h"
 
 using namespace ot;
@@ -128,4 +129,57 @@ TEST(GemmDecode, DecodeSizesThroughGemmMatchReference) {
             EXPECT_LE(norm_err(cf, cr), 1e-4) << "isa=" << isa_str(isa) << " M=" << M << " K=" << K << " N=" << N << " swiglu=" << swiglu;
           }
   }
+}
+
+// Row blocks of 1-3 rows inside prefill-sized grouped calls (many groups of 9-20 rows: one unit per
+// group's whole row block, more than 16 panels a unit) take the decode kernel too, its panels in
+// groups of at most 16: plain rows (dynamic units), weighted scatter-add (race-free split, a thread's
+// share of 11-21 panels), SwiGLU (34 panels: pairs kept together); 1, 2 and 3 threads.
+TEST(GemmDecode, DecodeRowBlocksInsidePrefillCalls) {
+  const int64_t K = 72, rows_out = 41, G = 100;
+  struct Shape { int64_t N; bool swiglu, scatter; };
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    for (const Shape& sh : {Shape{1000, false, false}, Shape{1000, false, true}, Shape{1600, true, false}, Shape{1600, true, true}}) {
+      const int64_t nout = sh.swiglu ? sh.N / 2 : sh.N;
+      std::mt19937 rng(uint32_t(sh.N + threads));
+      std::vector<int64_t> Ms(G);
+      int64_t total = 0;
+      for (int64_t g = 0; g < G; ++g) total += Ms[size_t(g)] = g % 7 == 3 ? 1 + g % 3 : 9 + int64_t(rng() % 12);  // 1-3 rows every 7th group
+      Tensor x = random_tensor(DType::bf16, {50, K}, 2), w = random_tensor(DType::bf16, {K, sh.N}, uint32_t(sh.N));
+      PackedB pw = prepack(w, BLayout::KN);
+      std::vector<std::vector<int32_t>> gather(static_cast<size_t>(G)), scatter(static_cast<size_t>(G));
+      std::vector<std::vector<float>> scale(static_cast<size_t>(G));
+      const int64_t c_rows = sh.scatter ? rows_out : total;
+      Tensor c_fast = random_tensor(DType::f32, {c_rows, nout}, 5), c_ref = Tensor::copy_of(c_fast);
+      std::vector<Group> groups(static_cast<size_t>(G));
+      for (int64_t g = 0, off = 0; g < G; off += Ms[size_t(g)], ++g) {
+        for (int64_t i = 0; i < Ms[size_t(g)]; ++i) {
+          gather[size_t(g)].push_back(int32_t(rng() % 50));
+          scatter[size_t(g)].push_back(int32_t(rng() % rows_out));
+          scale[size_t(g)].push_back(0.5f + float(rng() % 3) * 0.25f);
+        }
+        Group& gr = groups[size_t(g)];
+        gr.M = Ms[size_t(g)];
+        gr.a = {x.view().data, DType::bf16, K, gather[size_t(g)].data()};
+        gr.b = &pw;
+        gr.ep.act = sh.swiglu ? Act::swiglu : Act::none;
+        if (sh.scatter) {
+          gr.c = {c_fast.view().data, DType::f32, nout};
+          gr.ep.scatter_rows = scatter[size_t(g)].data();
+          gr.ep.row_scale = scale[size_t(g)].data();
+          gr.ep.accumulate = true;
+        } else {
+          gr.c = {c_fast.ptr<float>() + off * nout, DType::f32, nout};
+        }
+      }
+      grouped_gemm(groups.data(), G);
+      for (Group gr : groups) {
+        gr.c.data = c_ref.ptr<float>() + (static_cast<const float*>(gr.c.data) - c_fast.ptr<float>());
+        ref::gemm(gr.M, gr.a, w, BLayout::KN, gr.c, gr.ep);
+      }
+      EXPECT_LE(norm_err(c_fast, c_ref), 1e-4) << "threads=" << threads << " N=" << sh.N << " swiglu=" << sh.swiglu << " scatter=" << sh.scatter;
+    }
+  }
+  set_num_threads(0);
 }
