@@ -190,7 +190,7 @@ int run_decode(const BenchOptions& opt) {
         gdn::recurrent_gated_delta_rule(p.q, p.k, p.v, p.g, p.beta, o);
       };
       int reps = opt.repeats > 0 ? opt.repeats : 50;
-      Timing t = time_interleaved(fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref), reps, opt.no_ref ? 0 : 2);
+      Timing t = time_interleaved(fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref), reps, opt.no_ref ? 0 : 2, true);
       double bytes = 2.0 * double(B * HV * DK * DV) * double(dtype_size(sdt));
       BenchResult r;
       r.name = name;
@@ -202,6 +202,8 @@ int run_decode(const BenchOptions& opt) {
       r.gbps = bytes / (t.fast_ms * 1e6);
       double peak = memory_peak_gbps(threads);
       r.peak_fraction = peak > 0 ? r.gbps / peak : 0;
+      r.window_peak_gbps = t.window_gbps;
+      r.window_tests = t.window_tests;
       r.kernel = cpu::has(cpu::Isa::avx512) ? "avx512" : "generic";
       r.extra["state_bytes"] = bytes;
       double cpu = cpu_ms_median(fast, reps);

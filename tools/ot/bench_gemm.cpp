@@ -41,7 +41,7 @@ static void run_shape(const BenchOptions& opt, const Shape& s) {
   auto ref = [&] { gemm::ref::gemm(ref_rows, {a.view().data, dt, s.K}, w[0], gemm::BLayout::NK, {cr.view().data, ct, s.N}); };
   const double flops = 2.0 * double(s.M) * double(s.N) * double(s.K);
   int reps = opt.repeats > 0 ? opt.repeats : int(std::clamp(2e10 / flops, 5.0, 200.0));
-  Timing t = time_interleaved(fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref), reps, opt.no_ref ? 0 : 1);
+  Timing t = time_interleaved(fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref), reps, opt.no_ref ? 0 : 1, s.decode);
   BenchResult r;
   r.name = s.name;
   r.shape = shape_str(s);
@@ -54,6 +54,8 @@ static void run_shape(const BenchOptions& opt, const Shape& s) {
   if (s.decode) {
     r.gbps = wbytes / (t.fast_ms * 1e-3) / 1e9;
     r.peak_fraction = r.gbps / memory_peak_gbps(threads);
+    r.window_peak_gbps = t.window_gbps;
+    r.window_tests = t.window_tests;
     r.extra["gflops"] = flops / (t.fast_ms * 1e-3) / 1e9;
   } else {
     r.gflops = flops / (t.fast_ms * 1e-3) / 1e9;

@@ -30,16 +30,27 @@ double time_median_ms(const std::function<void()>& fn, int repeats) {
   return median(t);
 }
 
-Timing time_interleaved(const std::function<void()>& fast, const std::function<void()>& ref, int repeats, int ref_repeats) {
+Timing time_interleaved(const std::function<void()>& fast, const std::function<void()>& ref, int repeats, int ref_repeats,
+                        bool window_peak) {
+  Timing out;
   std::vector<double> tf, tr;
+  auto read_test = [&](bool rewarm) {
+    out.window_tests.push_back(read_bandwidth_gbps(num_threads(), kWindowTestSeconds));
+    if (rewarm) fast();  // the test evicted the caches: one untimed call warms them again
+  };
   fast();
   if (ref && ref_repeats > 0) ref();
-  int rounds = std::max(std::max(1, repeats), ref ? ref_repeats : 0);
+  const int fast_reps = std::max(1, repeats), rounds = std::max(fast_reps, ref ? ref_repeats : 0);
   for (int i = 0; i < rounds; ++i) {
-    if (i < std::max(1, repeats)) tf.push_back(ms_of(fast));
+    if (window_peak && (i == 0 || i == fast_reps / 2)) read_test(true);
+    if (i < fast_reps) tf.push_back(ms_of(fast));
     if (ref && i < ref_repeats) tr.push_back(ms_of(ref));
   }
-  return {median(tf), median(tr)};
+  if (window_peak) read_test(false);
+  out.fast_ms = median(tf);
+  out.ref_ms = median(tr);
+  out.window_gbps = median(out.window_tests);
+  return out;
 }
 
 void report(const BenchOptions& opt, const BenchResult& r) {
@@ -53,6 +64,11 @@ void report(const BenchOptions& opt, const BenchResult& r) {
     j["ms"] = r.ms;
     if (r.gbps > 0) j["gbps"] = r.gbps; else j["gflops"] = r.gflops;
     j["peak_fraction"] = r.peak_fraction;
+    if (r.gbps > 0 && r.window_peak_gbps > 0) {
+      j["window_peak_gbps"] = r.window_peak_gbps;
+      j["window_peak_fraction"] = r.gbps / r.window_peak_gbps;
+      j["window_tests_gbps"] = r.window_tests;
+    }
     j["speedup_vs_ref"] = speedup;
     j["ref_ms"] = r.ref_ms;
     j["kernel"] = r.kernel;
@@ -60,15 +76,21 @@ void report(const BenchOptions& opt, const BenchResult& r) {
   } else {
     static bool header = false;
     if (!header) {
-      std::printf("%-28s %-22s %-5s %3s %10s %10s %9s %7s %8s  %s\n", "case", "shape", "dtype", "thr", "ms", "ref_ms", "rate", "peak%",
-                  "speedup", "kernel");
+      std::printf("%-28s %-22s %-5s %3s %10s %10s %9s %7s %9s %6s %8s  %s\n", "case", "shape", "dtype", "thr", "ms", "ref_ms", "rate",
+                  "peak%", "window", "win%", "speedup", "kernel");
       header = true;
     }
     char rate[32];
     if (r.gbps > 0) std::snprintf(rate, sizeof rate, "%.1fGB/s", r.gbps);
     else std::snprintf(rate, sizeof rate, "%.1fGF/s", r.gflops);
-    std::printf("%-28s %-22s %-5s %3d %10.3f %10.3f %9s %6.1f%% %7.2fx  %s\n", r.name.c_str(), r.shape.c_str(), r.dtype.c_str(), r.threads,
-                r.ms, r.ref_ms, rate, 100 * r.peak_fraction, speedup, r.kernel.c_str());
+    // window: the read bandwidth measured beside this case (GB/s results), win%: the rate's share of it.
+    char window[32] = "-", win[16] = "-";
+    if (r.gbps > 0 && r.window_peak_gbps > 0) {
+      std::snprintf(window, sizeof window, "%.1fGB/s", r.window_peak_gbps);
+      std::snprintf(win, sizeof win, "%.1f%%", 100 * r.gbps / r.window_peak_gbps);
+    }
+    std::printf("%-28s %-22s %-5s %3d %10.3f %10.3f %9s %6.1f%% %9s %6s %7.2fx  %s\n", r.name.c_str(), r.shape.c_str(), r.dtype.c_str(),
+                r.threads, r.ms, r.ref_ms, rate, 100 * r.peak_fraction, window, win, speedup, r.kernel.c_str());
   }
   std::fflush(stdout);
 }

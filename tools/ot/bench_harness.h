@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -10,9 +11,17 @@
 
 namespace ot::cli {
 
-// Medians of interleaved runs: fast, ref, fast, ref, ... after one warm-up each.
-struct Timing { double fast_ms = 0, ref_ms = 0; };
-Timing time_interleaved(const std::function<void()>& fast, const std::function<void()>& ref, int repeats, int ref_repeats);
+// Medians of interleaved runs: fast, ref, fast, ref, ... after one warm-up each. With window_peak,
+// `ot peak`'s read test also runs before, halfway through and after the timed runs (on the same
+// threads; one untimed fast() after each, so a case that lives in cache starts warm again):
+// window_gbps is the median of the three, the bandwidth of this window of the machine's state.
+struct Timing {
+  double fast_ms = 0, ref_ms = 0;
+  double window_gbps = 0;            // 0 unless window_peak
+  std::vector<double> window_tests;  // the read tests, in order
+};
+Timing time_interleaved(const std::function<void()>& fast, const std::function<void()>& ref, int repeats, int ref_repeats,
+                        bool window_peak = false);
 double time_median_ms(const std::function<void()>& fn, int repeats);
 // The kernel an operator reports (trace::OpScope::kernel) for one call of fn: its outermost scope.
 std::string kernel_of_call(const std::function<void()>& fn);
@@ -28,6 +37,11 @@ const MachinePeak& machine_peak();
 // Peak GFLOP/s of the best matrix path for `dtype` ("bf16", "fp16", "fp32") at `threads`.
 double matrix_peak_gflops(const std::string& dtype, int threads);
 double memory_peak_gbps(int threads);
+// Streaming read bandwidth now, GB/s: `ot peak`'s read test (the best of bursts of 8 MiB of
+// sequential reads per thread from a 512 MiB buffer, for `seconds`) on `threads` threads.
+double read_bandwidth_gbps(int threads, double seconds);
+// Seconds of one read test beside a case (time_interleaved's window_peak).
+constexpr double kWindowTestSeconds = 0.05;
 
 struct BenchResult {
   std::string name, shape, dtype;
@@ -35,7 +49,9 @@ struct BenchResult {
   double ms = 0, ref_ms = 0;
   double gflops = 0;  // set one of gflops / gbps
   double gbps = 0;
-  double peak_fraction = 0;
+  double peak_fraction = 0;        // of the cached peak (`ot peak`'s best ever)
+  double window_peak_gbps = 0;     // GB/s results: Timing::window_gbps (0: not measured)
+  std::vector<double> window_tests;
   std::string kernel;
   nlohmann::json extra = nlohmann::json::object();  // op-specific keys (bytes_sent, ...)
 };

@@ -91,7 +91,7 @@ int run(const BenchOptions& opt, const std::vector<int64_t>& only_tokens) {
       auto fast = [&] { moe::moe_ffn(xs[call++ % xs.size()], w.router_packed, w.experts, o); };
       auto ref = [&] { moe::ref::moe_ffn(xslice[rcall++ % xslice.size()], w.router, w.gate, w.up, w.down, o); };
       int reps = opt.repeats > 0 ? opt.repeats : (T <= 16 ? 20 : (T <= 512 ? 5 : 3));
-      Timing tm = time_interleaved(fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref), reps, opt.no_ref ? 0 : 1);
+      Timing tm = time_interleaved(fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref), reps, opt.no_ref ? 0 : 1, T <= 16);
       BenchResult r;
       r.name = name;
       r.shape = "H" + std::to_string(m.H) + " I" + std::to_string(m.I) + " E" + std::to_string(m.E) + " K" + std::to_string(m.K);
@@ -106,6 +106,8 @@ int run(const BenchOptions& opt, const std::vector<int64_t>& only_tokens) {
         r.gbps = touched / (r.ms * 1e6);
         double peak = memory_peak_gbps(r.threads);
         r.peak_fraction = peak > 0 ? r.gbps / peak : 0;
+        r.window_peak_gbps = tm.window_gbps;
+        r.window_tests = tm.window_tests;
       } else {
         r.gflops = flops / (r.ms * 1e6);
         double peak = matrix_peak_gflops("bf16", r.threads);

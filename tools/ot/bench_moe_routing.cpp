@@ -106,7 +106,7 @@ int run(const BenchOptions& opt) {
     batches.push_back(std::move(b));
   }
   for (const Case& c : cases) {
-    Timing tm = time_interleaved(c.fast, opt.no_ref ? std::function<void()>() : c.ref, opt.repeats > 0 ? opt.repeats : 20, opt.no_ref ? 0 : 1);
+    Timing tm = time_interleaved(c.fast, opt.no_ref ? std::function<void()>() : c.ref, opt.repeats > 0 ? opt.repeats : 20, opt.no_ref ? 0 : 1, true);
     BenchResult r;
     r.name = c.name;
     r.shape = c.shape;
@@ -117,6 +117,8 @@ int run(const BenchOptions& opt) {
     r.gbps = c.bytes / (r.ms * 1e6);
     double peak = memory_peak_gbps(r.threads);
     r.peak_fraction = peak > 0 ? r.gbps / peak : 0;
+    r.window_peak_gbps = tm.window_gbps;
+    r.window_tests = tm.window_tests;
     r.kernel = c.kernel == "router" ? kernel_of_call(c.fast) : c.kernel;
     r.extra["bytes"] = c.bytes;
     // Idle-machine estimate from process CPU time (the machine is shared; spinning OpenMP workers

@@ -13,8 +13,9 @@
 
 #include "bench_harness.h"
 #include "ot/cpu.h"
+#include "ot/output_pool.h"
 #include "ot/parallel.h"
-#include "ot/workspace.h"
+#include "ot/tensor.h"
 
 namespace ot::cli {
 
@@ -74,22 +75,36 @@ double rate(int threads, double seconds, double work_per_iter, float (*fn)(int64
   return r;
 }
 
-// Sequential reads of 8 MiB windows per thread, cycling through 512 MiB so no window is cached.
-double mem_gbps(int threads, double seconds) {
+}  // namespace
+
+// Sequential reads of 8 MiB windows per thread, cycling through 512 MiB so no window is cached
+// (the buffer is made once per process and kept: the benchmarks run this test beside their cases).
+// On transparent huge pages, like the packed weights the benchmarks stream: on this VM a 4 KiB-page
+// buffer made after gigabytes of weights read at 0.6-1.4 GB/s in some processes (no guest page
+// faults; the weights beside it read at 50+ GB/s), the huge-page one did not (docs/moe.md, session 10).
+double read_bandwidth_gbps(int threads, double seconds) {
   const int64_t total = int64_t(128) << 20, window = int64_t(2) << 20;  // floats
-  auto buf = make_aligned<float>(size_t(total));
-  for (int64_t i = 0; i < total; ++i) buf[size_t(i)] = 1.f + float(i & 7);
+  static const Tensor buf = [&] {
+    Tensor b = Tensor::empty(DType::f32, {total});
+    advise_huge_pages(b);  // before the first touch
+    float* p = b.ptr<float>();
+    for (int64_t i = 0; i < total; ++i) p[i] = 1.f + float(i & 7);
+    return b;
+  }();
+  static int64_t next = 0;  // where the next burst starts: later tests go on through the buffer
+  const int before = ot::num_threads();
   ot::set_num_threads(threads);
-  int64_t next = 0;
   double r = best_rate(seconds, [&] {
     int64_t base = next;
     next = (next + window * threads) % total;
-    double dt = span_s([&](int t) { g_sink = peak::read_sum(buf.get() + (base + window * t) % total, window); });
+    double dt = span_s([&](int t) { g_sink = peak::read_sum(buf.ptr<float>() + (base + window * t) % total, window); });
     return double(window) * 4 * threads / dt / 1e9;
   });
-  ot::set_num_threads(0);
+  ot::set_num_threads(before);
   return r;
 }
+
+namespace {
 
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
@@ -124,8 +139,8 @@ MachinePeak measure(double seconds) {
     p.amx_bf16_gflops_all = rate(all, seconds, tile_flops, peak::amx_loop) / 1e9;
   }
   if (avx512) {
-    p.mem_gbps_1t = mem_gbps(1, 2 * seconds);
-    p.mem_gbps_all = mem_gbps(all, 2 * seconds);
+    p.mem_gbps_1t = read_bandwidth_gbps(1, 2 * seconds);
+    p.mem_gbps_all = read_bandwidth_gbps(all, 2 * seconds);
   }
   return p;
 }

@@ -200,7 +200,9 @@ int run_report(const Options& o) {
      << fmt(peak_b) << " GB/s.\n\n";
   md << "Each row is one case of `ot bench <op> --case <case> --json --threads " << threads
      << "` (medians of interleaved runs); `ref ms` is the reference path timed in the same run, `vs ref` the speed-up over it, "
-        "`% of peak` the rate against the peak that bounds the case (matrix GFLOP/s or memory GB/s). Raw data: `report.json`."
+        "`% of peak` the rate against the peak that bounds the case (matrix GFLOP/s or memory GB/s; `ot peak`'s cached best), "
+        "`% of window` a GB/s rate against the read bandwidth measured beside that case (`window_peak_gbps`: `ot peak`'s read test "
+        "before, halfway through and after its timed runs, median; the memory speed of this machine changes over time). Raw data: `report.json`."
      << (o.quick ? " **Quick mode** (`--quick`): tiny stand-in cases and 2 repetitions, for checking the tool, not for figures." : "")
      << "\n\n";
   for (const auto& c : charts) md << "![" << c << "](" << c << ")\n\n";
@@ -213,13 +215,16 @@ int run_report(const Options& o) {
       cur_op = op;
       md << "\n## " << op << "\n\n";
       if (!r.value("what", std::string()).empty()) md << r.value("what", std::string()) << ".\n\n";
-      md << "| case | shape | dtype | ms | ref ms | rate | % of peak | vs ref | kernel |\n|---|---|---|---:|---:|---:|---:|---:|---|\n";
+      md << "| case | shape | dtype | ms | ref ms | rate | % of peak | % of window | vs ref | kernel |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---|\n";
     }
     const bool bw = r.contains("gbps");
     const double rate = bw ? r.value("gbps", 0.0) : r.value("gflops", 0.0);
     md << "| " << r.value("name", "") << " | " << r.value("shape", "") << " | " << r.value("dtype", "") << " | " << fmt(r.value("ms", 0.0), 3)
        << " | " << fmt(r.value("ref_ms", 0.0), 3) << " | " << fmt(rate) << (bw ? " GB/s" : " GFLOP/s") << " | "
-       << fmt(100 * r.value("peak_fraction", 0.0)) << "% | " << fmt(r.value("speedup_vs_ref", 0.0), 2) << "x | " << r.value("kernel", "")
+       << fmt(100 * r.value("peak_fraction", 0.0)) << "% | "
+       << (r.contains("window_peak_fraction") ? fmt(100 * r.value("window_peak_fraction", 0.0)) + "%" : std::string("-")) << " | "
+       << fmt(r.value("speedup_vs_ref", 0.0), 2) << "x | " << r.value("kernel", "")
        << " |\n";
   }
   // Expert parallelism: time and bytes against the baseline of the same run (no FLOPs to rate).

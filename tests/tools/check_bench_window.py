@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""The window bandwidth of GB/s benchmarks: usage: check_bench_window.py OT_BINARY.
+
+GB/s rows (decode GEMM, GDN decode) carry `window_peak_gbps` (the median of `ot peak`'s read test
+run before, halfway through and after the case's timed runs), its three tests and
+`window_peak_fraction` = gbps / window_peak_gbps, beside the cached-peak `peak_fraction`; the text
+table prints both columns. GFLOP/s rows carry no window fields.
+"""
+import json
+import statistics
+import subprocess
+import sys
+
+from checks import check, finish
+
+ot = sys.argv[1]
+
+
+def rows(*args):
+    r = subprocess.run([ot, "bench", *args, "--no-ref", "--json"], capture_output=True, text=True, timeout=300)
+    check(r.returncode == 0, f"ot bench {' '.join(args)} exited {r.returncode}: {r.stderr}")
+    return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+
+
+def check_window(row):
+    name = row.get("name")
+    for key in ("gbps", "peak_fraction", "window_peak_gbps", "window_peak_fraction", "window_tests_gbps"):
+        check(key in row, f"{name}: no {key}")
+    if "window_tests_gbps" not in row:
+        return
+    tests, w = row["window_tests_gbps"], row["window_peak_gbps"]
+    check(len(tests) == 3, f"{name}: {len(tests)} read tests, expected 3 (before, halfway, after)")
+    check(all(0.5 < t < 5000 for t in tests), f"{name}: read tests out of range: {tests}")
+    check(abs(w - statistics.median(tests)) <= 1e-9 * w, f"{name}: window {w} is not the median of {tests}")
+    frac = row["window_peak_fraction"]
+    check(abs(frac - row["gbps"] / w) <= 1e-9 * frac, f"{name}: window_peak_fraction {frac} != gbps / window")
+    check(0.01 < frac < 10, f"{name}: window_peak_fraction {frac} not sane")
+    check(row["peak_fraction"] > 0, f"{name}: cached-peak fraction missing")
+
+
+decode = rows("gemm", "--m", "1", "--n", "1024", "--k", "1024", "--repeats", "5")
+check(len(decode) == 1, f"decode gemm rows: {len(decode)}")
+for row in decode:
+    check_window(row)
+gdn = rows("gdn_decode", "--case", "qwen35-decode-B1", "--repeats", "5")
+check(len(gdn) == 2, f"gdn_decode B1 rows: {len(gdn)}")
+for row in gdn:
+    check_window(row)
+# A GFLOP/s row has no bandwidth, so no window.
+flops = rows("gemm", "--m", "16", "--n", "256", "--k", "256", "--repeats", "2")
+check(len(flops) == 1 and "gflops" in flops[0], "GFLOP/s gemm row")
+for row in flops:
+    check(not any(k.startswith("window") for k in row), f"{row['name']}: window fields on a GFLOP/s row")
+
+# The text table: a window and a win% column beside peak%; the GB/s row fills them.
+r = subprocess.run([ot, "bench", "gemm", "--m", "1", "--n", "1024", "--k", "1024", "--repeats", "5", "--no-ref"],
+                   capture_output=True, text=True, timeout=300)
+print(r.stdout)
+lines = r.stdout.splitlines()
+header = next((l for l in lines if l.startswith("case")), "")
+check(header.split()[7:10] == ["peak%", "window", "win%"], f"text header: {header}")
+row = next((l.split() for l in lines if l.startswith("gemm_m1_")), [])
+if len(row) > 9:
+    rate, window, win = float(row[6].removesuffix("GB/s")), float(row[8].removesuffix("GB/s")), float(row[9].removesuffix("%"))
+    check(abs(100 * rate / window - win) <= 0.1 + 0.01 * win, f"text win% {win} != 100 * {rate} / {window}")
+else:
+    check(False, f"text row: {row}")
+finish("bench window bandwidth: ok")
