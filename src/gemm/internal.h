@@ -92,8 +92,8 @@ struct Kernel {
   int64_t kc = 256;      // K block that keeps a B panel chunk in L1
   bool pad_rows = false; // the kernel always computes mr rows
   const char* name = "scalar";
-  // Decode (a row block of <= kDecodeRows rows, one tile over whole panels), when set: runs all of
-  // a unit's panels at once, tiles[i] (row stride ldc) = A x panels[i].
+  // Decode (a row block of <= kDecodeRows rows, one tile over whole panels), when set: runs n panels
+  // at once (the driver passes a unit's panels, up to 16 a call), tiles[i] (row stride ldc) = A x panels[i].
   void (*decode)(int mr, int64_t kc, const void* a, int64_t lda, const char* const* panels, float* const* tiles, int n, int64_t ldc) = nullptr;
   KernelColsFn cols = nullptr;  // column subset of fn, when set (else fn computes the whole panel)
 };
