@@ -101,8 +101,9 @@ OT_T16_AI inline void transpose16(__m512* v) {
 // A transposing reduction tree over 16 vectors of C components each (v[c][i]: component c of input
 // i, overwritten): lane i of the result (returned in v[c][0], tree16_rows order) reduces input i's 16 lanes by merge(lo, hi, out),
 // which combines two C-component partials lane-wise. 15 merges and 4 shuffles of each component a
-// merge for 16 rows (no horizontal step per row).
-template <int C, class Merge> OT_T16_AI inline void tree16(__m512* const (&v)[C], Merge&& merge) {
+// merge for 16 rows (no horizontal step per row). From = 8: the first level was done by tree16_pair
+// (v[c][i] holds its output i), the rest runs on 8 inputs.
+template <int C, int From = 16, class Merge> OT_T16_AI inline void tree16(__m512* const (&v)[C], Merge&& merge) {
   auto level = [&](int n, auto&& lo_of, auto&& hi_of) OT_T16_AI {
     for (int i = 0; i < n / 2; ++i) {
       __m512 lo[C], hi[C];
@@ -113,13 +114,20 @@ template <int C, class Merge> OT_T16_AI inline void tree16(__m512* const (&v)[C]
     }
   };
   // lanes 0-7: v[2i] folded, 8-15: v[2i + 1]
-  level(16, [](__m512 p, __m512 q) OT_T16_AI { return _mm512_shuffle_f32x4(p, q, 0x44); }, [](__m512 p, __m512 q) OT_T16_AI { return _mm512_shuffle_f32x4(p, q, 0xEE); });
+  if constexpr (From == 16) level(16, [](__m512 p, __m512 q) OT_T16_AI { return _mm512_shuffle_f32x4(p, q, 0x44); }, [](__m512 p, __m512 q) OT_T16_AI { return _mm512_shuffle_f32x4(p, q, 0xEE); });
   // 128-bit lane q: v[4i + q] folded
   level(8, [](__m512 p, __m512 q) OT_T16_AI { return _mm512_shuffle_f32x4(p, q, 0x88); }, [](__m512 p, __m512 q) OT_T16_AI { return _mm512_shuffle_f32x4(p, q, 0xDD); });
   // lane q: [v[8i + q] x2, v[8i + 4 + q] x2]
   level(4, [](__m512 p, __m512 q) OT_T16_AI { return _mm512_shuffle_ps(p, q, 0x44); }, [](__m512 p, __m512 q) OT_T16_AI { return _mm512_shuffle_ps(p, q, 0xEE); });
   // lane q: [v[q], v[4 + q], v[8 + q], v[12 + q]]: element 4q + m holds row 4m + q
   level(2, [](__m512 p, __m512 q) OT_T16_AI { return _mm512_shuffle_ps(p, q, 0x88); }, [](__m512 p, __m512 q) OT_T16_AI { return _mm512_shuffle_ps(p, q, 0xDD); });
+}
+// tree16's first level for one pair of inputs (p: input 2i, q: input 2i + 1; C components) into
+// out (its output i).
+template <int C, class Merge> OT_T16_AI inline void tree16_pair(const __m512* p, const __m512* q, __m512* out, Merge&& merge) {
+  __m512 lo[C], hi[C];
+  for (int c = 0; c < C; ++c) { lo[c] = _mm512_shuffle_f32x4(p[c], q[c], 0x44); hi[c] = _mm512_shuffle_f32x4(p[c], q[c], 0xEE); }
+  merge(lo, hi, out);
 }
 // tree16's lane order back to rows: lane i <- row i.
 OT_T16_AI inline __m512 tree16_rows(__m512 z) {
@@ -134,18 +142,31 @@ OT_T16_AI inline __m512 reduce16_add(const __m512* v) {
   return tree16_rows(t[0]);
 }
 
-// Lane i <- the group score of row i from its lane-wise fold (a[i]: largest, b[i]: second largest
-// of each lane's experts in the group): the largest of the 16 lanes (Top2: plus the second largest
-// of the multiset).
-template <bool Top2> OT_T16_AI inline __m512 group_score16(__m512* a, __m512* b) {
+// Lane i <- the group score of row i from its lane-wise fold (fold(i, f): f[0] the largest, f[1]
+// the second largest of each lane's experts in the group): the largest of the 16 lanes (Top2: plus
+// the second largest of the multiset). Each pair of rows is folded just before the tree's first
+// level merges it, so the 16 rows' folds are never live at once (with Top2 they were 32 registers
+// and spilled to the stack).
+template <bool Top2, class Fold> OT_T16_AI inline __m512 group_score16(Fold&& fold) {
+  auto merge = [](const __m512* lo, const __m512* hi, __m512* out) OT_T16_AI {
+    out[0] = _mm512_max_ps(lo[0], hi[0]);
+    if constexpr (Top2) out[1] = _mm512_max_ps(_mm512_min_ps(lo[0], hi[0]), _mm512_max_ps(lo[1], hi[1]));
+  };
+  constexpr int C = Top2 ? 2 : 1;
+  __m512 a[8], b[8];
+  for (int i = 0; i < 8; ++i) {
+    __m512 p[2], q[2], out[2];
+    fold(2 * i, p);
+    fold(2 * i + 1, q);
+    tree16_pair<C>(p, q, out, merge);
+    a[i] = out[0];
+    b[i] = out[1];
+  }
   if constexpr (Top2) {
-    tree16<2>({a, b}, [](const __m512* lo, const __m512* hi, __m512* out) OT_T16_AI {
-      out[0] = _mm512_max_ps(lo[0], hi[0]);
-      out[1] = _mm512_max_ps(_mm512_min_ps(lo[0], hi[0]), _mm512_max_ps(lo[1], hi[1]));
-    });
+    tree16<2, 8>({a, b}, merge);
     return tree16_rows(_mm512_add_ps(a[0], b[0]));
   } else {
-    tree16<1>({a}, [](const __m512* lo, const __m512* hi, __m512* out) OT_T16_AI { out[0] = _mm512_max_ps(lo[0], hi[0]); });
+    tree16<1, 8>({a}, merge);
     return tree16_rows(a[0]);
   }
 }

@@ -7,9 +7,8 @@
 //   vectors, then one transposing tree per group for the 16 rows (lane = row): max, or the top-2 sum;
 // - the k_group best groups per lane: a vertical sorting network gives the k_group-th best score,
 //   the groups above it and then the lowest groups equal to it are kept (ties to the lower group);
-// - row-wise again: the keys of the other groups become -inf, and the column maxima over the kept
-//   groups give each row's threshold (the k-th largest, per lane after a transpose and a network);
-//   the candidates >= it are compressed as byte ids, then selected per lane as in the softmax
+// - row-wise again: the column maxima over the kept groups give each row's threshold (the k-th largest, per lane after a transpose and a network);
+//   the candidates >= it among the kept groups' experts are compressed as byte ids, then selected per lane as in the softmax
 //   kernel (64-bit (value, id) keys: ties to the lower id exactly);
 // - the weights: the k chosen logits gathered, k vertical sigmoids, their sum, the scaling.
 // Partial blocks and rows of more than 16 candidates are done as in the softmax kernel.
@@ -70,17 +69,17 @@ OT_T16_AI inline __m512 keys_row(const char* xp, DType xt, int64_t nv, const flo
 }
 
 // Group limit for the block (M_, G_ > 0: vectors a group and groups fixed at compile time): the
-// group scores per lane, the k_group best groups kept, the other groups' keys -inf; cm[i]: the
-// column maxima of row i's kept keys.
+// group scores per lane, the k_group best groups kept; cm[i]: the column maxima of row i's kept
+// keys, vkeep[i]: bit v set where row i's vector v is in a kept group (the other groups' keys are
+// left as they are: the candidates are taken from the kept vectors only).
 template <int M_, int G_>
-OT_T16_AI inline void limit_groups16(const RouterSpec& s, float* keys, int64_t E, int64_t nv, __m512* cm) {
+OT_T16_AI inline void limit_groups16(const RouterSpec& s, const float* keys, int64_t E, int64_t nv, __m512* cm, uint32_t* vkeep) {
   const int64_t G = G_ > 0 ? G_ : s.groups, M = M_ > 0 ? M_ : nv / G;
   const bool top2 = s.group_mode == 1;
   const __m512 ninf = _mm512_set1_ps(kNegInf);
   __m512 gs[16];
   for (int64_t g = 0; g < G; ++g) {
-    __m512 a[16], sb[16];
-    for (int i = 0; i < 16; ++i) {  // each lane's largest and second largest over the group's vectors
+    auto fold = [&](int i, __m512* f) OT_T16_AI {  // each lane's largest and second largest over the group's vectors
       const float* p = keys + i * E + g * M * 16;
       __m512 x = _mm512_load_ps(p), y = ninf;
       for (int64_t j = 1; j < M; ++j) {
@@ -88,22 +87,25 @@ OT_T16_AI inline void limit_groups16(const RouterSpec& s, float* keys, int64_t E
         if (top2) y = _mm512_max_ps(y, _mm512_min_ps(x, v));
         x = _mm512_max_ps(x, v);
       }
-      a[i] = x;
-      sb[i] = y;
-    }
-    gs[g] = top2 ? group_score16<true>(a, sb) : group_score16<false>(a, sb);
+      f[0] = x;
+      f[1] = y;
+    };
+    gs[g] = top2 ? group_score16<true>(fold) : group_score16<false>(fold);
   }
   alignas(64) int32_t kept[16];
   _mm512_store_si512(kept, keep_groups16(gs, G, s.k_group));
-  const uint32_t all = (1u << G) - 1;
+  const uint32_t group_bits = (1u << M) - 1;
   for (int i = 0; i < 16; ++i) {
-    float* kr = keys + i * E;
+    const float* kr = keys + i * E;
     __m512 c = ninf;
-    for (uint32_t u = uint32_t(kept[i]); u; u &= u - 1)
-      for (int64_t j = 0, v = __builtin_ctz(u) * M; j < M; ++j) c = _mm512_max_ps(c, _mm512_load_ps(kr + 16 * (v + j)));
-    for (uint32_t u = ~uint32_t(kept[i]) & all; u; u &= u - 1)
-      for (int64_t j = 0, v = __builtin_ctz(u) * M; j < M; ++j) _mm512_store_ps(kr + 16 * (v + j), ninf);
+    uint32_t vk = 0;
+    for (uint32_t u = uint32_t(kept[i]); u; u &= u - 1) {
+      const int64_t v = __builtin_ctz(u) * M;
+      vk |= group_bits << v;
+      for (int64_t j = 0; j < M; ++j) c = _mm512_max_ps(c, _mm512_load_ps(kr + 16 * (v + j)));
+    }
     cm[i] = c;
+    vkeep[i] = vk;
   }
 }
 
@@ -145,17 +147,30 @@ bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t 
         for (int64_t v = 0; v < nv; ++v) _mm512_storeu_ps(scores + (rb + i) * E + 16 * v, sigmoid_ps(_mm512_loadu_ps(xf + i * E + 16 * v)));
     }
     if (bad) return false;
+    uint32_t vkeep[16];
     if (groups) {
-      if (NV == 16 && M == 2) limit_groups16<2, 8>(s, keys, E, nv, cm);
-      else if (M == 1) limit_groups16<1, 0>(s, keys, E, nv, cm);
-      else limit_groups16<0, 0>(s, keys, E, nv, cm);
+      if (NV == 16 && M == 2) limit_groups16<2, 8>(s, keys, E, nv, cm, vkeep);
+      else if (M == 1) limit_groups16<1, 0>(s, keys, E, nv, cm, vkeep);
+      else limit_groups16<0, 0>(s, keys, E, nv, cm, vkeep);
     }
     // Thresholds per lane: the k-th largest column maximum.
     transpose16(cm);
     sort_lanes<Live>(cm);
     _mm512_store_ps(tha, cm[k - 1]);
     // Candidates (ids as bytes at cb + 16 i; a row's stores run into the next rows', written after it).
-    for (int i = 0; i < 16; ++i) ncand[i] = topk_collect_bytes(keys + i * E, nv, _mm512_set1_ps(tha[i]), cb + 16 * i);
+    for (int i = 0; i < 16; ++i) {
+      const float* kr = keys + i * E;
+      if (!groups) {
+        ncand[i] = topk_collect_bytes(kr, nv, _mm512_set1_ps(tha[i]), cb + 16 * i);
+        continue;
+      }
+      __mmask16 m[16] = {};  // the kept vectors only (half the compares at 4 of 8 groups, no -inf stores)
+      for (uint32_t u = vkeep[i]; u; u &= u - 1) {
+        const int v = __builtin_ctz(u);
+        m[v] = _mm512_cmp_ps_mask(_mm512_load_ps(kr + 16 * v), _mm512_set1_ps(tha[i]), _CMP_GE_OQ);
+      }
+      ncand[i] = compress_ids_bytes(m, nv, cb + 16 * i);
+    }
     const __m512i nc = _mm512_load_si512(ncand);
     const __mmask16 slow = _mm512_cmpgt_epi32_mask(nc, _mm512_set1_epi32(16));
     __m512i sid[16];
@@ -184,7 +199,9 @@ bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t 
     // the lower id first), stored masked (the next rows are written already).
     for (uint32_t m = slow; m; m &= m - 1) {
       const int i = __builtin_ctz(m);
-      const float* key = keys + i * E;
+      float* key = keys + i * E;
+      if (groups)  // the insertion scans the whole row: the other groups' keys -inf first
+        for (uint32_t u = ~vkeep[i] & ((1u << nv) - 1); u; u &= u - 1) _mm512_store_ps(key + 16 * __builtin_ctz(u), _mm512_set1_ps(kNegInf));
       alignas(64) float kv[16];
       alignas(64) int32_t ki[16];
       many_candidates_topk(key, nv, tha[i], int(k), kv, ki);
