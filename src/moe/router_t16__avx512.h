@@ -21,18 +21,18 @@ using namespace rsimd;
 
 #define OT_T16_AI __attribute__((always_inline))
 
-// Batcher's odd-even merge sort of 16 (63 comparators; comparator (a, b), a < b, puts the larger
-// value at a), pruned to those the first `live` outputs depend on.
+// Batcher's odd-even merge sort of n = 16 (63 comparators) or 8 (19; comparator (a, b), a < b, puts
+// the larger value at a), pruned to those the first `live` outputs depend on.
 struct Net {
   int n = 0;
   uint8_t a[64] = {}, b[64] = {};
 };
-constexpr Net batcher16(int live) {
+constexpr Net batcher16(int live, int n = 16) {
   Net all;
-  for (int p = 1; p < 16; p *= 2)
+  for (int p = 1; p < n; p *= 2)
     for (int k = p; k >= 1; k /= 2)
-      for (int j = k % p; j + k < 16; j += 2 * k)
-        for (int i = 0; i < std::min(k, 16 - j - k); ++i)
+      for (int j = k % p; j + k < n; j += 2 * k)
+        for (int i = 0; i < std::min(k, n - j - k); ++i)
           if ((i + j) / (2 * p) == (i + j + k) / (2 * p)) {
             all.a[all.n] = uint8_t(i + j);
             all.b[all.n] = uint8_t(i + j + k);
@@ -51,19 +51,19 @@ constexpr Net batcher16(int live) {
     }
   return net;
 }
-template <int Live> struct NetOf {
-  static constexpr Net net = batcher16(Live);
+template <int Live, int N = 16> struct NetOf {
+  static constexpr Net net = batcher16(Live, N);
 };
-static_assert(NetOf<16>::net.n == 63);
+static_assert(NetOf<16>::net.n == 63 && NetOf<8, 8>::net.n == 19);
 
 template <const Net& N, class F, size_t... I> OT_T16_AI inline void run_net(F&& f, std::index_sequence<I...>) { (f(N.a[I], N.b[I]), ...); }
-// v[0, 16) sorted descending per lane (the first Live outputs).
-template <int Live> OT_T16_AI inline void sort_lanes(__m512* v) {
-  run_net<NetOf<Live>::net>([&](int a, int b) OT_T16_AI {
+// v[0, N) sorted descending per lane (the first Live outputs).
+template <int Live, int N = 16> OT_T16_AI inline void sort_lanes(__m512* v) {
+  run_net<NetOf<Live, N>::net>([&](int a, int b) OT_T16_AI {
     const __m512 hi = _mm512_max_ps(v[a], v[b]);
     v[b] = _mm512_min_ps(v[a], v[b]);
     v[a] = hi;
-  }, std::make_index_sequence<NetOf<Live>::net.n>{});
+  }, std::make_index_sequence<NetOf<Live, N>::net.n>{});
 }
 template <int Live> OT_T16_AI inline void sort_lanes(__m512i* v) {
   run_net<NetOf<Live>::net>([&](int a, int b) OT_T16_AI {

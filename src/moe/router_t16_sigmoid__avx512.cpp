@@ -22,13 +22,15 @@ using namespace rsimd;
 using namespace t16;
 namespace {
 
-// Per lane (row), the bits of the k_group best groups of gs[0, G) (ties to the lower group).
+// Per lane (row), the bits of the k_group best groups of gs[0, G) (ties to the lower group). N: the
+// sorting network's inputs (8 where G <= 8 is known at compile time: 19 comparators, not 63).
+template <int N>
 OT_T16_AI inline __m512i keep_groups16(const __m512* gs, int64_t G, int64_t k_group) {
   const __m512 ninf = _mm512_set1_ps(kNegInf);
   const __m512i one = _mm512_set1_epi32(1);
-  __m512 srt[16];
-  for (int g = 0; g < 16; ++g) srt[g] = g < G ? gs[g] : ninf;
-  sort_lanes<16>(srt);
+  __m512 srt[N];
+  for (int g = 0; g < N; ++g) srt[g] = g < G ? gs[g] : ninf;
+  sort_lanes<N, N>(srt);
   const __m512 tg = srt[k_group - 1];
   __m512i above = _mm512_setzero_si512(), taken = _mm512_setzero_si512(), kept = _mm512_setzero_si512();
   for (int g = 0; g < G; ++g) above = _mm512_mask_add_epi32(above, _mm512_cmp_ps_mask(gs[g], tg, _CMP_GT_OQ), above, one);
@@ -93,7 +95,7 @@ OT_T16_AI inline void limit_groups16(const RouterSpec& s, const float* keys, int
     gs[g] = top2 ? group_score16<true>(fold) : group_score16<false>(fold);
   }
   alignas(64) int32_t kept[16];
-  _mm512_store_si512(kept, keep_groups16(gs, G, s.k_group));
+  _mm512_store_si512(kept, keep_groups16<(G_ > 0 && G_ <= 8) ? 8 : 16>(gs, G, s.k_group));
   const uint32_t group_bits = (1u << M) - 1;
   for (int i = 0; i < 16; ++i) {
     const float* kr = keys + i * E;
