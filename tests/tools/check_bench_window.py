@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
 """The window bandwidth of GB/s benchmarks: usage: check_bench_window.py OT_BINARY.
 
-GB/s rows (decode GEMM, GDN decode) carry `window_peak_gbps` (the median of `ot peak`'s read test
+GB/s rows (decode GEMM, GDN decode) carry `window_peak_gbps` (the best of `ot peak`'s read test
 run before, halfway through and after the case's timed runs), its three tests and
 `window_peak_fraction` = gbps / window_peak_gbps, beside the cached-peak `peak_fraction`; the text
 table prints both columns. GFLOP/s rows carry no window fields.
 """
 import json
-import statistics
 import subprocess
 import sys
 
@@ -31,7 +30,7 @@ def check_window(row):
     tests, w = row["window_tests_gbps"], row["window_peak_gbps"]
     check(len(tests) == 3, f"{name}: {len(tests)} read tests, expected 3 (before, halfway, after)")
     check(all(0.05 < t < 5000 for t in tests), f"{name}: read tests out of range: {tests}")
-    check(abs(w - statistics.median(tests)) <= 1e-9 * w, f"{name}: window {w} is not the median of {tests}")
+    check(abs(w - max(tests)) <= 1e-9 * w, f"{name}: window {w} is not the best of {tests}")
     frac = row["window_peak_fraction"]
     check(abs(frac - row["gbps"] / w) <= 1e-9 * frac, f"{name}: window_peak_fraction {frac} != gbps / window")
     # Wide: CTest runs beside builds on a shared machine, and a cache-resident case can beat DRAM.

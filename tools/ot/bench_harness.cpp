@@ -49,7 +49,10 @@ Timing time_interleaved(const std::function<void()>& fast, const std::function<v
   if (window_peak) read_test(false);
   out.fast_ms = median(tf);
   out.ref_ms = median(tr);
-  out.window_gbps = median(out.window_tests);
+  // The best of the three (the window's peak, as `ot peak` takes the best of its bursts): this VM
+  // sometimes stalls a read test far below the case's own rate (1.7 and 11 GB/s beside a case
+  // streaming 50 GB/s in the session-10 report), and a median of three cannot drop two such tests.
+  if (window_peak) out.window_gbps = *std::max_element(out.window_tests.begin(), out.window_tests.end());
   return out;
 }
 

@@ -14,7 +14,7 @@ namespace ot::cli {
 // Medians of interleaved runs: fast, ref, fast, ref, ... after one warm-up each. With window_peak,
 // `ot peak`'s read test also runs before, halfway through and after the timed runs (on the same
 // threads; one untimed fast() after each, so a case that lives in cache starts warm again):
-// window_gbps is the median of the three, the bandwidth of this window of the machine's state.
+// window_gbps is the best of the three, the peak bandwidth of this window of the machine's state.
 struct Timing {
   double fast_ms = 0, ref_ms = 0;
   double window_gbps = 0;            // 0 unless window_peak

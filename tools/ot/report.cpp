@@ -202,7 +202,7 @@ int run_report(const Options& o) {
      << "` (medians of interleaved runs); `ref ms` is the reference path timed in the same run, `vs ref` the speed-up over it, "
         "`% of peak` the rate against the peak that bounds the case (matrix GFLOP/s or memory GB/s; `ot peak`'s cached best), "
         "`% of window` a GB/s rate against the read bandwidth measured beside that case (`window_peak_gbps`: `ot peak`'s read test "
-        "before, halfway through and after its timed runs, median; the memory speed of this machine changes over time). Raw data: `report.json`."
+        "before, halfway through and after its timed runs, the best of the three; the memory speed of this machine changes over time). Raw data: `report.json`."
      << (o.quick ? " **Quick mode** (`--quick`): tiny stand-in cases and 2 repetitions, for checking the tool, not for figures." : "")
      << "\n\n";
   for (const auto& c : charts) md << "![" << c << "](" << c << ")\n\n";
