@@ -199,11 +199,7 @@ int run_decode(const BenchOptions& opt) {
       r.threads = threads;
       r.ms = t.fast_ms;
       r.ref_ms = t.ref_ms;
-      r.gbps = bytes / (t.fast_ms * 1e6);
-      double peak = memory_peak_gbps(threads);
-      r.peak_fraction = peak > 0 ? r.gbps / peak : 0;
-      r.window_peak_gbps = t.window_gbps;
-      r.window_tests = t.window_tests;
+      set_bandwidth(r, bytes / (t.fast_ms * 1e6), t);
       r.kernel = cpu::has(cpu::Isa::avx512) ? "avx512" : "generic";
       r.extra["state_bytes"] = bytes;
       double cpu = cpu_ms_median(fast, reps);

@@ -52,10 +52,7 @@ static void run_shape(const BenchOptions& opt, const Shape& s) {
   r.kernel = gemm::kernel_name(dt, dt, s.M);
   r.extra["ref_rows"] = ref_rows;
   if (s.decode) {
-    r.gbps = wbytes / (t.fast_ms * 1e-3) / 1e9;
-    r.peak_fraction = r.gbps / memory_peak_gbps(threads);
-    r.window_peak_gbps = t.window_gbps;
-    r.window_tests = t.window_tests;
+    set_bandwidth(r, wbytes / (t.fast_ms * 1e-3) / 1e9, t);
     r.extra["gflops"] = flops / (t.fast_ms * 1e-3) / 1e9;
   } else {
     r.gflops = flops / (t.fast_ms * 1e-3) / 1e9;

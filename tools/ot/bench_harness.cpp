@@ -56,6 +56,14 @@ Timing time_interleaved(const std::function<void()>& fast, const std::function<v
   return out;
 }
 
+void set_bandwidth(BenchResult& r, double gbps, const Timing& t) {
+  r.gbps = gbps;
+  const double peak = memory_peak_gbps(r.threads);
+  r.peak_fraction = peak > 0 ? gbps / peak : 0;
+  r.window_peak_gbps = t.window_gbps;
+  r.window_tests = t.window_tests;
+}
+
 void report(const BenchOptions& opt, const BenchResult& r) {
   double speedup = r.ref_ms > 0 && r.ms > 0 ? r.ref_ms / r.ms : 0;
   if (opt.json) {

@@ -55,6 +55,9 @@ struct BenchResult {
   std::string kernel;
   nlohmann::json extra = nlohmann::json::object();  // op-specific keys (bytes_sent, ...)
 };
+// A GB/s result (r.threads set): its rate, the fraction of the cached memory peak at r.threads, and
+// the window bandwidth time_interleaved measured beside it (t: run with window_peak).
+void set_bandwidth(BenchResult& r, double gbps, const Timing& t);
 // Prints a table row (with a header before the first row) or a JSON line.
 void report(const BenchOptions& opt, const BenchResult& r);
 

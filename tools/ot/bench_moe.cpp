@@ -103,11 +103,7 @@ int run(const BenchOptions& opt, const std::vector<int64_t>& only_tokens) {
       // The path moe_ffn reports for a call (decode kernel for experts of 1-3 rows, the 8x48 one above).
       r.kernel = kernel_of_call(fast);
       if (T <= 16) {
-        r.gbps = touched / (r.ms * 1e6);
-        double peak = memory_peak_gbps(r.threads);
-        r.peak_fraction = peak > 0 ? r.gbps / peak : 0;
-        r.window_peak_gbps = tm.window_gbps;
-        r.window_tests = tm.window_tests;
+        set_bandwidth(r, touched / (r.ms * 1e6), tm);
       } else {
         r.gflops = flops / (r.ms * 1e6);
         double peak = matrix_peak_gflops("bf16", r.threads);

@@ -114,11 +114,7 @@ int run(const BenchOptions& opt) {
     r.threads = num_threads();
     r.ms = tm.fast_ms;
     r.ref_ms = tm.ref_ms;
-    r.gbps = c.bytes / (r.ms * 1e6);
-    double peak = memory_peak_gbps(r.threads);
-    r.peak_fraction = peak > 0 ? r.gbps / peak : 0;
-    r.window_peak_gbps = tm.window_gbps;
-    r.window_tests = tm.window_tests;
+    set_bandwidth(r, c.bytes / (r.ms * 1e6), tm);
     r.kernel = c.kernel == "router" ? kernel_of_call(c.fast) : c.kernel;
     r.extra["bytes"] = c.bytes;
     // Idle-machine estimate from process CPU time (the machine is shared; spinning OpenMP workers
@@ -128,9 +124,11 @@ int run(const BenchOptions& opt) {
     r.extra["idle_estimate_ms"] = est_ms;
     r.extra["cpu_gbps"] = est;
     report(opt, r);
-    if (!opt.json)
+    if (!opt.json) {
+      const double peak = memory_peak_gbps(r.threads);
       std::printf("  %-26s cpu %.3f ms/call -> idle estimate %.3f ms: %.1f GB/s (%.1f%% of peak)\n", "", cpu_ms, est_ms, est,
                   peak > 0 ? 100 * est / peak : 0.0);
+    }
   }
   return 0;
 }
