@@ -12,11 +12,15 @@
 
 #include "ot/parallel.h"
 #include "ot/workspace.h"
+#include "src/core/knobs.h"
 #include "src/gemm/internal.h"
 
 namespace ot::gemm::detail {
 
 namespace {
+
+knobs::Knob g_decode_rows("gemm.decode_rows", kDecodeRows, 0, kDecodeRows,
+                          "row blocks of up to this many rows stream on the decode kernel (larger ones: the 8x48 kernel)");
 
 // Rows per unit: at most kMC, in equal blocks (a multiple of the kernel's row step): 139 rows run
 // as one block, 300 as 152 + 148, not 128 + 128 + 44. A tail block of a few rows re-streams
@@ -45,6 +49,7 @@ struct JobPlan {
   Kernel k;
   int64_t mc = 0, nmb = 0, nob = 0, nub = 0, units = 0;
   int ppb = 1;  // panels per output block (2 for SwiGLU)
+  int decode_rows = kDecodeRows;  // decode_rows() of the call
 };
 
 bool rmw_c(const Job& job) { return job.epi.beta != 0.f && job.epi.csc == 1; }
@@ -79,7 +84,7 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
   // Decode (a row block of a few rows, in any call): the unit's panels stream first, up to 16 at a
   // time (two side by side, kernel_decode_panels), one tile per output block, then the epilogues run.
   const int64_t tsz = mc_pad * ldt;
-  const bool dec = mc_pad <= kDecodeRows && K.decode;
+  const bool dec = mc_pad <= pl.decode_rows && K.decode;
   float* cbuf = reinterpret_cast<float*>(s.c.get(size_t(tsz * (dec ? ob1 - ob0 : 1)) * 4));
   if (dec) {
     constexpr int kMaxPanels = 16;
@@ -163,6 +168,8 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
 
 }  // namespace
 
+int decode_rows() { return int(g_decode_rows.get()); }
+
 Layout layout_for(DType a, DType b) {
   return a == DType::bf16 && b == DType::bf16 && cpu::has(cpu::Isa::avx512_bf16) ? Layout::bf16_vnni : Layout::f32;
 }
@@ -172,7 +179,7 @@ Kernel select_kernel(Layout layout, int64_t M) {
     if (cpu::has(cpu::Isa::amx) && M >= 16) return {kernel_amx_bf16, 32, 512, true, "amx_bf16"};
     // 18 KiB B chunk + 4 A tiles fit L1; row blocks of <= kDecodeRows rows (all when M is) stream on the decode kernel.
     if (cpu::has(cpu::Isa::avx512_bf16))
-      return {kernel_avx512_bf16, 8, 192, false, M <= kDecodeRows ? "avx512_bf16_decode" : "avx512_bf16", kernel_decode_panels_bf16,
+      return {kernel_avx512_bf16, 8, 192, false, M <= decode_rows() ? "avx512_bf16_decode" : "avx512_bf16", kernel_decode_panels_bf16,
               kernel_avx512_bf16_cols};
     return {kernel_scalar_vnni, 8, 256, false, "scalar"};
   }
@@ -191,6 +198,7 @@ void run_jobs(const Job* jobs, int64_t count, bool race_free) {
   const int T = num_threads();
   int64_t rows = 0;
   for (int64_t j = 0; j < count; ++j) rows += jobs[j].M;
+  const int drows = decode_rows();
   const bool prefill = rows > kDecodeRows * count;  // more rows per job on average than a decode-sized block
   // Output blocks per unit: a job's whole row block when that still gives >= 32 units per thread
   // (prefill of many experts: one thread packs an expert's gathered A rows once, where 8-panel
@@ -203,6 +211,7 @@ void run_jobs(const Job* jobs, int64_t count, bool race_free) {
       JobPlan& pl = plans[size_t(j)];
       pl.k = select_kernel(job.b.layout, job.M);
       pl.ppb = job.swiglu ? 2 : 1;
+      pl.decode_rows = drows;
       pl.nob = job.b.npanels / pl.ppb;
       pl.nmb = job.M > 0 ? (job.M + kMC - 1) / kMC : 0;
       const int64_t step = pl.k.pad_rows ? pl.k.mr : 8;

@@ -97,7 +97,10 @@ struct Kernel {
   void (*decode)(int mr, int64_t kc, const void* a, int64_t lda, const char* const* panels, float* const* tiles, int n, int64_t ldc) = nullptr;
   KernelColsFn cols = nullptr;  // column subset of fn, when set (else fn computes the whole panel)
 };
-constexpr int kDecodeRows = 3;
+constexpr int kDecodeRows = 3;  // the most rows the decode kernel serves
+// Row blocks of up to this many rows (0..kDecodeRows; knob gemm.decode_rows, default kDecodeRows)
+// stream on the decode kernel; read once per call.
+int decode_rows();
 // The kernel for a layout under the active ISA cap (M lets decode-sized calls avoid AMX).
 Kernel select_kernel(Layout layout, int64_t M);
 Layout layout_for(DType a, DType b);  // what prepack/matmul pack into under the active ISA

@@ -4,12 +4,13 @@
 // unevenly between the streams (pair counts 0, 1, 15, 17, 383, 1024, 1025), padded A rows, and
 // accumulation onto C; the unit form (kernel_decode_panels_bf16: n panels paired side by side,
 // odd n); and through gemm() at decode sizes (M 1..5, odd K, N tails, units of several panels,
-// SwiGLU, weighted scatter-add) against ref::gemm; and 1-3 row groups inside prefill-sized grouped calls.
+// SwiGLU, weighted scatter-add; every value of the gemm.decode_rows knob) against ref::gemm; and 1-3 row groups inside prefill-sized grouped calls.
 #include <cmath>
 #include <vector>
 
 #include "gemm_test_util.h"
 #include "ot/parallel.h"
+#include "src/core/knobs.h"
 #include "src/gemm/internal.h"
 
 using namespace ot;
@@ -97,7 +98,9 @@ TEST(GemmDecode, PanelsKernelMatchesFp64DotOfEachPanel) {
 
 TEST(GemmDecode, DecodeSizesThroughGemmMatchReference) {
   std::mt19937 rng(11);
-  {  // this machine's ISA only: the other paths' decode sizes are covered by test_gemm.cpp
+  // Every value of the decode-rows knob (an `ot bench --ab` side must compute the same product).
+  for (int drows = 0; drows <= detail::kDecodeRows; ++drows) {  // this machine's ISA only: the other paths' decode sizes are covered by test_gemm.cpp
+    knobs::set("gemm.decode_rows", drows);
     const cpu::Isa isa = cpu::detected_isa();
     for (int64_t M : {1, 2, 3, 4, 5})
       for (int64_t K : {1, 33, 2049})
@@ -126,9 +129,11 @@ TEST(GemmDecode, DecodeSizesThroughGemmMatchReference) {
             PackedB pb = prepack(b, BLayout::NK);
             ot::gemm::gemm(M, ao, pb, {cf.view().data, DType::f32, ldc}, ep);
             ref::gemm(M, ao, b, BLayout::NK, {cr.view().data, DType::f32, ldc}, ep);
-            EXPECT_LE(norm_err(cf, cr), 1e-4) << "isa=" << isa_str(isa) << " M=" << M << " K=" << K << " N=" << N << " swiglu=" << swiglu;
+            EXPECT_LE(norm_err(cf, cr), 1e-4) << "isa=" << isa_str(isa) << " decode_rows=" << drows << " M=" << M << " K=" << K << " N=" << N
+                                              << " swiglu=" << swiglu;
           }
   }
+  knobs::set("gemm.decode_rows", knobs::find("gemm.decode_rows").default_value());
 }
 
 // Row blocks of 1-3 rows inside prefill-sized grouped calls (many groups of 9-20 rows: one unit per

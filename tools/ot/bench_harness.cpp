@@ -5,10 +5,59 @@
 #include <cstdio>
 #include <vector>
 
+#include "ot/error.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
+#include "src/core/knobs.h"
 
 namespace ot::cli {
+
+namespace {
+AbSpec g_ab;
+AbTiming g_last_ab;  // the last time_interleaved's A/B, taken by report()
+
+double quantile(std::vector<double> v, double q) {  // linear interpolation between order statistics
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double x = q * double(v.size() - 1);
+  const size_t i = size_t(x);
+  return i + 1 < v.size() ? v[i] + (x - double(i)) * (v[i + 1] - v[i]) : v[i];
+}
+
+// Restores a knob's value when the timing ends (or throws).
+struct KnobRestore {
+  std::string name;
+  int64_t value = 0;
+  ~KnobRestore() {
+    if (!name.empty()) knobs::set(name, value);
+  }
+};
+}  // namespace
+
+AbSpec parse_ab(const std::string& spec) {
+  const auto eq = spec.find('='), comma = spec.find(',', eq == std::string::npos ? 0 : eq);
+  AbSpec ab;
+  bool ok = eq != std::string::npos && eq > 0 && comma != std::string::npos;
+  if (ok) {
+    ab.knob = spec.substr(0, eq);
+    try {
+      size_t na = 0, nb = 0;
+      const std::string sa = spec.substr(eq + 1, comma - eq - 1), sb = spec.substr(comma + 1);
+      ab.a = std::stoll(sa, &na);
+      ab.b = std::stoll(sb, &nb);
+      ok = na == sa.size() && nb == sb.size();
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  }
+  OT_CHECK(ok, "ot bench", "--ab", "<knob>=<a>,<b> with integer a and b", "'", spec, "'");
+  const knobs::Knob& k = knobs::find(ab.knob);  // an unknown name: ot::Error listing the known ones
+  for (int64_t v : {ab.a, ab.b})
+    OT_CHECK(v >= k.min() && v <= k.max(), "ot bench", "--ab", detail::cat(ab.knob, " values in [", k.min(), ", ", k.max(), "]"), v);
+  return ab;
+}
+
+void set_ab(const AbSpec& spec) { g_ab = spec; }
 
 static double ms_of(const std::function<void()>& fn) {
   auto t0 = std::chrono::steady_clock::now();
@@ -33,22 +82,43 @@ double time_median_ms(const std::function<void()>& fn, int repeats) {
 Timing time_interleaved(const std::function<void()>& fast, const std::function<void()>& ref, int repeats, int ref_repeats,
                         bool window_peak) {
   Timing out;
-  std::vector<double> tf, tr;
+  std::vector<double> tf, tb, tr;  // tb: side b of an A/B (tf is then side a)
+  const bool ab = !g_ab.knob.empty();
+  const KnobRestore restore{ab ? g_ab.knob : "", ab ? knobs::get(g_ab.knob) : 0};
+  auto side = [&](bool b) {
+    if (ab) knobs::set(g_ab.knob, b ? g_ab.b : g_ab.a);
+  };
   auto read_test = [&](bool rewarm) {
     out.window_tests.push_back(read_bandwidth_gbps(num_threads(), kWindowTestSeconds));
     if (rewarm) fast();  // the test evicted the caches: one untimed call warms them again
   };
+  side(true);
+  if (ab) fast();  // side b's warm-up
+  side(false);
   fast();
   if (ref && ref_repeats > 0) ref();
   const int fast_reps = std::max(1, repeats), rounds = std::max(fast_reps, ref ? ref_repeats : 0);
   for (int i = 0; i < rounds; ++i) {
     if (window_peak && (i == 0 || i == fast_reps / 2)) read_test(true);
-    if (i < fast_reps) tf.push_back(ms_of(fast));
+    if (i < fast_reps && !ab) tf.push_back(ms_of(fast));
+    if (i < fast_reps && ab)
+      for (int s = 0; s < 2; ++s) {  // ABBA: a,b at even i, b,a at odd i
+        const bool b = (s == 1) != (i % 2 == 1);
+        side(b);
+        (b ? tb : tf).push_back(ms_of(fast));
+      }
+    side(false);
     if (ref && i < ref_repeats) tr.push_back(ms_of(ref));
   }
   if (window_peak) read_test(false);
   out.fast_ms = median(tf);
   out.ref_ms = median(tr);
+  if (ab) {
+    std::vector<double> ratio;
+    for (size_t i = 0; i < tf.size(); ++i) ratio.push_back(tb[i] / std::max(tf[i], 1e-9));
+    out.ab = {g_ab, int(ratio.size()), median(tf), median(tb), quantile(ratio, 0.5), quantile(ratio, 0.25), quantile(ratio, 0.75)};
+    g_last_ab = out.ab;
+  }
   // The best of the three (the window's peak, as `ot peak` takes the best of its bursts): this VM
   // sometimes stalls a read test far below the case's own rate (1.7 and 11 GB/s beside a case
   // streaming 50 GB/s in the session-10 report), and a median of three cannot drop two such tests.
@@ -66,6 +136,10 @@ void set_bandwidth(BenchResult& r, double gbps, const Timing& t) {
 
 void report(const BenchOptions& opt, const BenchResult& r) {
   double speedup = r.ref_ms > 0 && r.ms > 0 ? r.ref_ms / r.ms : 0;
+  const AbTiming ab = g_last_ab;
+  g_last_ab = {};
+  OT_CHECK(g_ab.knob.empty() || ab.pairs > 0, "ot bench", "--ab", "a benchmark timed by the harness's interleaved timing",
+           r.name, " did not alternate the knob");
   if (opt.json) {
     nlohmann::json j = r.extra;
     j["name"] = r.name;
@@ -83,6 +157,18 @@ void report(const BenchOptions& opt, const BenchResult& r) {
     j["speedup_vs_ref"] = speedup;
     j["ref_ms"] = r.ref_ms;
     j["kernel"] = r.kernel;
+    if (ab.pairs > 0) {
+      j["ab_knob"] = ab.spec.knob;
+      j["ab_a"] = ab.spec.a;
+      j["ab_b"] = ab.spec.b;
+      j["ab_pairs"] = ab.pairs;
+      j["ab_a_ms"] = ab.a_ms;
+      j["ab_b_ms"] = ab.b_ms;
+      j["ab_ratio_b_over_a_median"] = ab.ratio_median;
+      j["ab_ratio_b_over_a_p25"] = ab.ratio_p25;
+      j["ab_ratio_b_over_a_p75"] = ab.ratio_p75;
+      if (r.gbps > 0 && ab.b_ms > 0) j["ab_b_gbps"] = r.gbps * ab.a_ms / ab.b_ms;  // the same bytes in side b's time
+    }
     std::printf("%s\n", j.dump().c_str());
   } else {
     static bool header = false;
@@ -102,6 +188,13 @@ void report(const BenchOptions& opt, const BenchResult& r) {
     }
     std::printf("%-28s %-22s %-5s %3d %10.3f %10.3f %9s %6.1f%% %9s %6s %7.2fx  %s\n", r.name.c_str(), r.shape.c_str(), r.dtype.c_str(),
                 r.threads, r.ms, r.ref_ms, rate, 100 * r.peak_fraction, window, win, speedup, r.kernel.c_str());
+    // The row is side a; b/a < 1: b is faster.
+    if (ab.pairs > 0) {
+      char brate[48] = "";
+      if (r.gbps > 0 && ab.b_ms > 0) std::snprintf(brate, sizeof brate, " (%.1fGB/s)", r.gbps * ab.a_ms / ab.b_ms);
+      std::printf("  %-26s ab %s: a=%lld %.3f ms, b=%lld %.3f ms%s, b/a median %.3f (25-75%% %.3f-%.3f, %d pairs)\n", "", ab.spec.knob.c_str(),
+                  (long long)ab.spec.a, ab.a_ms, (long long)ab.spec.b, ab.b_ms, brate, ab.ratio_median, ab.ratio_p25, ab.ratio_p75, ab.pairs);
+    }
   }
   std::fflush(stdout);
 }

@@ -15,10 +15,27 @@ namespace ot::cli {
 // `ot peak`'s read test also runs before, halfway through and after the timed runs (on the same
 // threads; one untimed fast() after each, so a case that lives in cache starts warm again):
 // window_gbps is the best of the three, the peak bandwidth of this window of the machine's state.
+// In-process A/B (`ot bench <op> --ab <knob>=<a>,<b>`): every timed repetition of fast runs once
+// with the knob at a and once at b, in ABBA order (pair i is a,b for even i, b,a for odd i, so a
+// drift within the run cancels); each pair gives a ratio b/a.
+struct AbSpec {
+  std::string knob;  // empty: no A/B
+  int64_t a = 0, b = 0;
+};
+// Parses "<knob>=<a>,<b>" (ot::Error for another form, an unknown knob or a value out of its range).
+AbSpec parse_ab(const std::string& spec);
+void set_ab(const AbSpec& spec);  // the A/B of this process's benchmarks
+struct AbTiming {
+  AbSpec spec;
+  int pairs = 0;
+  double a_ms = 0, b_ms = 0;                        // each side's median
+  double ratio_median = 0, ratio_p25 = 0, ratio_p75 = 0;  // of the paired ratios b/a
+};
 struct Timing {
-  double fast_ms = 0, ref_ms = 0;
+  double fast_ms = 0, ref_ms = 0;    // with an A/B, fast_ms is side a's median
   double window_gbps = 0;            // 0 unless window_peak
   std::vector<double> window_tests;  // the read tests, in order
+  AbTiming ab;                       // pairs > 0 when an A/B ran
 };
 Timing time_interleaved(const std::function<void()>& fast, const std::function<void()>& ref, int repeats, int ref_repeats,
                         bool window_peak = false);
@@ -58,7 +75,9 @@ struct BenchResult {
 // A GB/s result (r.threads set): its rate, the fraction of the cached memory peak at r.threads, and
 // the window bandwidth time_interleaved measured beside it (t: run with window_peak).
 void set_bandwidth(BenchResult& r, double gbps, const Timing& t);
-// Prints a table row (with a header before the first row) or a JSON line.
+// Prints a table row (with a header before the first row) or a JSON line. With an A/B, the case's
+// last time_interleaved's AbTiming goes with it (JSON ab_* fields; a line under the text row); a
+// case that did not time through time_interleaved is then an error.
 void report(const BenchOptions& opt, const BenchResult& r);
 
 }  // namespace ot::cli

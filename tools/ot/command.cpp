@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "bench_harness.h"
 #include "ot/parallel.h"
 
 namespace ot::cli {
@@ -40,9 +41,13 @@ void build_app(CLI::App& app, int* exit_code) {
     sub->add_flag("--json", o->json, "One JSON object per line");
     sub->add_option("--repeats", o->repeats, "Timed repetitions (median reported)");
     sub->add_flag("--no-ref", o->no_ref, "Skip the reference path");
+    sub->add_option("--ab", o->ab,
+                    "KNOB=A,B: time each repetition with an internal tuning knob at A and at B (ABBA order), report both medians "
+                    "and the paired ratios B/A (docs/gemm.md, \"In-process A/B\")");
     auto run = std::make_shared<std::function<int()>>(e.setup(sub, *o));
     sub->callback([o, run, exit_code] {
       if (o->threads > 0) ot::set_num_threads(o->threads);
+      set_ab(o->ab.empty() ? AbSpec{} : parse_ab(o->ab));
       *exit_code = (*run)();
     });
   }

@@ -20,6 +20,7 @@ struct BenchOptions {
   bool json = false;        // --json: one JSON object per line
   int repeats = 0;          // --repeats R (0: the benchmark's default)
   bool no_ref = false;      // --no-ref: skip the reference path (speed-up then reported as 0)
+  std::string ab;           // --ab KNOB=A,B: alternate an internal tuning knob call by call (bench_harness.h)
   bool selected(const std::string& name) const { return case_filter.empty() || name.find(case_filter) != std::string::npos; }
 };
 
