@@ -43,6 +43,30 @@ OT_T16_AI inline __m512i keep_groups16(const __m512* gs, int64_t G, int64_t k_gr
   return kept;
 }
 
+// The ids of a row's keys >= th among its kept vectors (bit v of vk: vector v), in expert order, as
+// bytes into cb (n + 64 bytes); returns n. Four kept vectors a byte compress, their masks and ids
+// built in registers (at 4 of 8 groups: 2 compresses a row, was 4 over every vector, with the masks
+// stored to an array and reloaded).
+OT_T16_AI inline int kept_candidates(const float* kr, uint32_t vk, __m512 th, uint8_t* cb) {
+  int n = 0;
+  while (vk) {
+    __mmask16 m[4];
+    __m128i id[4];
+    for (int j = 0; j < 4; ++j) {
+      const int v = vk ? __builtin_ctz(vk) : 0;
+      m[j] = vk ? _mm512_cmp_ps_mask(_mm512_load_ps(kr + 16 * v), th, _CMP_GE_OQ) : __mmask16(0);
+      id[j] = _mm_load_si128(reinterpret_cast<const __m128i*>(kIota8.data() + 16 * v));
+      vk &= vk - 1;
+    }
+    const __mmask64 mm = _mm512_kunpackd(_mm512_kunpackw(m[3], m[2]), _mm512_kunpackw(m[1], m[0]));
+    const __m512i ids = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(id[0]), id[1], 1)),
+                                           _mm256_inserti128_si256(_mm256_castsi128_si256(id[2]), id[3], 1), 1);
+    _mm512_storeu_si512(cb + n, _mm512_maskz_compress_epi8(mm, ids));
+    n += int(__builtin_popcountll(mm));
+  }
+  return n;
+}
+
 // The selection keys: the logits (sigmoid without bias and without the top-2 sum: same order), the
 // sigmoids, or the sigmoids + bias.
 enum class Key { logits, sigmoid, sigmoid_bias };
@@ -166,12 +190,7 @@ bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t 
         ncand[i] = topk_collect_bytes(kr, nv, _mm512_set1_ps(tha[i]), cb + 16 * i);
         continue;
       }
-      __mmask16 m[16] = {};  // the kept vectors only (half the compares at 4 of 8 groups, no -inf stores)
-      for (uint32_t u = vkeep[i]; u; u &= u - 1) {
-        const int v = __builtin_ctz(u);
-        m[v] = _mm512_cmp_ps_mask(_mm512_load_ps(kr + 16 * v), _mm512_set1_ps(tha[i]), _CMP_GE_OQ);
-      }
-      ncand[i] = compress_ids_bytes(m, nv, cb + 16 * i);
+      ncand[i] = kept_candidates(kr, vkeep[i], _mm512_set1_ps(tha[i]), cb + 16 * i);
     }
     const __m512i nc = _mm512_load_si512(ncand);
     const __mmask16 slow = _mm512_cmpgt_epi32_mask(nc, _mm512_set1_epi32(16));
