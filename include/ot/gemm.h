@@ -108,6 +108,11 @@ struct Group {
   Epilogue ep;
 };
 void grouped_gemm(const Group* groups, int64_t count);
+// grouped_gemm(first), then grouped_gemm(second), where second[g] may read what first[g] writes (an
+// expert's gate/up then its down projection), with no barrier between them: a thread out of
+// first-stage work starts on the second stage of the groups whose first stage is done. The same
+// results as the two calls (each output element is summed in the same order).
+void grouped_gemm_chain(const Group* first, const Group* second, int64_t count);
 
 // General strided form for activations: C = alpha * A x B + beta * C (beta = 0 ignores C's
 // contents, so it may hold NaN). A, B: f32/bf16/f16 (A and B may differ); C: f32, bf16 or f16.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ot/parallel.h"
@@ -187,107 +188,185 @@ Kernel select_kernel(Layout layout, int64_t M) {
   return {kernel_scalar_f32, 8, 256, false, "scalar"};
 }
 
-void run_jobs(const Job* jobs, int64_t count, bool race_free) {
-  thread_local std::vector<JobPlan> plans_tl;
-  thread_local std::vector<int64_t> first_tl, zstart_tl;
-  // Named references: worker threads must see the caller's vectors, not their own thread_locals.
-  std::vector<JobPlan>& plans = plans_tl;
-  std::vector<int64_t>& first = first_tl;  // first unit of each job
-  plans.assign(size_t(count), {});
-  first.assign(size_t(count) + 1, 0);
-  const int T = num_threads();
-  int64_t rows = 0;
-  for (int64_t j = 0; j < count; ++j) rows += jobs[j].M;
-  const int drows = decode_rows();
-  const bool prefill = rows > kDecodeRows * count;  // more rows per job on average than a decode-sized block
-  // Output blocks per unit: a job's whole row block when that still gives >= 32 units per thread
-  // (prefill of many experts: one thread packs an expert's gathered A rows once, where 8-panel
-  // units had both threads pack every expert: Qwen3 T512 gate_up -2%), else 8 panels, fewer when
-  // that leaves threads idle.
-  auto plan_with = [&](int64_t nb) {
-    int64_t total = 0;
-    for (int64_t j = 0; j < count; ++j) {
-      const Job& job = jobs[j];
-      JobPlan& pl = plans[size_t(j)];
-      pl.k = select_kernel(job.b.layout, job.M);
-      pl.ppb = job.swiglu ? 2 : 1;
-      pl.decode_rows = drows;
-      pl.nob = job.b.npanels / pl.ppb;
-      pl.nmb = job.M > 0 ? (job.M + kMC - 1) / kMC : 0;
-      const int64_t step = pl.k.pad_rows ? pl.k.mr : 8;
-      pl.mc = pl.nmb > 0 ? ((job.M + pl.nmb - 1) / pl.nmb + step - 1) / step * step : 0;
-      pl.nmb = pl.mc > 0 ? (job.M + pl.mc - 1) / pl.mc : 0;  // rounding up can leave fewer blocks
-      int64_t nbj = std::max<int64_t>(1, nb / pl.ppb);
-      pl.nub = (pl.nob + nbj - 1) / nbj;
-      pl.units = pl.nmb * pl.nub;
-      total += pl.units;
+namespace {
+
+// A job list cut into units (see run_jobs), and for race-free calls each thread's column share.
+struct Schedule {
+  const Job* jobs = nullptr;
+  int64_t count = 0, nb = 0, total = 0;
+  std::vector<JobPlan> plans;
+  std::vector<int64_t> first;   // first unit of each job
+  std::vector<int64_t> zstart;  // race-free: zmm columns of real output before block ob
+  bool race_free = false, same = true, fine = false;
+  uint64_t call = 0;
+
+  void plan(const Job* js, int64_t n, bool rf) {
+    jobs = js, count = n, race_free = rf, same = true, fine = false;
+    plans.assign(size_t(count), {});
+    first.assign(size_t(count) + 1, 0);
+    const int T = num_threads();
+    int64_t rows = 0;
+    for (int64_t j = 0; j < count; ++j) rows += jobs[j].M;
+    const int drows = decode_rows();
+    const bool prefill = rows > kDecodeRows * count;  // more rows per job on average than a decode-sized block
+    // Output blocks per unit: a job's whole row block when that still gives >= 32 units per thread
+    // (prefill of many experts: one thread packs an expert's gathered A rows once, where 8-panel
+    // units had both threads pack every expert: Qwen3 T512 gate_up -2%), else 8 panels, fewer when
+    // that leaves threads idle.
+    auto plan_with = [&](int64_t nbv) {
+      int64_t sum = 0;
+      for (int64_t j = 0; j < count; ++j) {
+        const Job& job = jobs[j];
+        JobPlan& pl = plans[size_t(j)];
+        pl.k = select_kernel(job.b.layout, job.M);
+        pl.ppb = job.swiglu ? 2 : 1;
+        pl.decode_rows = drows;
+        pl.nob = job.b.npanels / pl.ppb;
+        pl.nmb = job.M > 0 ? (job.M + kMC - 1) / kMC : 0;
+        const int64_t step = pl.k.pad_rows ? pl.k.mr : 8;
+        pl.mc = pl.nmb > 0 ? ((job.M + pl.nmb - 1) / pl.nmb + step - 1) / step * step : 0;
+        pl.nmb = pl.mc > 0 ? (job.M + pl.mc - 1) / pl.mc : 0;  // rounding up can leave fewer blocks
+        int64_t nbj = std::max<int64_t>(1, nbv / pl.ppb);
+        pl.nub = (pl.nob + nbj - 1) / nbj;
+        pl.units = pl.nmb * pl.nub;
+        sum += pl.units;
+      }
+      return sum;
+    };
+    constexpr int64_t kWhole = int64_t(1) << 40;
+    nb = kWhole;
+    if (!(prefill && plan_with(kWhole) >= 32 * T))
+      for (nb = 8; plan_with(nb) < 4 * T && nb > 1;) nb /= 2;
+    for (int64_t j = 0; j < count; ++j) first[size_t(j) + 1] = first[size_t(j)] + plans[size_t(j)].units;
+    total = first[size_t(count)];
+    call = g_call.fetch_add(1, std::memory_order_relaxed);
+    if (!race_free || total == 0) return;
+    // Race-free: every job must map output blocks to the same columns, else run on one thread.
+    same = true;
+    for (int64_t j = 1; j < count; ++j) {
+      const Job &a = jobs[0], &b = jobs[j];
+      same = same && a.b.N == b.b.N && a.b.split == b.b.split && a.swiglu == b.swiglu && plans[0].nub == plans[size_t(j)].nub;
     }
-    return total;
-  };
-  constexpr int64_t kWhole = int64_t(1) << 40;
-  int64_t nb = kWhole;
-  if (!(prefill && plan_with(kWhole) >= 32 * T))
-    for (nb = 8; plan_with(nb) < 4 * T && nb > 1;) nb /= 2;
-  for (int64_t j = 0; j < count; ++j) first[size_t(j) + 1] = first[size_t(j)] + plans[size_t(j)].units;
-  const int64_t total = first[size_t(count)];
-  if (total == 0) return;
-  const uint64_t call = g_call.fetch_add(1, std::memory_order_relaxed);
-  auto unit = [&](int64_t u) {
-    int64_t j = int64_t(std::upper_bound(first.begin(), first.end(), u) - first.begin()) - 1;
+    if (!same) return;
+    // Each thread owns an equal share of the output columns and runs every job's rows on them in
+    // order. Shares are whole zmm columns (16) of real output when the kernel computes column
+    // subsets: N 2048 (44 panels, two of them 16 columns wide) is 64 + 64 zmm columns, where whole
+    // blocks computed 22 + 22 panels (66 zmm each, 4 of them padding). Decode-sized calls (<= kDecodeRows
+    // rows per job on average: the streaming kernel reads whole panels) keep whole blocks.
+    // Only where that shortens the longest share by >= 2 zmm columns (Qwen3's N 2048: 66 -> 64);
+    // Mixtral's N 4096 is 129 / 127 by blocks, and its 16-column split measured slower there.
+    const JobPlan& p0 = plans[0];
+    zstart.assign(size_t(p0.nob) + 1, 0);
+    for (int64_t ob = 0; ob < p0.nob; ++ob) zstart[size_t(ob) + 1] = zstart[size_t(ob)] + real_zmm(jobs[0].b, p0, ob);
+    int64_t block_max = 0;
+    for (int t = 0; t < T; ++t) {
+      const int64_t b0 = p0.nob * t / T, b1 = p0.nob * (t + 1) / T;
+      block_max = std::max(block_max, zstart[size_t(b1)] - zstart[size_t(b0)]);
+    }
+    fine = p0.k.cols && prefill && block_max - (zstart.back() + T - 1) / T >= 2;
+    if (!fine)
+      for (int64_t ob = 0; ob <= p0.nob; ++ob) zstart[size_t(ob)] = ob;  // shares in whole blocks
+  }
+
+  int64_t job_of(int64_t u) const { return int64_t(std::upper_bound(first.begin(), first.end(), u) - first.begin()) - 1; }
+
+  void unit(int64_t u) const {
+    const int64_t j = job_of(u);
     const JobPlan& pl = plans[size_t(j)];
     int64_t r = u - first[size_t(j)], mb = r / pl.nub, ub = r % pl.nub, nbj = std::max<int64_t>(1, nb / pl.ppb);
     run_unit(jobs[j], pl, mb, ub * nbj, std::min(pl.nob, (ub + 1) * nbj), call);
-  };
+  }
+
+  // Race-free split: thread tid's share of the output as global zmm columns [z0, z1).
+  void share(int tid, int nthreads, int64_t* z0, int64_t* z1) const {
+    const int64_t nob = plans[0].nob, total_z = zstart.back();
+    auto to_global = [&](int64_t r) {
+      int64_t ob = int64_t(std::upper_bound(zstart.begin(), zstart.end(), r) - zstart.begin()) - 1;
+      if (ob >= nob) return kZ * nob;
+      return fine ? kZ * ob + (r - zstart[size_t(ob)]) : kZ * ob;
+    };
+    *z0 = to_global(total_z * tid / nthreads), *z1 = to_global(total_z * (tid + 1) / nthreads);
+  }
+
+  // Job j on the zmm columns [z0, z1) only.
+  void job_share(int64_t j, int64_t z0, int64_t z1) const {
+    const JobPlan& pl = plans[size_t(j)];
+    const int64_t nbj = std::max<int64_t>(1, nb / pl.ppb), lo = z0 / kZ, hi = (z1 + kZ - 1) / kZ;
+    for (int64_t mb = 0; mb < pl.nmb; ++mb)
+      for (int64_t ob = lo; ob < hi; ob += nbj) run_unit(jobs[j], pl, mb, ob, std::min(hi, ob + nbj), call, z0, z1);
+  }
+
+  // Runs this schedule's share of thread tid. ready(j) blocks until job j may start (its inputs are
+  // written); next: the shared unit counter of a dynamic schedule.
+  template <class Ready>
+  void run(int tid, int nthreads, std::atomic<int64_t>& next, Ready&& ready) const {
+    if (!race_free) {
+      for (int64_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < total;) ready(job_of(u)), unit(u);
+    } else if (!same) {
+      if (tid == 0)
+        for (int64_t j = 0; j < count; ++j) {
+          ready(j);
+          for (int64_t u = first[size_t(j)]; u < first[size_t(j) + 1]; ++u) unit(u);
+        }
+    } else {
+      int64_t z0, z1;
+      share(tid, nthreads, &z0, &z1);
+      for (int64_t j = 0; j < count; ++j) ready(j), job_share(j, z0, z1);
+    }
+  }
+};
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+void run_jobs(const Job* jobs, int64_t count, bool race_free) {
+  thread_local Schedule sched_tl;
+  Schedule& s = sched_tl;  // named reference: worker threads must see the caller's schedule, not their own thread_local
+  s.plan(jobs, count, race_free);
+  if (s.total == 0) return;
+  std::atomic<int64_t> next{0};
   if (!race_free) {
-    parallel_for_dynamic(total, 1, [&](int64_t b, int64_t e) {
-      for (int64_t u = b; u < e; ++u) unit(u);
+    parallel_for_dynamic(s.total, 1, [&](int64_t b, int64_t e) {
+      for (int64_t u = b; u < e; ++u) s.unit(u);
     });
     return;
   }
-  // Race-free: every job must map output blocks to the same columns, else run on one thread.
-  bool same = true;
-  for (int64_t j = 1; j < count; ++j) {
-    const Job &a = jobs[0], &b = jobs[j];
-    same = same && a.b.N == b.b.N && a.b.split == b.b.split && a.swiglu == b.swiglu && plans[0].nub == plans[size_t(j)].nub;
-  }
-  if (!same) {
-    for (int64_t u = 0; u < total; ++u) unit(u);
+  if (!s.same) {
+    s.run(0, 1, next, [](int64_t) {});
     return;
   }
-  // Each thread owns an equal share of the output columns and runs every job's rows on them in
-  // order. Shares are whole zmm columns (16) of real output when the kernel computes column
-  // subsets: N 2048 (44 panels, two of them 16 columns wide) is 64 + 64 zmm columns, where whole
-  // blocks computed 22 + 22 panels (66 zmm each, 4 of them padding). Decode-sized calls (<= kDecodeRows
-  // rows per job on average: the streaming kernel reads whole panels) keep whole blocks.
-  // Only where that shortens the longest share by >= 2 zmm columns (Qwen3's N 2048: 66 -> 64);
-  // Mixtral's N 4096 is 129 / 127 by blocks, and its 16-column split measured slower there.
-  const JobPlan& p0 = plans[0];
-  std::vector<int64_t>& zstart = zstart_tl;  // zmm columns of real output before block ob
-  zstart.assign(size_t(p0.nob) + 1, 0);
-  for (int64_t ob = 0; ob < p0.nob; ++ob) zstart[size_t(ob) + 1] = zstart[size_t(ob)] + real_zmm(jobs[0].b, p0, ob);
-  int64_t block_max = 0;
-  for (int t = 0; t < T; ++t) {
-    const int64_t b0 = p0.nob * t / T, b1 = p0.nob * (t + 1) / T;
-    block_max = std::max(block_max, zstart[size_t(b1)] - zstart[size_t(b0)]);
-  }
-  const bool fine = p0.k.cols && prefill && block_max - (zstart.back() + T - 1) / T >= 2;
-  if (!fine)
-    for (int64_t ob = 0; ob <= p0.nob; ++ob) zstart[size_t(ob)] = ob;  // shares in whole blocks
+  parallel_region([&](int tid, int nthreads) { s.run(tid, nthreads, next, [](int64_t) {}); });
+}
+
+void run_job_chain(const Job* first, const Job* second, int64_t count, bool race_free) {
+  thread_local Schedule s1_tl, s2_tl;
+  thread_local std::unique_ptr<std::atomic<int64_t>[]> left_tl;
+  thread_local int64_t left_cap = 0;
+  Schedule &s1 = s1_tl, &s2 = s2_tl;
+  s1.plan(first, count, false);
+  s2.plan(second, count, race_free);
+  if (count > left_cap) left_tl.reset(new std::atomic<int64_t>[size_t(count)]), left_cap = count;
+  std::atomic<int64_t>* left = left_tl.get();  // units of first[j] not yet done
+  for (int64_t j = 0; j < count; ++j) left[j].store(s1.plans[size_t(j)].units, std::memory_order_relaxed);
+  if (s1.total + s2.total == 0) return;
+  std::atomic<int64_t> next1{0}, next2{0};
   parallel_region([&](int tid, int nthreads) {
-    // This thread's share [r0, r1) in real zmm columns (whole blocks: in blocks), as global zmm indices [z0, z1).
-    const int64_t total_z = zstart.back(), r0 = total_z * tid / nthreads, r1 = total_z * (tid + 1) / nthreads;
-    auto to_global = [&](int64_t r) {
-      int64_t ob = int64_t(std::upper_bound(zstart.begin(), zstart.end(), r) - zstart.begin()) - 1;
-      if (ob >= p0.nob) return kZ * p0.nob;
-      return fine ? kZ * ob + (r - zstart[size_t(ob)]) : kZ * ob;
-    };
-    const int64_t z0 = to_global(r0), z1 = to_global(r1), lo = z0 / kZ, hi = (z1 + kZ - 1) / kZ;
-    for (int64_t j = 0; j < count; ++j) {
-      const JobPlan& pl = plans[size_t(j)];
-      const int64_t nbj = std::max<int64_t>(1, nb / pl.ppb);
-      for (int64_t mb = 0; mb < pl.nmb; ++mb)
-        for (int64_t ob = lo; ob < hi; ob += nbj) run_unit(jobs[j], pl, mb, ob, std::min(hi, ob + nbj), call, z0, z1);
+    // Stage 1: dynamic units; each finished unit counts down its job (release: its output is written).
+    for (int64_t u; (u = next1.fetch_add(1, std::memory_order_relaxed)) < s1.total;) {
+      s1.unit(u);
+      left[s1.job_of(u)].fetch_sub(1, std::memory_order_release);
     }
+    // Stage 2 without a barrier: every stage-1 unit has been taken, so job j's last units are running
+    // on other threads and finish without waiting on anything; wait for them only where needed.
+    if (s2.total > 0)
+      s2.run(tid, nthreads, next2, [&](int64_t j) {
+        while (left[j].load(std::memory_order_acquire) > 0) cpu_relax();
+      });
   });
 }
 

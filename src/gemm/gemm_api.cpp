@@ -172,6 +172,37 @@ void grouped_gemm(const Group* groups, int64_t count) {
   run_jobs(jobs.data(), int64_t(jobs.size()), race);
 }
 
+void grouped_gemm_chain(const Group* first, const Group* second, int64_t count) {
+  const char* op = "grouped_gemm_chain";
+  OT_CHECK(count >= 0 && (count == 0 || (first && second)), op, "groups", "two arrays of count groups", count);
+  double flops = 0;
+  bool race1 = false, race2 = false;
+  for (int64_t g = 0; g < count; ++g)
+    for (const Group* gr : {first + g, second + g}) {
+      OT_CHECK(gr->b != nullptr, op, "groups[].b", "a prepacked weight", "nullptr");
+      check_gemm(gr->M, gr->a, *gr->b, gr->c, gr->ep, op);
+      flops += 2.0 * double(gr->M) * double(gr->b->N()) * double(gr->b->K());
+      (gr == first + g ? race1 : race2) |= gr->ep.scatter_rows && gr->ep.accumulate;
+    }
+  if (cpu::force_ref() || race1) {  // a scatter-accumulating first stage needs its own race-free pass
+    grouped_gemm(first, count);
+    grouped_gemm(second, count);
+    return;
+  }
+  trace::OpScope scope(op);
+  scope.kernel(count ? select_kernel(first[0].b->impl()->geom.layout, 64).name : "none").flops(flops);
+  if (scope.active()) scope.args("groups=" + std::to_string(count));
+  thread_local std::vector<detail::Job> j1_tl, j2_tl;
+  std::vector<detail::Job>&j1 = j1_tl, &j2 = j2_tl;
+  j1.clear(), j2.clear();
+  for (int64_t g = 0; g < count; ++g)  // pairs stay aligned: a pair runs when either GEMM has rows
+    if (first[g].M > 0 || second[g].M > 0) {
+      j1.push_back(make_job(first[g].M, first[g].a, *first[g].b, first[g].c, first[g].ep));
+      j2.push_back(make_job(second[g].M, second[g].a, *second[g].b, second[g].c, second[g].ep));
+    }
+  run_job_chain(j1.data(), j2.data(), int64_t(j1.size()), race2);
+}
+
 void matmul(const MatView& a, const MatView& b, const MutMatView& c, float alpha, float beta) {
   OT_CHECK(is_float(a.dtype), "matmul", "a", "bf16, fp16 or fp32", dtype_name(a.dtype));
   OT_CHECK(is_float(b.dtype), "matmul", "b", "bf16, fp16 or fp32", dtype_name(b.dtype));

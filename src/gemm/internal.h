@@ -186,5 +186,10 @@ struct Job {
 // output columns are split between threads instead of rows (at 16-column granularity when the
 // kernel computes column subsets and the rows are not decode-sized). Runs inline inside a parallel region.
 void run_jobs(const Job* jobs, int64_t count, bool race_free);
+// first[j] then second[j] for every j, where second[j] reads what first[j] writes (an expert's
+// gate/up then its down GEMM), in one parallel region without a barrier between the stages: a thread
+// out of first-stage units starts its second-stage work on the jobs whose first stage is done.
+// race_free applies to the second jobs (the first ones must not overlap in C).
+void run_job_chain(const Job* first, const Job* second, int64_t count, bool race_free);
 
 }  // namespace ot::gemm::detail

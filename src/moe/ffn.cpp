@@ -124,8 +124,9 @@ void moe_expert_ffn(const TensorView& x, const MoeExperts& ex, const ExpertRows&
     d.ep.accumulate = accumulate;
     down.push_back(d);
   }
-  gemm::grouped_gemm(up.data(), int64_t(up.size()));
-  gemm::grouped_gemm(down.data(), int64_t(down.size()));
+  // One pass: a thread out of gate/up work starts its down share of the experts already done
+  // instead of waiting at a barrier for the other thread's last whole-expert unit.
+  gemm::grouped_gemm_chain(up.data(), down.data(), int64_t(up.size()));
 }
 
 namespace impl {
