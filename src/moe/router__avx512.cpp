@@ -349,20 +349,6 @@ inline __m512 keep_groups(const RouterSpec& s, const GroupNet& net, float* key, 
   return cm;
 }
 
-// row[id] in the lanes of `valid` (-inf elsewhere) for a row of NV (even) vectors, by two-source
-// permutes of its 32-expert pairs, each lane taking the pair its id falls in: ~3 ops and 2 loads
-// a pair instead of a vgatherdps (16 element loads; ~10% of the softmax router's time).
-template <int NV> OT_INLINE inline __m512 gather_perm(const float* row, __m512i id, __mmask16 valid) {
-  static_assert(NV % 2 == 0);
-  const __m512i pair = _mm512_srli_epi32(id, 5);
-  __m512 r = _mm512_set1_ps(kNegInf);
-  for (int q = 0; q < NV / 2; ++q) {
-    const __m512 v = _mm512_permutex2var_ps(_mm512_loadu_ps(row + 32 * q), id, _mm512_loadu_ps(row + 32 * q + 16));
-    r = _mm512_mask_mov_ps(r, valid & _mm512_cmpeq_epi32_mask(pair, _mm512_set1_epi32(q)), v);
-  }
-  return r;
-}
-
 // Horizontal reductions of kRouterBlock = 8 rows at once by a transposing tree (15 shuffles for
 // the block, not 8 per row): lane 4 (i % 4) + i / 4 of the result reduces v[i].
 static_assert(kRouterBlock == 8);

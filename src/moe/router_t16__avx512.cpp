@@ -7,7 +7,8 @@
 //   top-k threshold (the k-th largest column maximum: k distinct elements reach it);
 // - the exp sums are reduced by one transposing tree for the 16 rows;
 // - the candidates' byte ids (n <= 16 a row) are transposed by two-source byte permutes, their
-//   values gathered, and each (value, id) pair becomes one 64-bit key (order-preserving value bits
+//   values read (E <= 128: two-source permutes of each row's vectors, one transpose; else gathered),
+//   and each (value, id) pair becomes one 64-bit key (order-preserving value bits
 //   high, 255 - id low: ties go to the lower id exactly, no tie checks), sorted per lane by the
 //   pruned network;
 // - the weights of the k chosen are k vertical exps for the 16 rows, transposed back to rows.
@@ -105,7 +106,7 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
     const __mmask16 slow = _mm512_cmpgt_epi32_mask(nc, _mm512_set1_epi32(16));
     __m512i sid[16];
     __m512 sval[16];
-    select16<Live>(cb, nc, slow, xf, E, k, sid, sval);
+    select16<Live, NV>(cb, nc, slow, xf, E, k, sid, sval);
     // The k chosen per lane, their weights, back to rows.
     __m512 w[16], ids[16];
     __m512 esum = zero, e0 = zero;

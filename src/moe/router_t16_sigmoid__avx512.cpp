@@ -196,7 +196,7 @@ bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t 
     const __mmask16 slow = _mm512_cmpgt_epi32_mask(nc, _mm512_set1_epi32(16));
     __m512i sid[16];
     __m512 sval[16];
-    select16<Live>(cb, nc, slow, keys, E, k, sid, sval);
+    select16<Live, NV>(cb, nc, slow, keys, E, k, sid, sval);
     // Weights: the chosen experts' sigmoids (unbiased), renormalised and scaled.
     __m512 w[16], ids[16], sum = zero;
     for (int j = 0; j < 16; ++j) {
