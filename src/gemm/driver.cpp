@@ -4,12 +4,10 @@
 // A rows once (full K, kernel dtype), then for each K block of KC (a B panel chunk stays in L1 while
 // the MR-row micro-tiles sweep over it) accumulates an fp32 tile buffer, and finally runs the fused
 // epilogue per output block. Units are handed out dynamically; with scatter-accumulate they are
-// assigned by output columns so no two threads ever write the same C element (a thread out of work
-// takes half of the columns of the thread with the most left, at that thread's next job).
+// assigned by output columns so no two threads ever write the same C element.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -192,20 +190,6 @@ Kernel select_kernel(Layout layout, int64_t M) {
 
 namespace {
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-// One thread's range of a race-free split (a cache line each): real zmm columns [lo, hi) for the
-// jobs from `next` on. lo, hi, next, gen change under Schedule::lock; a thief lowers hi only at the
-// owner's next job start.
-struct alignas(64) Share {
-  int64_t lo = 0, hi = 0, next = 0, gen = 0;
-  std::atomic<int64_t> progress{0};  // gen << 32 | jobs of this range finished (release)
-};
-
 // A job list cut into units (see run_jobs), and for race-free calls each thread's column share.
 struct Schedule {
   const Job* jobs = nullptr;
@@ -215,10 +199,6 @@ struct Schedule {
   std::vector<int64_t> zstart;  // race-free: zmm columns of real output before block ob
   bool race_free = false, same = true, fine = false;
   uint64_t call = 0;
-  std::vector<int64_t> rows_after;  // rows of jobs [j, count)
-  std::unique_ptr<Share[]> shares;
-  int shares_cap = 0;
-  mutable std::atomic<bool> busy{false};
 
   void plan(const Job* js, int64_t n, bool rf) {
     jobs = js, count = n, race_free = rf, same = true, fine = false;
@@ -297,12 +277,15 @@ struct Schedule {
     run_unit(jobs[j], pl, mb, ub * nbj, std::min(pl.nob, (ub + 1) * nbj), call);
   }
 
-  // Race-free split: real zmm column r (of zstart's count) as a global zmm column index.
-  int64_t zglobal(int64_t r) const {
-    const int64_t nob = plans[0].nob;
-    int64_t ob = int64_t(std::upper_bound(zstart.begin(), zstart.end(), r) - zstart.begin()) - 1;
-    if (ob >= nob) return kZ * nob;
-    return fine ? kZ * ob + (r - zstart[size_t(ob)]) : kZ * ob;
+  // Race-free split: thread tid's share of the output as global zmm columns [z0, z1).
+  void share(int tid, int nthreads, int64_t* z0, int64_t* z1) const {
+    const int64_t nob = plans[0].nob, total_z = zstart.back();
+    auto to_global = [&](int64_t r) {
+      int64_t ob = int64_t(std::upper_bound(zstart.begin(), zstart.end(), r) - zstart.begin()) - 1;
+      if (ob >= nob) return kZ * nob;
+      return fine ? kZ * ob + (r - zstart[size_t(ob)]) : kZ * ob;
+    };
+    *z0 = to_global(total_z * tid / nthreads), *z1 = to_global(total_z * (tid + 1) / nthreads);
   }
 
   // Job j on the zmm columns [z0, z1) only.
@@ -326,101 +309,20 @@ struct Schedule {
           for (int64_t u = first[size_t(j)]; u < first[size_t(j) + 1]; ++u) unit(u);
         }
     } else {
-      run_split(tid, nthreads, ready);
+      int64_t z0, z1;
+      share(tid, nthreads, &z0, &z1);
+      for (int64_t j = 0; j < count; ++j) ready(j), job_share(j, z0, z1);
     }
-  }
-
-  // Race-free split: before the region, every thread's equal share of the real zmm columns.
-  void begin_split(int nthreads) {
-    if (nthreads > shares_cap) shares.reset(new Share[size_t(nthreads)]), shares_cap = nthreads;
-    const int64_t total_z = zstart.back();
-    for (int t = 0; t < nthreads; ++t) {
-      Share& sh = shares[t];
-      sh.lo = total_z * t / nthreads, sh.hi = total_z * (t + 1) / nthreads, sh.next = 0, sh.gen = 0;
-      sh.progress.store(0, std::memory_order_relaxed);
-    }
-    rows_after.assign(size_t(count) + 1, 0);
-    for (int64_t j = count - 1; j >= 0; --j) rows_after[size_t(j)] = rows_after[size_t(j) + 1] + jobs[j].M;
-  }
-
-  void lock() const {
-    while (busy.exchange(true, std::memory_order_acquire)) cpu_relax();
-  }
-  void unlock() const { busy.store(false, std::memory_order_release); }
-
-  // Each thread runs every job in order on its columns (so each C element is summed in job order,
-  // by one thread at a time, whatever the schedule). A thread out of work takes the upper half of
-  // the columns of the thread with the most work left, from that thread's next job on: the shares
-  // were equal, but a slower core or one that started late (after the chain's first stage) kept the
-  // other waiting (Qwen3 T512 down: one thread 1-2 ms behind in some holds, 0-0.3 in others).
-  template <class Ready>
-  void run_split(int tid, int nthreads, Ready&& ready) const {
-    Share& me = shares[tid];
-    for (;;) {
-      for (;;) {
-        lock();
-        const int64_t j = me.next, lo = me.lo, hi = me.hi, gen = me.gen;
-        if (j < count) me.next = j + 1;
-        unlock();
-        if (j >= count) break;
-        ready(j);
-        if (hi > lo) job_share(j, zglobal(lo), zglobal(hi));
-        me.progress.store(gen << 32 | (j + 1), std::memory_order_release);
-      }
-      if (nthreads == 1 || !steal(tid, nthreads)) return;
-    }
-  }
-
-  // A column in (lo, hi) near the middle that leaves at least a panel on each side, at a block
-  // boundary (no extra narrow pass); -1 if none.
-  int64_t cut(int64_t lo, int64_t hi) const {
-    const int64_t edge = fine ? kZ : 1, mid = lo + (hi - lo) / 2;
-    if (!fine) return mid - lo >= edge && hi - mid >= edge ? mid : -1;
-    auto it = std::lower_bound(zstart.begin(), zstart.end(), mid);
-    int64_t best = -1;
-    for (auto c : {it, it == zstart.begin() ? it : it - 1})
-      if (c != zstart.end() && *c - lo >= edge && hi - *c >= edge && (best < 0 || std::abs(*c - mid) < std::abs(best - mid))) best = *c;
-    return best;
-  }
-
-  bool steal(int tid, int nthreads) const {
-    // Not worth a steal below ~2k (rows x zmm columns) of work left (~0.15 ms at Qwen3's down
-    // shape): the thief may wait for the victim's current job and re-packs the A rows it takes.
-    constexpr int64_t kMinWork = 2048;
-    Share& me = shares[tid];
-    lock();
-    int v = -1;
-    int64_t best = 0, at = -1;
-    for (int t = 0; t < nthreads; ++t) {
-      const Share& sh = shares[t];
-      if (t == tid || sh.next >= count) continue;
-      const int64_t w = rows_after[size_t(sh.next)] * (sh.hi - sh.lo) * (fine ? 1 : kZ), c = cut(sh.lo, sh.hi);
-      if (c >= 0 && w >= kMinWork && w > best) best = w, v = t, at = c;
-    }
-    if (v < 0) {
-      unlock();
-      return false;
-    }
-    Share& sh = shares[v];
-    const int64_t start = sh.next, vgen = sh.gen;
-    me.lo = at, me.hi = sh.hi, me.next = start, ++me.gen;
-    me.progress.store(me.gen << 32 | start, std::memory_order_relaxed);
-    sh.hi = at;
-    unlock();
-    // The victim may still run job start - 1 on the columns taken: wait until it is done with it.
-    for (;;) {
-      const int64_t p = sh.progress.load(std::memory_order_acquire);
-      if ((p >> 32) != vgen || (p & 0xffffffff) >= start) break;
-      cpu_relax();
-    }
-    return true;
   }
 };
 
-}  // namespace
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 
-// The thread count parallel_region will use here (1 inside a region: it runs inline).
-static int region_threads() { return in_parallel_region() ? 1 : num_threads(); }
+}  // namespace
 
 void run_jobs(const Job* jobs, int64_t count, bool race_free) {
   thread_local Schedule sched_tl;
@@ -438,7 +340,6 @@ void run_jobs(const Job* jobs, int64_t count, bool race_free) {
     s.run(0, 1, next, [](int64_t) {});
     return;
   }
-  s.begin_split(region_threads());
   parallel_region([&](int tid, int nthreads) { s.run(tid, nthreads, next, [](int64_t) {}); });
 }
 
@@ -453,7 +354,6 @@ void run_job_chain(const Job* first, const Job* second, int64_t count, bool race
   std::atomic<int64_t>* left = left_tl.get();  // units of first[j] not yet done
   for (int64_t j = 0; j < count; ++j) left[j].store(s1.plans[size_t(j)].units, std::memory_order_relaxed);
   if (s1.total + s2.total == 0) return;
-  if (s2.race_free && s2.same && s2.total > 0) s2.begin_split(region_threads());
   std::atomic<int64_t> next1{0}, next2{0};
   parallel_region([&](int tid, int nthreads) {
     // Stage 1: dynamic units; each finished unit counts down its job (release: its output is written).

@@ -320,63 +320,6 @@ TEST(GroupedGemm, ChainEqualsTwoCallsAndTheReference) {
   set_num_threads(0);
 }
 
-// The race-free split with work stealing (an idle thread takes half of the busiest thread's
-// columns at that thread's next job start): every output element is still summed in group order by
-// one thread at a time, so the result is bit-equal to the one-thread run at any thread count, for
-// grouped_gemm and for grouped_gemm_chain. Enough work (48 ragged groups x 32 zmm columns) that the
-// threads go out of step and steal; heavy scatter collisions (37 output rows).
-TEST(GroupedGemm, SplitStealingKeepsTheSumOrder) {
-  const int64_t N = 512, K = 64, rows_out = 37, G = 48;
-  Tensor x = random_tensor(DType::bf16, {90, K}, 2), w = random_tensor(DType::bf16, {K, N}, 3);
-  Tensor wu = random_tensor(DType::bf16, {K, 2 * K}, 4);
-  PackedB pw = prepack(w, BLayout::KN), pu = prepack(wu, BLayout::KN);
-  std::mt19937 rng(11);
-  std::vector<int64_t> Ms(G);
-  int64_t A = 0;
-  // 0 or 4..40 rows: 1-3 row blocks take the decode kernel, whose odd last panel of a unit sums its
-  // K in two halves, so their rounding depends on the unit's panels (the thread count), not the split.
-  for (int64_t& m : Ms) A += (m = rng() % 5 == 0 ? 0 : 4 + int64_t(rng() % 37));
-  std::vector<int32_t> gather, scat;
-  std::vector<float> scale;
-  for (int64_t i = 0; i < A; ++i) {
-    gather.push_back(int32_t(rng() % 90));
-    scat.push_back(int32_t(rng() % rows_out));
-    scale.push_back(0.25f + float(rng() % 4) * 0.25f);
-  }
-  Tensor c0 = random_tensor(DType::f32, {rows_out, N}, 5);
-  auto run = [&](int threads, bool chain) {
-    set_num_threads(threads);
-    Tensor c = Tensor::copy_of(c0), h = Tensor::zeros(DType::bf16, {A, K});
-    std::vector<Group> up(static_cast<size_t>(G)), down(static_cast<size_t>(G));
-    for (size_t g = 0, off = 0; g < size_t(G); off += size_t(Ms[g]), ++g) {
-      char* hp = static_cast<char*>(h.view().data) + off * size_t(K) * 2;
-      up[g].M = down[g].M = Ms[g];
-      up[g].a = {x.view().data, DType::bf16, K, gather.data() + off};
-      up[g].b = &pu;
-      up[g].c = {hp, DType::bf16, K};
-      up[g].ep.act = Act::swiglu;
-      down[g].a = chain ? AOperand{hp, DType::bf16, K} : AOperand{x.view().data, DType::bf16, K, gather.data() + off};
-      down[g].b = &pw;
-      down[g].c = {c.view().data, DType::f32, N};
-      down[g].ep.scatter_rows = scat.data() + off;
-      down[g].ep.row_scale = scale.data() + off;
-      down[g].ep.accumulate = true;
-    }
-    if (chain) grouped_gemm_chain(up.data(), down.data(), G);
-    else grouped_gemm(down.data(), G);
-    return c;
-  };
-  for (bool chain : {false, true}) {
-    Tensor one = run(1, chain);
-    for (int threads : {2, 3, 4})
-      for (int rep = 0; rep < 3; ++rep) {
-        Tensor many = run(threads, chain);
-        EXPECT_EQ(0, std::memcmp(one.view().data, many.view().data, size_t(rows_out * N) * 4)) << "chain=" << chain << " threads=" << threads;
-      }
-  }
-  set_num_threads(0);
-}
-
 namespace {
 // C = alpha * op(A) x op(B) + beta * C for views built from (possibly transposed) storage.
 double check_matmul(int64_t M, int64_t N, int64_t K, DType at, DType bt, DType ct, bool ta, bool tb, bool tc, float alpha, float beta,
