@@ -186,11 +186,8 @@ bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t 
     // Candidates (ids as bytes at cb + 16 i; a row's stores run into the next rows', written after it).
     for (int i = 0; i < 16; ++i) {
       const float* kr = keys + i * E;
-      if (!groups) {
-        ncand[i] = topk_collect_bytes(kr, nv, _mm512_set1_ps(tha[i]), cb + 16 * i);
-        continue;
-      }
-      ncand[i] = kept_candidates(kr, vkeep[i], _mm512_set1_ps(tha[i]), cb + 16 * i);
+      const __m512 th = _mm512_set1_ps(tha[i]);
+      ncand[i] = groups ? kept_candidates(kr, vkeep[i], th, cb + 16 * i) : topk_collect_bytes(kr, nv, th, cb + 16 * i);
     }
     const __m512i nc = _mm512_load_si512(ncand);
     const __mmask16 slow = _mm512_cmpgt_epi32_mask(nc, _mm512_set1_epi32(16));
