@@ -14,7 +14,9 @@ namespace ot::cli {
 // Medians of interleaved runs: fast, ref, fast, ref, ... after one warm-up each. With window_peak,
 // `ot peak`'s read test also runs before, halfway through and after the timed runs (on the same
 // threads; one untimed fast() after each, so a case that lives in cache starts warm again):
-// window_gbps is the best of the three, the peak bandwidth of this window of the machine's state.
+// window_gbps is the best of the three, the peak bandwidth of this window of the machine's state;
+// window_median_gbps the median of every burst of the three tests pooled, the same statistic as the
+// case's own median over calls.
 // In-process A/B (`ot bench <op> --ab <knob>=<a>,<b>`): every timed repetition of fast runs once
 // with the knob at a and once at b, in ABBA order (pair i is a,b for even i, b,a for odd i, so a
 // drift within the run cancels); each pair gives a ratio b/a.
@@ -34,6 +36,7 @@ struct AbTiming {
 struct Timing {
   double fast_ms = 0, ref_ms = 0;    // with an A/B, fast_ms is side a's median
   double window_gbps = 0;            // 0 unless window_peak
+  double window_median_gbps = 0;     // 0 unless window_peak
   std::vector<double> window_tests;  // the read tests, in order
   AbTiming ab;                       // pairs > 0 when an A/B ran
 };
@@ -55,8 +58,9 @@ const MachinePeak& machine_peak();
 double matrix_peak_gflops(const std::string& dtype, int threads);
 double memory_peak_gbps(int threads);
 // Streaming read bandwidth now, GB/s: `ot peak`'s read test (the best of bursts of 8 MiB of
-// sequential reads per thread from a 512 MiB buffer, for `seconds`) on `threads` threads.
-double read_bandwidth_gbps(int threads, double seconds);
+// sequential reads per thread from a 512 MiB buffer, for `seconds`) on `threads` threads. `bursts`,
+// when given, gets every burst's rate appended.
+double read_bandwidth_gbps(int threads, double seconds, std::vector<double>* bursts = nullptr);
 // Seconds of one read test beside a case (time_interleaved's window_peak).
 constexpr double kWindowTestSeconds = 0.05;
 
@@ -68,6 +72,7 @@ struct BenchResult {
   double gbps = 0;
   double peak_fraction = 0;        // of the cached peak (`ot peak`'s best ever)
   double window_peak_gbps = 0;     // GB/s results: Timing::window_gbps (0: not measured)
+  double window_median_gbps = 0;   // GB/s results: Timing::window_median_gbps (0: not measured)
   std::vector<double> window_tests;
   std::string kernel;
   nlohmann::json extra = nlohmann::json::object();  // op-specific keys (bytes_sent, ...)

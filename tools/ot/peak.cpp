@@ -33,12 +33,15 @@ volatile float g_sink;
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // This machine is shared: other processes take time slices. Every figure is therefore the best of
-// many short bursts (about 2 ms each, shorter than a scheduler slice) within `seconds`.
-template <class Burst> double best_rate(double seconds, Burst burst) {
+// many short bursts (about 2 ms each, shorter than a scheduler slice) within `seconds`. `all`, when
+// given, gets every burst's rate appended.
+template <class Burst> double best_rate(double seconds, Burst burst, std::vector<double>* all = nullptr) {
   double best = 0, t_end = now_s() + seconds;
   int n = 0;
   while (now_s() < t_end || n < 3) {
-    best = std::max(best, burst());
+    const double r = burst();
+    best = std::max(best, r);
+    if (all) all->push_back(r);
     ++n;
   }
   return best;
@@ -82,7 +85,7 @@ double rate(int threads, double seconds, double work_per_iter, float (*fn)(int64
 // On transparent huge pages, like the packed weights the benchmarks stream: on this VM a 4 KiB-page
 // buffer made after gigabytes of weights read at 0.6-1.4 GB/s in some processes (no guest page
 // faults; the weights beside it read at 50+ GB/s), the huge-page one did not (docs/moe.md, session 10).
-double read_bandwidth_gbps(int threads, double seconds) {
+double read_bandwidth_gbps(int threads, double seconds, std::vector<double>* bursts) {
   const int64_t total = int64_t(128) << 20, window = int64_t(2) << 20;  // floats
   static const Tensor buf = [&] {
     Tensor b = Tensor::empty(DType::f32, {total});
@@ -101,7 +104,7 @@ double read_bandwidth_gbps(int threads, double seconds) {
     next = (next + window * threads) % total;
     double dt = span_s([&](int t) { g_sink = peak::read_sum(buf.ptr<float>() + (base + window * t) % total, window); });
     return double(window) * 4 * threads / dt / 1e9;
-  });
+  }, bursts);
   ot::set_num_threads(before);
   return r;
 }

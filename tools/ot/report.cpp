@@ -202,7 +202,9 @@ int run_report(const Options& o) {
      << "` (medians of interleaved runs); `ref ms` is the reference path timed in the same run, `vs ref` the speed-up over it, "
         "`% of peak` the rate against the peak that bounds the case (matrix GFLOP/s or memory GB/s; `ot peak`'s cached best), "
         "`% of window` a GB/s rate against the read bandwidth measured beside that case (`window_peak_gbps`: `ot peak`'s read test "
-        "before, halfway through and after its timed runs, the best of the three; the memory speed of this machine changes over time). Raw data: `report.json`."
+        "before, halfway through and after its timed runs, the best of the three; the memory speed of this machine changes over time), "
+        "`% of window median` the same rate against the median of every burst of those read tests (`window_median_gbps`: the same "
+        "statistic as the case's own median over calls). Raw data: `report.json`."
      << (o.quick ? " **Quick mode** (`--quick`): tiny stand-in cases and 2 repetitions, for checking the tool, not for figures." : "")
      << "\n\n";
   for (const auto& c : charts) md << "![" << c << "](" << c << ")\n\n";
@@ -215,8 +217,8 @@ int run_report(const Options& o) {
       cur_op = op;
       md << "\n## " << op << "\n\n";
       if (!r.value("what", std::string()).empty()) md << r.value("what", std::string()) << ".\n\n";
-      md << "| case | shape | dtype | ms | ref ms | rate | % of peak | % of window | vs ref | kernel |\n"
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---|\n";
+      md << "| case | shape | dtype | ms | ref ms | rate | % of peak | % of window | % of window median | vs ref | kernel |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
     }
     const bool bw = r.contains("gbps");
     const double rate = bw ? r.value("gbps", 0.0) : r.value("gflops", 0.0);
@@ -224,6 +226,7 @@ int run_report(const Options& o) {
        << " | " << fmt(r.value("ref_ms", 0.0), 3) << " | " << fmt(rate) << (bw ? " GB/s" : " GFLOP/s") << " | "
        << fmt(100 * r.value("peak_fraction", 0.0)) << "% | "
        << (r.contains("window_peak_fraction") ? fmt(100 * r.value("window_peak_fraction", 0.0)) + "%" : std::string("-")) << " | "
+       << (r.contains("window_median_fraction") ? fmt(100 * r.value("window_median_fraction", 0.0)) + "%" : std::string("-")) << " | "
        << fmt(r.value("speedup_vs_ref", 0.0), 2) << "x | " << r.value("kernel", "")
        << " |\n";
   }
