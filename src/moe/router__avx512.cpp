@@ -458,6 +458,9 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
     alignas(64) float red[16];
     _mm512_store_ps(red, reduce8(cm, [](__m512 a, __m512 c) { return _mm512_max_ps(a, c); }));
     for (int i = 0; i < nb; ++i) { mx[i] = red[reduce8_lane(i)]; inv[i] = 1.f; }  // the largest allowed logit
+    if (!s.sigmoid)  // exps with an offset of mx (kExpOffsetLimit): such rows by the scalar row (an
+      for (int i = 0; i < nb; ++i)  // infinite max is a bad row, found by the sum below)
+        if (!(skip >> i & 1) && std::fabs(mx[i]) >= kExpOffsetLimit && std::isfinite(mx[i])) { skip |= 1u << i; slow |= 1u << i; }
     // Pass 2: softmax exps and their sums (reduced for the block at once), or sigmoids.
     __m512 psum[kRouterBlock];
     for (int i = 0; i < nb; ++i) {
@@ -586,7 +589,8 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
         }
       }
     }
-    for (; slow; slow &= slow - 1) route_row_scalar(s, r, r0b + __builtin_ctz(slow), b);  // uses row slot 0: last
+    for (; slow; slow &= slow - 1)  // uses row slot 0: last; false for a huge-max row that is also not finite
+      if (!route_row_scalar(s, r, r0b + __builtin_ctz(slow), b)) valid = false;
   }
   return valid;
 }

@@ -44,25 +44,28 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
   for (int64_t rb = r0; rb + 16 <= r1; rb += 16) {
     const char* xb = static_cast<const char*>(s.x.data) + size_t(rb) * row_bytes;
     const float* xf = Direct ? reinterpret_cast<const float*>(xb) : copy;
-    // Pass 1: column maxima (and the fp32 copy; finiteness when no exps follow).
+    // Pass 1: column maxima, the fp32 copy, finiteness (x * 0 is NaN exactly for NaN / +-Inf; a
+    // chain a row, so pass 2 has no check: route12, softmax E 128 b/a 0.94-0.99).
     __m512 cm[16], nonfinite = zero;
     for (int i = 0; i < 16; ++i) {
       const char* xp = xb + size_t(i) * row_bytes;
       if (rb + 32 <= s.R)
         for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch(xp + 16 * row_bytes + o, _MM_HINT_T0);
-      __m512 c = _mm512_set1_ps(kNegInf);
+      __m512 c = _mm512_set1_ps(kNegInf), nf = zero;
       for (int v = 0; v < NV; ++v) {
         const __m512 x = load16(xp, xt, 16 * v, 0xffff);
         if (!Direct) _mm512_storeu_ps(copy + i * E + 16 * v, x);
-        if (!softmax) nonfinite = _mm512_fmadd_ps(x, zero, nonfinite);
+        nf = _mm512_fmadd_ps(x, zero, nf);
         c = _mm512_max_ps(c, x);
       }
+      nonfinite = _mm512_add_ps(nonfinite, nf);
       cm[i] = c;
     }
-    if (!softmax && _mm512_cmp_ps_mask(nonfinite, nonfinite, _CMP_UNORD_Q)) return false;
     // Row maxima and thresholds, per lane.
     transpose16(cm);
     sort_lanes<Live>(cm);
+    if (_mm512_cmp_ps_mask(nonfinite, zero, _CMP_UNORD_Q)) return false;  // check_rows names the row
+    const __mmask16 huge = exp_offset_too_large(cm[0]);  // rows redone by the scalar row below
     _mm512_store_ps(mxa, cm[0]);
     if constexpr (K > 0) {
       _mm512_store_ps(tha, cm[K - 1]);
@@ -81,27 +84,21 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
       __mmask16 m[NV];
       if (softmax) {
         const __m512 ml = _mm512_set1_ps(mxa[i] * kLog2e);
-        __m512 vs = zero, vs2 = zero, fs = zero;
+        __m512 vs = zero, vs2 = zero;
         for (int v = 0; v < NV; ++v) {
           const __m512 xv = _mm512_loadu_ps(x + 16 * v);
           m[v] = _mm512_cmp_ps_mask(xv, th, _CMP_GE_OQ);
-          const __m512 t = _mm512_fmsub_ps(xv, l2e, ml);
-          fs = _mm512_add_ps(fs, t);  // NaN once some t is not finite (or -inf: the sum of t <= 0)
-          const __m512 e = exp2_ps(t);
+          const __m512 e = exp2_ps(_mm512_fmsub_ps(xv, l2e, ml));  // t below the fp32 range: -inf, e = 0
           if (v & 1) vs2 = _mm512_add_ps(vs2, e); else vs = _mm512_add_ps(vs, e);
         }
-        psum[i] = _mm512_add_ps(_mm512_add_ps(vs, vs2), _mm512_mul_ps(fs, zero));
+        psum[i] = _mm512_add_ps(vs, vs2);
       } else {
         for (int v = 0; v < NV; ++v) m[v] = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + 16 * v), th, _CMP_GE_OQ);
       }
       ncand[i] = compress_ids_bytes(m, NV, cb + 16 * i);
     }
     __m512 scale = _mm512_set1_ps(mul);
-    if (softmax) {
-      const __m512 sum = reduce16_add(psum);
-      if (_mm512_cmp_ps_mask(sum, sum, _CMP_UNORD_Q)) return false;  // some row not finite (or near FLT_MAX)
-      scale = _mm512_div_ps(scale, sum);
-    }
+    if (softmax) scale = _mm512_div_ps(scale, reduce16_add(psum));  // sums in [0.5, 2 E] (but the huge rows)
     const __m512i nc = _mm512_load_si512(ncand);
     const __mmask16 slow = _mm512_cmpgt_epi32_mask(nc, _mm512_set1_epi32(16));
     __m512i sid[16];
@@ -149,6 +146,7 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
         write_row16(s, r, rb + i, _mm512_maskz_load_epi32(mk, ki), e, false, jr);
       }
     }
+    for (uint32_t m = huge; m; m &= m - 1) route_row_scalar(s, r, rb + __builtin_ctz(m), b);  // last: it uses b.xr
   }
   return true;
 }

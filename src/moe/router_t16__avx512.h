@@ -188,12 +188,13 @@ OT_T16_AI inline __m512i ordered(__m512i u) { return _mm512_xor_si512(u, _mm512_
 // The candidates of a block's 16 rows (row i's ids as bytes at cb + 16 i, nc lane i of them;
 // the rows of `slow` skipped) -> per lane the top Live (value, id) pairs, descending, ties to the
 // lower id: id[j] and val[j] for j < k, the values read from xf (rows E floats apart, +0 for -0).
-// Rows of NV = 2, 4, 6 or 8 vectors (E = 16 NV): the values by gather_perm a row and one transpose
-// (a vgatherdps zmm measured ~19 cycles here, Zen 5: 5% of the E 128 softmax router); else (E 256:
-// 8 permute pairs a row, no faster) by a vgatherdps a candidate slot.
+// Rows of an even NV vectors (E = 16 NV, up to 256): the values by gather_perm a row and one
+// transpose (a vgatherdps zmm measured ~19 cycles here, Zen 5: 5% of the E 128 softmax router;
+// E 256 since gather_perm's blend tree, route12: sigmoid E 256 b/a 0.98-0.99); else (NV 0, odd)
+// by a vgatherdps a candidate slot.
 template <int Live, int NV = 0>
 OT_T16_AI inline void select16(const uint8_t* cb, __m512i nc, __mmask16 slow, const float* xf, int64_t E, int64_t k, __m512i* id, __m512* val) {
-  constexpr bool perm = NV > 0 && NV % 2 == 0 && NV <= 8;
+  constexpr bool perm = NV > 0 && NV % 2 == 0;
   alignas(64) uint8_t bt[256];
   __m512i keys[2][16];
   // Candidate ids transposed: slot j of the 16 rows at bt + 16 j.

@@ -51,7 +51,8 @@ inline double nerr(const TensorView& a, const TensorView& b) {
   double m = 0, s = 1e-6;
   for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) {
     double x = get_as_double(a, i), y = get_as_double(b, i);
-    m = std::max(m, std::fabs(x - y));
+    // A NaN on one side only is an infinite error (std::max would drop a NaN difference).
+    m = std::isnan(x) != std::isnan(y) ? HUGE_VAL : std::isnan(x) ? m : std::max(m, std::fabs(x - y));
     s = std::max(s, std::fabs(y));
   }
   return m / s;

@@ -277,6 +277,16 @@ TEST(MoeRouterPaths, HugeLogits) {
     GatingTopKOptions o;
     o.k = 8; o.norm_type = 1; o.group_count = 8; o.k_group = 4; o.group_select_mode = 1; o.out_flag = true;
     expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::f32, what + " sigmoid groups");
+    // Such rows go to the scalar row (the exps' offset, kExpOffsetLimit), which still finds a NaN
+    // beside the huge max: row 5 in a block of 16, row 18 after the blocks.
+    for (int64_t row : {5, 18}) {
+      Tensor y = randn(DType::f32, {21, 128}, 13, 2.f);
+      y.ptr<float>()[row * 128 + 3] = 1e30f;
+      y.ptr<float>()[row * 128 + 9] = NAN;
+      SCOPED_TRACE(what + " huge and NaN in row " + std::to_string(row));
+      EXPECT_OT_ERROR(moe_gating_top_k_softmax(y, 8), "x");
+      EXPECT_OT_ERROR(moe_gating_top_k_softmax_v2(y, 8, {}, 1, false), "x");
+    }
   }
 }
 
@@ -338,7 +348,8 @@ TEST(MoeRouterPaths, WholeVectorRowsAndBlockEdges) {
 
 // The 16-tokens-in-lanes kernel (softmax routers selecting on the logits, E a multiple of 16 up to
 // 256, no mask / bias / groups / scores output): whole blocks of 16 rows, the rest by the row
-// kernel, so T below and past multiples of 16 (100: E 128, k 8); E of 1, 5, 8 and 16 vectors; k from 1 to 16 (8 has
+// kernel, so T below and past multiples of 16 (100: E 128, k 8); E of 1, 5, 6, 8, 12 and 16 vectors (the candidate
+// values: a gather at odd counts, gather_perm's blend tree of 3, 4, 6 and 8 pairs at even); k from 1 to 16 (8 has
 // its own pruned networks); random rows, rows of a few levels (exact ties: the lower expert wins;
 // rows of more than 16 candidates: the kernel's insertion), rows of +0 and -0 (equal: the lower id
 // wins), rows of +-1e30 (a saturated softmax; every unchosen score underflows alike); bad values in
@@ -348,7 +359,7 @@ TEST(MoeRouterPaths, TokensInLanesKernel) {
     const cpu::Isa isa = cpu::detected_isa();
     for (DType t : {DType::f32, DType::bf16})
       for (int64_t T : {15, 33, 100})
-        for (int64_t E : {16, 80, 128, 256})
+        for (int64_t E : {16, 80, 96, 128, 192, 256})
           for (int64_t k : {1, 5, 8, 16})
             for (int variant : {0, 1, 2, 3}) {
               if (k > E || (variant > 0 && T != 33) || (T == 100 && (E != 128 || k != 8))) continue;
