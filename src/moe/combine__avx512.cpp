@@ -1,7 +1,7 @@
 // Weighted combine of gathered rows, AVX-512: the output row is built 128 lanes at a time in eight
-// fp32 registers (no accumulator round trip through memory per input row), the next output's rows
-// are prefetched block by block, and whole output lines may be stored non-temporally. Also the
-// streaming row copy of init routing and permute.
+// fp32 registers (no accumulator round trip through memory per input row), the rows are prefetched
+// a few blocks ahead (into the next output's rows near the end), and whole output lines may be
+// stored non-temporally. Also the streaming row copy of init routing and permute.
 #include <cstdint>
 
 #include "src/core/cvt_avx512.h"
@@ -42,6 +42,16 @@ inline void store32(void* p, DType t, int64_t i, __m512 a, __m512 b, bool nt) {
   else _mm512_storeu_si512(q, h);
 }
 
+// Prefetch distance of the combine: 4 blocks of 128 lanes (1 KiB of each bf16 row, 8 KiB over K 8
+// rows) ahead. A whole output ahead (the next output's block h, 32 KiB at K 8, H 2048) let the
+// prefetched lines leave the 48 KiB L1 before use: 4-5% slower (docs/moe.md, session 12).
+constexpr int64_t kAheadLanes = 4 * 128;
+
+inline void prefetch_block(const WeightedRow* rows, int n, int64_t off, size_t bytes) {
+  for (int j = 0; j < n; ++j)
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(static_cast<const char*>(rows[j].p) + off + o, _MM_HINT_T0);
+}
+
 }  // namespace
 
 void combine_rows_avx512(const WeightedRow* rows, int n, DType t, int64_t H, void* out, DType out_t, const WeightedRow* next,
@@ -63,8 +73,10 @@ void combine_rows_avx512(const WeightedRow* rows, int n, DType t, int64_t H, voi
       a6 = _mm512_fmadd_ps(w, load16(p, t, h + 96), a6);
       a7 = _mm512_fmadd_ps(w, load16(p, t, h + 112), a7);
     }
-    for (int j = 0; j < n_next; ++j)
-      for (size_t o = 0; o < 128 * es; o += 64) _mm_prefetch(static_cast<const char*>(next[j].p) + size_t(h) * es + o, _MM_HINT_T0);
+    // The block kAheadLanes on: in these rows, or past their end in the next output's rows.
+    const int64_t at = h + kAheadLanes;
+    if (at + 128 <= H) prefetch_block(rows, n, at * int64_t(es), 128 * es);
+    else if (at >= H && at - H + 128 <= H) prefetch_block(next, n_next, (at - H) * int64_t(es), 128 * es);
     store32(out, out_t, h, a0, a1, nt);
     store32(out, out_t, h + 32, a2, a3, nt);
     store32(out, out_t, h + 64, a4, a5, nt);
@@ -80,12 +92,24 @@ void combine_rows_avx512(const WeightedRow* rows, int n, DType t, int64_t H, voi
 
 void stream_fence_avx512() { _mm_sfence(); }
 
-// Whole 64-byte lines, non-temporal (dst aligned); the next source row is prefetched a line per line.
+// Whole 64-byte lines, non-temporal (dst aligned), four lines loaded before they are stored; the next
+// source row is prefetched line by line.
 void copy_row_avx512(void* dst, const void* src, size_t bytes, const void* next) {
   const char* s = static_cast<const char*>(src);
   char* d = static_cast<char*>(dst);
   const char* n = static_cast<const char*>(next);
-  for (size_t o = 0; o < bytes; o += 64) {
+  size_t o = 0;
+  for (; o + 256 <= bytes; o += 256) {
+    if (n)
+      for (size_t l = 0; l < 256; l += 64) _mm_prefetch(n + o + l, _MM_HINT_T0);
+    const __m512i a = _mm512_loadu_si512(s + o), b = _mm512_loadu_si512(s + o + 64), c = _mm512_loadu_si512(s + o + 128),
+                  e = _mm512_loadu_si512(s + o + 192);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + o), a);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + o + 64), b);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + o + 128), c);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + o + 192), e);
+  }
+  for (; o < bytes; o += 64) {
     if (n) _mm_prefetch(n + o, _MM_HINT_T0);
     _mm512_stream_si512(reinterpret_cast<__m512i*>(d + o), _mm512_loadu_si512(s + o));
   }

@@ -70,7 +70,8 @@ inline const char* row_ptr(const TensorView& v, int64_t row, int64_t row_elems) 
 
 // The weighted combine of gathered rows (unpermute, finalize routing): out = sum_j w_j * rows_j, in
 // fp32 registers, cast (RNE) to out's dtype. All rows share one float dtype; n = 0 writes zeros.
-// `next` (optional) are the rows of the following output, prefetched while this one is summed.
+// `next` (optional) are the rows of the following output, whose first blocks are prefetched while
+// this one's last blocks are summed.
 // stream: non-temporal stores of whole 64-byte lines (call stream_fence() before the results are
 // read by another thread); for outputs far larger than the caches.
 struct WeightedRow {

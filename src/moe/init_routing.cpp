@@ -61,11 +61,16 @@ void init_v1_fast(const InitV1Plan& p, InitRoutingResult& r) {
   size_t es = dtype_size(p.x.dtype), rb = size_t(p.H) * es;
   const int64_t rows = p.active_tokens * p.K;
   const bool stream = stream_output(size_t(rows) * rb);
-  parallel_for(rows, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const void* next = i + 1 < i1 ? row_ptr(p.x, rid[perm[size_t(i + 1)]] % p.N, p.H) : nullptr;
-      copy_row(static_cast<char*>(r.expanded_x.view().data) + size_t(i) * rb, row_ptr(p.x, rid[perm[size_t(i)]] % p.N, p.H), rb, stream, next);
-    }
+  char* ex = static_cast<char*>(r.expanded_x.view().data);
+  // In token order: output row i holds the pair of row index value v = rid[perm[i]] (token v % N),
+  // so token n's rows are eri[k * N + n], k < K. Each x row is read once and written K times (in
+  // output order x was fetched K times from far caches or memory; docs/moe.md, session 12).
+  parallel_for(p.N, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t k = 0; k < p.K; ++k) {
+        int64_t i = eri[k * p.N + n];
+        if (i < rows) copy_row(ex + size_t(i) * rb, row_ptr(p.x, n, p.H), rb, stream);
+      }
     if (stream) stream_fence();
   });
 }
@@ -142,10 +147,10 @@ float quant_dynamic_row(const float* xs, int64_t H, int8_t* q) {
 }
 
 // Writes expanded row `i` (from token n, sorted expert e) into dst (quantised when asked).
-// stream / next: see copy_row.
-static void emit_row(const InitV2Plan& p, int64_t n, int64_t e, char* dst, float* scale_out, float* buf, bool stream, const void* next) {
+// stream: see copy_row.
+static void emit_row(const InitV2Plan& p, int64_t n, int64_t e, char* dst, float* scale_out, float* buf, bool stream) {
   if (p.o.quant_mode < 0) {
-    copy_row(dst, row_ptr(p.x, n, p.H), size_t(p.H) * dtype_size(p.x.dtype), stream, next);
+    copy_row(dst, row_ptr(p.x, n, p.H), size_t(p.H) * dtype_size(p.x.dtype), stream);
     if (scale_out && p.scale == InitV2Plan::Scale::per_token) *scale_out = p.smooth.ptr<float>()[n];
     return;
   }
@@ -221,15 +226,16 @@ InitRoutingV2Result init_v2_fast(const InitV2Plan& p) {
   char* ex = static_cast<char*>(r.expanded_x.view().data);
   float* es = want_scale ? r.expanded_scale.ptr<float>() : nullptr;
   const bool stream = stream_output(size_t(out_rows) * rb);
-  parallel_for(r.available, [&](int64_t i0, int64_t i1) {
+  // Rows in token order (each x row read once, written to its K places; see init_v1_fast).
+  std::vector<int32_t> out_row(static_cast<size_t>(NK), -1);  // expanded row of pair j (-1: none)
+  for (int64_t i = 0; i < r.available; ++i) out_row[size_t(perm[size_t(i)])] = dst[size_t(i)];
+  parallel_for(p.N, [&](int64_t n0, int64_t n1) {
     std::vector<float> buf(static_cast<size_t>(p.H));
-    for (int64_t i = i0; i < i1; ++i) {
-      int32_t d = dst[size_t(i)];
-      if (d < 0) continue;
-      int32_t j = perm[size_t(i)];
-      const void* next = i + 1 < i1 ? row_ptr(p.x, perm[size_t(i + 1)] / p.K, p.H) : nullptr;
-      emit_row(p, j / p.K, key[size_t(j)] + p.start, ex + size_t(d) * rb, es ? es + d : nullptr, buf.data(), stream, next);
-    }
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t j = n * p.K; j < (n + 1) * p.K; ++j) {
+        int32_t d = out_row[size_t(j)];
+        if (d >= 0) emit_row(p, n, key[size_t(j)] + p.start, ex + size_t(d) * rb, es ? es + d : nullptr, buf.data(), stream);
+      }
     if (stream) stream_fence();
   });
   return r;

@@ -42,22 +42,29 @@ PermutePlan plan_permute(const TensorView& tokens, const TensorView& indices, in
 void permute_fast(const PermutePlan& p, TokenPermuteResult& r) {
   const int32_t* idx = p.indices.ptr<int32_t>();
   int32_t* si = r.sorted_indices.ptr<int32_t>();
-  std::vector<int32_t> src;  // token of each output row
   if (p.padded) {
     std::copy(idx, idx + p.rows, si);
-    src.assign(idx, idx + p.rows);
   } else {
     std::vector<int32_t> perm = stable_argsort(idx, p.T * p.K);
     for (size_t i = 0; i < perm.size(); ++i) si[perm[i]] = int32_t(i);
-    src.resize(size_t(p.rows));
-    for (int64_t i = 0; i < p.rows; ++i) src[size_t(i)] = int32_t(perm[size_t(i)] / p.K);
   }
   size_t rb = size_t(p.H) * dtype_size(p.tokens.dtype);
   char* out = static_cast<char*>(r.permuted_tokens.view().data);
   const bool stream = stream_output(size_t(p.rows) * rb);
-  parallel_for(p.rows, [&](int64_t i0, int64_t i1) {
+  if (!p.padded) {
+    // In token order: token t's rows are si[t * K + k] (the first p.rows are kept); each token row
+    // is read once and written K times (see init_v1_fast).
+    parallel_for(p.T, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t j = t * p.K; j < (t + 1) * p.K; ++j)
+          if (si[j] < p.rows) copy_row(out + size_t(si[j]) * rb, row_ptr(p.tokens, t, p.H), rb, stream);
+      if (stream) stream_fence();
+    });
+    return;
+  }
+  parallel_for(p.rows, [&](int64_t i0, int64_t i1) {  // padded: row i is token idx[i] (tokens may repeat), in output order
     for (int64_t i = i0; i < i1; ++i)
-      copy_row(out + size_t(i) * rb, row_ptr(p.tokens, src[size_t(i)], p.H), rb, stream, i + 1 < i1 ? row_ptr(p.tokens, src[size_t(i + 1)], p.H) : nullptr);
+      copy_row(out + size_t(i) * rb, row_ptr(p.tokens, idx[i], p.H), rb, stream, i + 1 < i1 ? row_ptr(p.tokens, idx[i + 1], p.H) : nullptr);
     if (stream) stream_fence();
   });
 }

@@ -97,6 +97,27 @@ TEST(MoeFinalizeRouting, MatchesReferenceAllModes) {
       }
 }
 
+// Rows of 1000 elements (128-lane blocks + a masked tail) and an output >= 16 MiB of 1056-element
+// rows (non-temporal stores), with skip, bias, scales and dropped rows: the combine's prefetch
+// distance crosses from one output's rows into the next one's.
+TEST(MoeFinalizeRouting, LargeRowsMatchReference) {
+  struct Shape { int64_t N, H; };
+  for (DType t : {DType::bf16, DType::f32})
+    for (Shape s : {Shape{513, 1000}, Shape{8000, 1056}})
+      for (int mode : {0, 3}) {
+        const int64_t K = 2, E = 4, C = s.N / 2;
+        bool pad = mode == 3;
+        Tensor ex = pad ? randn(t, {E, C, s.H}, 1) : randn(t, {s.N * K, s.H}, 1);
+        std::vector<int32_t> iv(static_cast<size_t>(s.N * K));
+        for (size_t i = 0; i < iv.size(); ++i) iv[i] = pad ? int32_t(int64_t(i * 7) % (E * C + 1)) - 1 : int32_t((i * 7919) % iv.size());
+        Tensor idx = ints({s.N * K}, iv);
+        Tensor x1 = randn(t, {s.N, s.H}, 2), bias = randn(t, {E, s.H}, 4);
+        Tensor scales = randn(t, {s.N, K}, 5), eidx = rand_ids(s.N, K, E, 6);
+        Tensor f = moe_finalize_routing_v2(ex, idx, x1, {}, bias, scales, eidx, mode);
+        EXPECT_LE(nerr(f, ref::moe_finalize_routing_v2(ex, idx, x1, {}, bias, scales, eidx, mode)), tol(t)) << mode;
+      }
+}
+
 TEST(MoeFinalizeRouting, BadInput) {
   Tensor ex = randn(DType::f32, {4, 8}, 1);
   Tensor idx = ints({4}, {0, 1, 2, 3});

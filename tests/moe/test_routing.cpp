@@ -193,6 +193,48 @@ TEST(MoeTokenPermute, RoundTripAndReference) {
     }
 }
 
+// Rows of 1000 elements (128-lane blocks + a tail; 2000-byte bf16 rows are copied with memcpy) and
+// outputs >= 16 MiB of 1056-element rows (non-temporal stores: 2112 / 4224 bytes, whole lines but
+// not whole 256-byte chunks), for the copies in token order and the combine's prefetch distance.
+TEST(MoeTokenPermute, LargeRowsMatchReference) {
+  struct Shape { int64_t T, K, H; };
+  for (DType t : {DType::bf16, DType::f32})
+    for (Shape s : {Shape{513, 8, 1000}, Shape{1000, 8, 1056}}) {
+      Tensor x = randn(t, {s.T, s.H}, uint32_t(s.T + 7));
+      Tensor ids = rand_ids(s.T, s.K, 16, uint32_t(s.T + 8));
+      for (int64_t n : {int64_t(0), -s.T}) {  // all rows, and the first T*(K-1) kept
+        TokenPermuteResult f = moe_token_permute(x, ids, n), r = ref::moe_token_permute(x, ids, n);
+        expect_same(f.permuted_tokens, r.permuted_tokens, "permuted");
+        expect_same(f.sorted_indices, r.sorted_indices, "sorted");
+      }
+      Tensor pad_idx = rand_ids(s.K, s.T, s.T, uint32_t(s.T + 9));  // [E = K, C = T] token ids
+      expect_same(moe_token_permute(x, pad_idx, 0, true).permuted_tokens, ref::moe_token_permute(x, pad_idx, 0, true).permuted_tokens,
+                  "padded");
+      InitRoutingV2Options o;
+      o.expert_num = 16;
+      same_v2(moe_init_routing_v2(x, ids, o), ref::moe_init_routing_v2(x, ids, o));
+      o.active_num = s.T * s.K / 2;
+      same_v2(moe_init_routing_v2(x, ids, o), ref::moe_init_routing_v2(x, ids, o));
+      Tensor row = moe_gating_top_k_softmax(randn(DType::f32, {s.T, 16}, 10), s.K).row_idx;
+      for (int64_t active : {s.T, s.T / 3}) {
+        InitRoutingResult f = moe_init_routing(x, row, ids, active), r = ref::moe_init_routing(x, row, ids, active);
+        expect_same(f.expanded_x, r.expanded_x, "v1 x");
+        expect_same(f.expanded_row_idx, r.expanded_row_idx, "v1 row");
+      }
+    }
+  // Unpermute with an output >= 16 MiB (8000 x 1056 bf16), K 2, a zero prob (the row is skipped).
+  for (DType t : {DType::bf16, DType::f32}) {
+    const int64_t T = 8000, K = 2, H = 1056;
+    Tensor x = randn(t, {T, H}, 11);
+    Tensor ids = rand_ids(T, K, 16, 12);
+    TokenPermuteResult pr = moe_token_permute(x, ids);
+    Tensor probs = randn(DType::f32, {T, K}, 13);
+    probs.ptr<float>()[5] = 0.f;
+    Tensor u = moe_token_unpermute(pr.permuted_tokens, pr.sorted_indices, probs);
+    EXPECT_LE(nerr(u, ref::moe_token_unpermute(pr.permuted_tokens, pr.sorted_indices, probs)), tol(t));
+  }
+}
+
 TEST(MoeTokenPermute, PaddedMode) {
   Tensor x = floats(DType::f32, {3, 1}, {1, 2, 3});
   Tensor idx = ints({2, 2}, {0, 2, 1, 2});  // expert 0 keeps tokens 0, 2; expert 1 keeps 1, 2

@@ -66,7 +66,9 @@ struct Batch {
 void add_cases(Batch& b, bool routers, bool rows, std::vector<Case>& cases) {
   const int64_t T = b.T;
   const std::string t = "-t" + std::to_string(T);
-  const double xb = double(T * H * 2), eb = double(T * K * H * 2), ib = double(T * K * 4);
+  // The bytes each operator must move at least (read + written once; docs/moe.md "Benchmarks"):
+  // x rows xb, expanded rows eb, a [T, K] int32 / fp32 index or weight array ib, bf16 scales sb.
+  const double xb = double(T * H * 2), eb = double(T * K * H * 2), ib = double(T * K * 4), sb = double(T * K * 2);
   if (routers) {
     cases.push_back({"gating-softmax" + t + "-e128-k8", "[" + std::to_string(T) + ", 128] fp32 k8", double(T * E * 4) + 3 * ib,
                      [&b] { moe::moe_gating_top_k_softmax(b.logits, K); }, [&b] { moe::ref::moe_gating_top_k_softmax(b.logits, K); }, "router"});
@@ -82,7 +84,7 @@ void add_cases(Batch& b, bool routers, bool rows, std::vector<Case>& cases) {
   cases.push_back({"token-unpermute" + t + "-h2048-k8", ex, eb + xb + 2 * ib,
                    [&b] { moe::moe_token_unpermute(b.pr.permuted_tokens, b.pr.sorted_indices, b.g.y); },
                    [&b] { moe::ref::moe_token_unpermute(b.pr.permuted_tokens, b.pr.sorted_indices, b.g.y); }, "combine"});
-  cases.push_back({"finalize-routing" + t + "-h2048-k8", ex + " +skip", eb + 2 * xb + 2 * ib,
+  cases.push_back({"finalize-routing" + t + "-h2048-k8", ex + " +skip", eb + 2 * xb + ib + sb,
                    [&b] { moe::moe_finalize_routing_v2(b.ir.expanded_x, b.ir.expanded_row_idx, b.x, {}, {}, b.scales, {}, 2); },
                    [&b] { moe::ref::moe_finalize_routing_v2(b.ir.expanded_x, b.ir.expanded_row_idx, b.x, {}, {}, b.scales, {}, 2); }, "combine"});
 }
