@@ -54,8 +54,15 @@ for i in range(PAIRS):
         expect.append("a")
     expect += ["a", "b"] if i % 2 == 0 else ["b", "a"]
 got = [side.get(k, k) for k in kernels]
-check(got[:len(expect)] == expect, f"sides in call order {got[:len(expect)]}, expected {expect}")
-check(len(got) > len(expect) and all(s == "b" for s in got[len(expect):]), f"calls after the timing not at the default: {got[len(expect):]}")
+if set(kernels) <= set(side):
+    check(got[:len(expect)] == expect, f"sides in call order {got[:len(expect)]}, expected {expect}")
+    check(len(got) > len(expect) and all(s == "b" for s in got[len(expect):]), f"calls after the timing not at the default: {got[len(expect):]}")
+else:
+    # Without AVX-512 BF16 there is no decode kernel: both sides run the same kernel, so only the
+    # number of calls (warm-ups, window follow-ups, pairs, later calls) can be checked.
+    print(f"note: kernels {sorted(set(kernels))} do not tell the sides apart on this CPU; checking the call count only")
+    check(len(set(kernels)) == 1, f"one kernel expected for both sides on this CPU, got {sorted(set(kernels))}")
+    check(len(got) > len(expect), f"{len(got)} gemm calls logged, expected more than the {len(expect)} of warm-up and pairs")
 
 # The text table: side a's row, then the A/B line.
 r = run("--ab", "gemm.decode_rows=0,3")

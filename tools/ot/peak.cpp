@@ -24,11 +24,23 @@ float fma_loop(int64_t iters);
 float bf16_loop(int64_t iters);
 float read_sum(const float* p, int64_t n);
 float amx_loop(int64_t iters);
+float fma_loop_avx2(int64_t iters);
+float read_sum_avx2(const float* p, int64_t n);
 }  // namespace peak
 
 namespace {
 
 volatile float g_sink;
+
+// The widest read loop this CPU runs (the AVX-512 one would fault on an AVX2-only CPU).
+float read_sum_any(const float* p, int64_t n) {
+  if (cpu::detected_isa() >= cpu::Isa::avx512) return peak::read_sum(p, n);
+  if (cpu::detected_isa() >= cpu::Isa::avx2) return peak::read_sum_avx2(p, n);
+  float s[8] = {};
+  for (int64_t i = 0; i < n; i += 8)
+    for (int j = 0; j < 8; ++j) s[j] += p[i + j];
+  return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -102,7 +114,7 @@ double read_bandwidth_gbps(int threads, double seconds, std::vector<double>* bur
   double r = best_rate(seconds, [&] {
     int64_t base = next;
     next = (next + window * threads) % total;
-    double dt = span_s([&](int t) { g_sink = peak::read_sum(buf.ptr<float>() + (base + window * t) % total, window); });
+    double dt = span_s([&](int t) { g_sink = read_sum_any(buf.ptr<float>() + (base + window * t) % total, window); });
     return double(window) * 4 * threads / dt / 1e9;
   }, bursts);
   ot::set_num_threads(before);
@@ -123,16 +135,23 @@ std::string cache_path() {
   const char* home = std::getenv("HOME");
   return std::string(home ? home : "/tmp") + "/.cache/ops_transformer/peak.json";
 }
-std::string cache_key() { return cpu_model() + " x" + std::to_string(std::thread::hardware_concurrency()) + " cpus"; }
+// The ISA is part of the key: VMs of different CPU generations can report the same model name.
+std::string cache_key() {
+  return cpu_model() + " " + cpu::isa_name(cpu::detected_isa()) + " x" + std::to_string(std::thread::hardware_concurrency()) + " cpus";
+}
 
 MachinePeak measure(double seconds) {
   MachinePeak p;
   const int all = ot::num_threads();
   const bool avx512 = cpu::detected_isa() >= cpu::Isa::avx512, bf16 = cpu::detected_isa() >= cpu::Isa::avx512_bf16;
-  // flops per loop iteration: 12 zmm ops x 16 lanes x 2 (FMA) or x 32 pairs... see each loop.
+  // flops per loop iteration: 12 zmm ops x 16 lanes x 2 (FMA) or x 32 pairs... see each loop;
+  // AVX2: 12 ymm FMAs x 8 lanes x 2.
   if (avx512) {
     p.fma_f32_gflops_1t = rate(1, seconds, 12 * 16 * 2, peak::fma_loop) / 1e9;
     p.fma_f32_gflops_all = rate(all, seconds, 12 * 16 * 2, peak::fma_loop) / 1e9;
+  } else if (cpu::detected_isa() >= cpu::Isa::avx2) {
+    p.fma_f32_gflops_1t = rate(1, seconds, 12 * 8 * 2, peak::fma_loop_avx2) / 1e9;
+    p.fma_f32_gflops_all = rate(all, seconds, 12 * 8 * 2, peak::fma_loop_avx2) / 1e9;
   }
   if (bf16) {
     p.avx512_bf16_gflops_1t = rate(1, seconds, 12 * 16 * 4, peak::bf16_loop) / 1e9;
@@ -143,10 +162,8 @@ MachinePeak measure(double seconds) {
     p.amx_bf16_gflops_1t = rate(1, seconds, tile_flops, peak::amx_loop) / 1e9;
     p.amx_bf16_gflops_all = rate(all, seconds, tile_flops, peak::amx_loop) / 1e9;
   }
-  if (avx512) {
-    p.mem_gbps_1t = read_bandwidth_gbps(1, 2 * seconds);
-    p.mem_gbps_all = read_bandwidth_gbps(all, 2 * seconds);
-  }
+  p.mem_gbps_1t = read_bandwidth_gbps(1, 2 * seconds);
+  p.mem_gbps_all = read_bandwidth_gbps(all, 2 * seconds);
   return p;
 }
 
@@ -173,7 +190,8 @@ bool load_cache(MachinePeak* p) {
     p->fma_f32_gflops_all = e.value("fma_f32_gflops_all", 0.0);
     p->mem_gbps_1t = e.value("mem_gbps_1t", 0.0);
     p->mem_gbps_all = e.value("mem_gbps_all", 0.0);
-    return p->fma_f32_gflops_1t > 0 || cpu::detected_isa() < cpu::Isa::avx512;
+    // An entry from before AVX2 FMA and memory were measured on AVX2-only CPUs lacks them: remeasure.
+    return p->mem_gbps_1t > 0 && (p->fma_f32_gflops_1t > 0 || cpu::detected_isa() < cpu::Isa::avx2);
   } catch (...) {
     return false;
   }
@@ -235,7 +253,7 @@ double memory_peak_gbps(int threads) {
 }
 
 static RegisterCommand reg("peak", [](CLI::App& app) {
-  auto* sub = app.add_subcommand("peak", "Measure this machine's AMX bf16, AVX-512 BF16, fp32 FMA and memory read peaks (1 and all threads)");
+  auto* sub = app.add_subcommand("peak", "Measure this machine's AMX bf16, AVX-512 BF16, fp32 FMA (AVX-512 or AVX2) and memory read peaks (1 and all threads)");
   static bool json = false;
   static double seconds = 1.0;
   sub->add_flag("--json", json, "Print one JSON object");
@@ -259,6 +277,7 @@ static RegisterCommand reg("peak", [](CLI::App& app) {
       else std::snprintf(b, sizeof b, "%9s %s", "n/a", unit);
       return std::string(b);
     };
+    const bool avx512_cpu = cpu::detected_isa() >= cpu::Isa::avx512;
     const std::string all = "all (" + std::to_string(ot::num_threads()) + ")";
     std::printf("cpu: %s (cache %s)\n", cache_key().c_str(), cache_path().c_str());
     std::printf("%-24s %18s %18s   %18s %18s\n", "", "this run: 1 thread", all.c_str(), "best cached: 1 thr", all.c_str());
@@ -269,7 +288,7 @@ static RegisterCommand reg("peak", [](CLI::App& app) {
     row("AMX bf16 tiles", now.amx_bf16_gflops_1t, now.amx_bf16_gflops_all, p.amx_bf16_gflops_1t, p.amx_bf16_gflops_all, "GFLOP/s");
     row("AVX-512 BF16 (vdpbf16ps)", now.avx512_bf16_gflops_1t, now.avx512_bf16_gflops_all, p.avx512_bf16_gflops_1t,
         p.avx512_bf16_gflops_all, "GFLOP/s");
-    row("AVX-512 fp32 FMA", now.fma_f32_gflops_1t, now.fma_f32_gflops_all, p.fma_f32_gflops_1t, p.fma_f32_gflops_all, "GFLOP/s");
+    row(avx512_cpu ? "AVX-512 fp32 FMA" : "AVX2 fp32 FMA", now.fma_f32_gflops_1t, now.fma_f32_gflops_all, p.fma_f32_gflops_1t, p.fma_f32_gflops_all, "GFLOP/s");
     row("memory read", now.mem_gbps_1t, now.mem_gbps_all, p.mem_gbps_1t, p.mem_gbps_all, "GB/s   ");
   });
 });

@@ -1,0 +1,51 @@
+// AVX2 loops for `ot peak` on CPUs without AVX-512: fp32 FMA on ymm registers and a streaming read
+// of memory (the same shapes as the AVX-512 loops, half the lanes).
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace ot::cli::peak {
+
+namespace {
+float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+}  // namespace
+
+// 12 independent accumulators hide the FMA latency on both pipes (see peak_kernels__avx512bf16.cpp).
+float fma_loop_avx2(int64_t iters) {
+  __m256 x = _mm256_set1_ps(0.999f);
+  const __m256 y = _mm256_set1_ps(1e-3f);
+#define OT_PEAK_ACCS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define DECL(i) __m256 a##i = _mm256_set1_ps(1.f + 0.01f * i);
+#define STEP(i) a##i = _mm256_fmadd_ps(a##i, x, y);
+#define SUM(i) s = _mm256_add_ps(s, a##i);
+  OT_PEAK_ACCS(DECL)
+  for (int64_t it = 0; it < iters; ++it) {
+    OT_PEAK_ACCS(STEP)
+    __asm__ volatile("" : "+x"(x));
+  }
+  __m256 s = _mm256_setzero_ps();
+  OT_PEAK_ACCS(SUM)
+  return hsum(s);
+#undef DECL
+#undef STEP
+#undef SUM
+#undef OT_PEAK_ACCS
+}
+
+// Sums n floats (n % 32 == 0, p 32-byte aligned) with four independent accumulators.
+float read_sum_avx2(const float* p, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  for (int64_t i = 0; i < n; i += 32) {
+    s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
+    s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
+    s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
+    s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
+  }
+  return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+}
+
+}  // namespace ot::cli::peak
