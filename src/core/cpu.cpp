@@ -39,7 +39,7 @@ static Features detect() {
   bool os_amx = (xcr0 & 0x60000) == 0x60000;
   if (__get_cpuid_max(0, nullptr) < 7) return f;
   __cpuid_count(7, 0, a, b, c, d);
-  f.avx2 = os_avx && (b & (1u << 5)) && f.fma;
+  f.avx2 = os_avx && (b & (1u << 5)) && f.fma && f.f16c;  // the avx2 units are built with -mf16c
   f.avx512f = os_avx512 && (b & (1u << 16));
   f.avx512dq = f.avx512f && (b & (1u << 17));
   f.avx512bw = f.avx512f && (b & (1u << 30));

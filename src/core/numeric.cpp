@@ -10,6 +10,10 @@ namespace detail {
 void convert_to_f32_avx512(const uint16_t* s, bool bf16, float* d, int64_t n);
 void convert_from_f32_avx512(const float* s, uint16_t* d, bool bf16, int64_t n);
 void accumulate_f32_avx512(const void* s, DType t, float w, float* acc, int64_t n);
+// AVX2 + F16C: whole groups of 8; each returns how many elements it did (the scalar loop ends the row).
+int64_t convert_to_f32_avx2(const uint16_t* s, bool bf16, float* d, int64_t n);
+int64_t convert_from_f32_avx2(const float* s, uint16_t* d, bool bf16, int64_t n);
+int64_t accumulate_f32_avx2(const void* s, DType t, float w, float* acc, int64_t n);
 }  // namespace detail
 
 float f16_to_f32(uint16_t h) {
@@ -62,12 +66,13 @@ float round_to(DType t, float x) {
 
 void accumulate_f32(const void* src, DType t, float w, float* acc, int64_t n) {
   if (n >= 16 && cpu::has(cpu::Isa::avx512)) return detail::accumulate_f32_avx512(src, t, w, acc, n);
+  int64_t i = n >= 8 && cpu::has(cpu::Isa::avx2) ? detail::accumulate_f32_avx2(src, t, w, acc, n) : 0;
   if (t == DType::f32) {
     auto* s = static_cast<const float*>(src);
-    for (int64_t i = 0; i < n; ++i) acc[i] += w * s[i];
+    for (; i < n; ++i) acc[i] += w * s[i];
   } else {
     auto* s = static_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n; ++i) acc[i] += w * (t == DType::bf16 ? bf16_to_f32(s[i]) : f16_to_f32(s[i]));
+    for (; i < n; ++i) acc[i] += w * (t == DType::bf16 ? bf16_to_f32(s[i]) : f16_to_f32(s[i]));
   }
 }
 
@@ -76,12 +81,13 @@ void convert_to_f32(const void* src, DType t, float* dst, int64_t n) {
     if (n > 0) std::memcpy(dst, src, size_t(n) * 4);
   } else if (n >= 16 && cpu::has(cpu::Isa::avx512)) {
     detail::convert_to_f32_avx512(static_cast<const uint16_t*>(src), t == DType::bf16, dst, n);
-  } else if (t == DType::bf16) {
-    auto* s = static_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
   } else {
     auto* s = static_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+    int64_t i = n >= 8 && cpu::has(cpu::Isa::avx2) ? detail::convert_to_f32_avx2(s, t == DType::bf16, dst, n) : 0;
+    if (t == DType::bf16)
+      for (; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+    else
+      for (; i < n; ++i) dst[i] = f16_to_f32(s[i]);
   }
 }
 
@@ -90,12 +96,13 @@ void convert_from_f32(const float* src, void* dst, DType t, int64_t n) {
     if (n > 0) std::memcpy(dst, src, size_t(n) * 4);
   } else if (n >= 16 && cpu::has(cpu::Isa::avx512)) {
     detail::convert_from_f32_avx512(src, static_cast<uint16_t*>(dst), t == DType::bf16, n);
-  } else if (t == DType::bf16) {
-    auto* d = static_cast<uint16_t*>(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
   } else {
     auto* d = static_cast<uint16_t*>(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+    int64_t i = n >= 8 && cpu::has(cpu::Isa::avx2) ? detail::convert_from_f32_avx2(src, d, t == DType::bf16, n) : 0;
+    if (t == DType::bf16)
+      for (; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+    else
+      for (; i < n; ++i) d[i] = f32_to_f16(src[i]);
   }
 }
 

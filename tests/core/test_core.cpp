@@ -43,11 +43,11 @@ TEST(Numeric, Fp16RoundTripAndRounding) {
 }
 
 TEST(Numeric, AccumulateMatchesScalarAtEveryLengthAndIsa) {
-  // acc += w * src for f32/bf16/f16 rows; lengths straddle the 16-lane vector and its masked tail.
-  for (cpu::Isa isa : {cpu::Isa::scalar, cpu::Isa::avx512}) {
+  // acc += w * src for f32/bf16/f16 rows; lengths straddle the 8- and 16-lane vectors and their tails.
+  for (cpu::Isa isa : {cpu::Isa::scalar, cpu::Isa::avx2, cpu::Isa::avx512}) {
     cpu::ScopedMaxIsa cap(isa);
     for (DType t : {DType::f32, DType::bf16, DType::f16})
-      for (int64_t n : {0, 1, 15, 16, 17, 33, 2048}) {
+      for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 33, 2048}) {
         std::vector<float> x(size_t(n) + 1), acc(size_t(n) + 1, 0.5f);
         for (int64_t i = 0; i <= n; ++i) x[size_t(i)] = round_to(t, 0.25f * float(i % 13) - 1.f);
         std::vector<uint16_t> h(size_t(n) + 1);
@@ -58,6 +58,40 @@ TEST(Numeric, AccumulateMatchesScalarAtEveryLengthAndIsa) {
         EXPECT_EQ(acc[size_t(n)], 0.5f) << "wrote past n = " << n;
       }
   }
+}
+
+TEST(Numeric, BulkConversionsBitIdenticalToScalarAtEveryIsa) {
+  // Values that exercise rounding: bf16/fp16 ties (to even), fp16 subnormals and overflow, +-0,
+  // +-Inf, NaN, plus a spread of ordinary values; lengths straddle the 8- and 16-lane vectors.
+  std::vector<float> vals = {0.f, -0.f, 1.f, -1.5f, 65504.f, 65520.f, 1e9f, -1e9f, 6.0e-8f, 3.0e-5f, 1e-40f,
+                             INFINITY, -INFINITY, NAN, 1.0f + std::ldexp(1.0f, -8), 1.0f + 3 * std::ldexp(1.0f, -8),
+                             1.0f + std::ldexp(1.0f, -11), 1234.5f};
+  for (int i = 0; i < 64; ++i) vals.push_back(std::ldexp(1.0f + 0.0371f * float(i), (i % 40) - 20) * (i % 3 ? 1.f : -1.f));
+  for (DType t : {DType::bf16, DType::f16})
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(8), int64_t(9), int64_t(16), int64_t(17), int64_t(31), int64_t(vals.size())}) {
+      std::vector<uint16_t> want(size_t(n) + 1, 0xabcd);
+      for (int64_t i = 0; i < n; ++i) want[size_t(i)] = t == DType::bf16 ? f32_to_bf16(vals[size_t(i)]) : f32_to_f16(vals[size_t(i)]);
+      for (cpu::Isa isa : {cpu::Isa::scalar, cpu::Isa::avx2, cpu::Isa::avx512}) {
+        cpu::ScopedMaxIsa cap(isa);
+        std::vector<uint16_t> h(size_t(n) + 1, 0xabcd);
+        convert_from_f32(vals.data(), h.data(), t, n);
+        for (int64_t i = 0; i <= n; ++i) {
+          const bool nan = i < n && std::isnan(vals[size_t(i)]);
+          if (nan)  // the payload may differ (hardware keeps it), the value must stay a NaN
+            ASSERT_TRUE(std::isnan(t == DType::bf16 ? bf16_to_f32(h[size_t(i)]) : f16_to_f32(h[size_t(i)]))) << i;
+          else
+            ASSERT_EQ(h[size_t(i)], want[size_t(i)]) << cpu::isa_name(isa) << " " << dtype_name(t) << " n " << n << " i " << i;
+        }
+        std::vector<float> back(size_t(n) + 1, -7.f);
+        convert_to_f32(want.data(), t, back.data(), n);
+        for (int64_t i = 0; i < n; ++i) {
+          const float w = t == DType::bf16 ? bf16_to_f32(want[size_t(i)]) : f16_to_f32(want[size_t(i)]);
+          if (std::isnan(w)) ASSERT_TRUE(std::isnan(back[size_t(i)])) << i;
+          else ASSERT_EQ(back[size_t(i)], w) << cpu::isa_name(isa) << " n " << n << " i " << i;
+        }
+        EXPECT_EQ(back[size_t(n)], -7.f) << "wrote past n = " << n;
+      }
+    }
 }
 
 TEST(Tensor, ViewsAndCopies) {
