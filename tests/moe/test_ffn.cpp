@@ -368,6 +368,36 @@ TEST(MoeFfn, BadInput) {
   EXPECT_OT_ERROR(moe_routing_plan(ints({1, 2}, {0, 5}), floats(DType::f32, {1, 2}, {1, 1}), 4), "topk_ids");
 }
 
+// capacity_factor: 0 means "use expert_capacity"; > 0 gives Megatron's capacity; NaN, Inf or a
+// negative factor is an error naming it (a NaN or negative factor used to mean dropless silently).
+TEST(MoeFfn, CapacityFactor) {
+  const double nan = std::nan(""), inf = HUGE_VAL;
+  for (double f : {nan, -1.0, -0.5, inf, -inf}) {
+    EXPECT_OT_ERROR_MSG(moe_capacity(10, 2, 8, f), "capacity_factor", "finite number > 0");
+  }
+  DType t = DType::f32;
+  Layer L(t, 4, 16, 8, 91);
+  gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
+  MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+  Tensor x = randn(t, {33, 16}, 9);
+  MoeFfnOptions o;
+  o.k = 2;
+  for (double f : {nan, -1.0, inf}) {
+    o.capacity_factor = f;
+    EXPECT_OT_ERROR_MSG(moe_ffn(x, router, ex, o), "capacity_factor", "finite number > 0");
+    EXPECT_OT_ERROR_MSG(ref::moe_ffn(x, L.router, L.gate, L.up, L.down, o), "capacity_factor", "finite number > 0");
+  }
+  // Factor 0.5: ceil(33 * 2 / 4 * 0.5) = 9 rows per expert, the same as expert_capacity = 9.
+  o.capacity_factor = 0.5;
+  MoeFfnResult a = moe_ffn(x, router, ex, o);
+  o.capacity_factor = 0;
+  o.expert_capacity = 9;
+  MoeFfnResult b = moe_ffn(x, router, ex, o);
+  EXPECT_GT(a.dropped, 0);
+  EXPECT_EQ(a.dropped, b.dropped);
+  EXPECT_EQ(values(a.y), values(b.y));
+}
+
 TEST(MoeLoss, AuxZAndCapacity) {
   // Two tokens, two experts: probs [[0.75, 0.25], [0.25, 0.75]], counts [2, 0] with k = 1:
   // loss = E * sum_i f_i P_i = 2 * (1 * 0.5 + 0 * 0.5) = 1.
