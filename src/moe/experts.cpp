@@ -7,11 +7,26 @@ namespace ot::moe {
 
 static const char* kOp = "MoeExperts";
 
-void MoeExperts::put(int64_t e, Expert ex, DType dt) {
+// The shape and dtype an expert must have: an empty store takes them from the expert (H and I stay
+// as given when the store was constructed with them), a non-empty one keeps its own. Checks e and
+// the dtype before anything is packed; nothing is changed here.
+MoeExperts::Shape MoeExperts::shape_for(int64_t e, int64_t h, int64_t i, DType dt) const {
   OT_CHECK(e >= 0 && e <= num_experts(), kOp, "e", detail::cat("0 <= e <= E = ", num_experts(), " (E appends)"), e);
-  if (experts_.empty()) dtype_ = dt;
+  if (experts_.empty()) {
+    Shape s{fixed_shape_ ? hidden_ : h, fixed_shape_ ? inter_ : i, dt};
+    OT_CHECK(s.h >= 1 && s.i >= 1, kOp, "gate", "a weight with H >= 1 and I >= 1", "H ", s.h, ", I ", s.i);
+    return s;
+  }
   OT_CHECK(dt == dtype_, kOp, "weights", detail::cat("the store's dtype ", dtype_name(dtype_)), dtype_name(dt));
+  return {hidden_, inter_, dtype_};
+}
+
+// Commits one checked and packed expert; the only place the store changes on set.
+void MoeExperts::put(int64_t e, Expert ex, const Shape& s) {
   if (e == num_experts()) experts_.push_back(std::move(ex)); else experts_[size_t(e)] = std::move(ex);
+  hidden_ = s.h;
+  inter_ = s.i;
+  dtype_ = s.dt;
 }
 
 static void check_w(const char* arg, const TensorView& w, int64_t r, int64_t c) {
@@ -21,41 +36,35 @@ static void check_w(const char* arg, const TensorView& w, int64_t r, int64_t c) 
 
 void MoeExperts::set(int64_t e, const TensorView& gate, const TensorView& up, const TensorView& down, WeightLayout layout) {
   OT_CHECK(gate.ndim == 2, kOp, "gate", "a 2-D weight", gate.shape_str());
-  if (hidden_ == 0 && inter_ == 0) {
-    hidden_ = layout == WeightLayout::EHI ? gate.size(0) : gate.size(1);
-    inter_ = layout == WeightLayout::EHI ? gate.size(1) : gate.size(0);
-  }
-  const int64_t H = hidden_, I = inter_;
   bool ehi = layout == WeightLayout::EHI;
+  const Shape s = shape_for(e, ehi ? gate.size(0) : gate.size(1), ehi ? gate.size(1) : gate.size(0), gate.dtype);
+  const int64_t H = s.h, I = s.i;
   check_w("gate", gate, ehi ? H : I, ehi ? I : H);
   check_w("up", up, ehi ? H : I, ehi ? I : H);
   check_w("down", down, ehi ? I : H, ehi ? H : I);
   OT_CHECK(up.dtype == gate.dtype && down.dtype == gate.dtype, kOp, "up", "the dtype of gate", dtype_name(up.dtype), ", ", dtype_name(down.dtype));
-  OT_CHECK(e >= 0 && e <= num_experts(), kOp, "e", detail::cat("0 <= e <= E = ", num_experts(), " (E appends)"), e);
   // [gate | up] as one B so the SwiGLU is the GEMM's epilogue.
   Tensor gu = Tensor::empty(gate.dtype, ehi ? std::vector<int64_t>{H, 2 * I} : std::vector<int64_t>{2 * I, H});
   copy_into(gate, gu.view().narrow(ehi ? 1 : 0, 0, I));
   copy_into(up, gu.view().narrow(ehi ? 1 : 0, I, I));
   gemm::BLayout bl = ehi ? gemm::BLayout::KN : gemm::BLayout::NK;
   Expert ex{std::make_shared<const gemm::PackedB>(gemm::prepack(gu, bl)), std::make_shared<const gemm::PackedB>(gemm::prepack(down, bl))};
-  put(e, std::move(ex), gate.dtype);
+  put(e, std::move(ex), s);
 }
 
 void MoeExperts::set_fused(int64_t e, const TensorView& gate_up, const TensorView& down, WeightLayout layout) {
   OT_CHECK(gate_up.ndim == 2, kOp, "gate_up", "a 2-D weight", gate_up.shape_str());
   bool ehi = layout == WeightLayout::EHI;
-  if (hidden_ == 0 && inter_ == 0) {
-    hidden_ = ehi ? gate_up.size(0) : gate_up.size(1);
-    inter_ = (ehi ? gate_up.size(1) : gate_up.size(0)) / 2;
-  }
-  const int64_t H = hidden_, I = inter_;
+  const int64_t two_i = ehi ? gate_up.size(1) : gate_up.size(0);
+  OT_CHECK(two_i % 2 == 0, kOp, "gate_up", "an even 2I (gate half, up half)", gate_up.shape_str());
+  const Shape s = shape_for(e, ehi ? gate_up.size(0) : gate_up.size(1), two_i / 2, gate_up.dtype);
+  const int64_t H = s.h, I = s.i;
   check_w("gate_up", gate_up, ehi ? H : 2 * I, ehi ? 2 * I : H);
   check_w("down", down, ehi ? I : H, ehi ? H : I);
   OT_CHECK(down.dtype == gate_up.dtype, kOp, "down", "the dtype of gate_up", dtype_name(down.dtype));
-  OT_CHECK(e >= 0 && e <= num_experts(), kOp, "e", detail::cat("0 <= e <= E = ", num_experts(), " (E appends)"), e);
   gemm::BLayout bl = ehi ? gemm::BLayout::KN : gemm::BLayout::NK;
   Expert ex{std::make_shared<const gemm::PackedB>(gemm::prepack(gate_up, bl)), std::make_shared<const gemm::PackedB>(gemm::prepack(down, bl))};
-  put(e, std::move(ex), gate_up.dtype);
+  put(e, std::move(ex), s);
 }
 
 void MoeExperts::remove(int64_t e) {

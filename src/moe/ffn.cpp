@@ -3,6 +3,7 @@
 //   2. out[scatter rows] += scale * (h @ Wd)                 (scale and scatter-add in the epilogue)
 // so the token permutation and the weighted combine never touch memory on their own.
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "ot/cpu.h"
@@ -150,9 +151,15 @@ FfnPlan plan_ffn(const TensorView& x, int64_t router_h, int64_t router_e, int64_
   if (o.shared) {
     OT_CHECK(shared_h == H && shared_dt == wdt, op, "shared", "an expert store with the same H and dtype", shared_h);
   }
-  OT_CHECK(o.expert_capacity >= -1, op, "expert_capacity", "-1 (dropless) or >= 0", o.expert_capacity);
-  p.cap = o.capacity_factor > 0 ? moe_capacity(p.T, o.k, E, o.capacity_factor) : o.expert_capacity;
+  p.cap = ffn_capacity(op, o, p.T, E);
   return p;
+}
+
+int64_t ffn_capacity(const char* op, const MoeFfnOptions& o, int64_t T, int64_t E) {
+  OT_CHECK(o.expert_capacity >= -1, op, "expert_capacity", "-1 (dropless) or >= 0", o.expert_capacity);
+  const double f = o.capacity_factor;
+  OT_CHECK(f == 0 || (f > 0 && std::isfinite(f)), op, "capacity_factor", "0 (use expert_capacity) or a finite number > 0", f);
+  return f > 0 ? moe_capacity(T, o.k, E, f) : o.expert_capacity;
 }
 
 // Router stage on fp32 logits; returns fp32 weights (renormalised if asked) and ids.

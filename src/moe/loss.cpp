@@ -88,7 +88,7 @@ int64_t moe_capacity(int64_t tokens, int64_t k, int64_t experts, double factor, 
   OT_CHECK(tokens >= 0, op, "tokens", ">= 0", tokens);
   OT_CHECK(k >= 1, op, "k", ">= 1", k);
   OT_CHECK(experts >= 1, op, "experts", ">= 1", experts);
-  OT_CHECK(factor > 0 && std::isfinite(factor), op, "capacity_factor", "> 0", factor);
+  OT_CHECK(factor > 0 && std::isfinite(factor), op, "capacity_factor", "a finite number > 0", factor);
   int64_t c = int64_t(std::ceil(double(tokens) * double(k) / double(experts) * factor));
   return std::max(c, min_capacity);
 }

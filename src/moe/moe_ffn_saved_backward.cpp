@@ -11,6 +11,7 @@
 #include "ot/trace.h"
 #include "src/moe/bwd_common.h"
 #include "src/moe/ffn_bwd_common.h"
+#include "src/moe/ffn_plan.h"
 
 namespace ot::moe {
 
@@ -32,7 +33,7 @@ void check_ffn(const char* op, const TensorView& x, const MoeFfnWeights& w, cons
   for (const TensorView* v : {&w.router, &w.gate, &w.up, &w.down})
     OT_CHECK(v->dtype == x.dtype, op, "weights", detail::cat("x's dtype ", dtype_name(x.dtype)), v->shape_str());
   OT_CHECK(o.k >= 1 && o.k <= d.E && o.k <= 1024, op, "k", detail::cat("1 <= k <= min(E, 1024) with E = ", d.E), o.k);
-  OT_CHECK(o.expert_capacity >= -1, op, "expert_capacity", "-1 (dropless) or >= 0", o.expert_capacity);
+  impl::ffn_capacity(op, o, d.T, d.E);  // checks expert_capacity and capacity_factor
   if (o.residual.defined()) check_shape(op, "residual", o.residual, {d.T, d.H});
   bool sh = w.shared_gate.defined() || w.shared_up.defined() || w.shared_down.defined();
   if (sh) {
@@ -115,7 +116,7 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
       for (int64_t k = 0; k < K; ++k) wt[t * K + k] /= sum;
     }
   }
-  int64_t cap = o.capacity_factor > 0 ? moe_capacity(T, K, E, o.capacity_factor) : o.expert_capacity;
+  int64_t cap = impl::ffn_capacity(op, o, T, E);
   s.plan = moe_routing_plan(s.topk_ids, s.topk_weights, E, cap);
   s.dropped = s.plan.dropped;
   s.expert_counts = Tensor::empty(DType::i64, {E});

@@ -8,6 +8,7 @@
 #include "src/moe/act_grad_math.h"
 #include "src/moe/bwd_common.h"
 #include "src/moe/ffn_bwd_common.h"
+#include "src/moe/ffn_plan.h"
 
 namespace ot::moe::ref {
 
@@ -342,7 +343,7 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
     for (int64_t k = 0; k < K; ++k) wts[size_t(t * K + k)] = get_as_double(gr.y, t * K + k) / (renorm ? S : 1.0);
   }
   // Capacity: within an expert, earlier tokens keep their place.
-  int64_t cap = o.capacity_factor > 0 ? moe_capacity(T, K, E, o.capacity_factor) : o.expert_capacity;
+  int64_t cap = impl::ffn_capacity(op, o, T, E);
   std::vector<int64_t> seen(static_cast<size_t>(E), 0), counts(static_cast<size_t>(E), 0);
   std::vector<char> kept(static_cast<size_t>(T * K));
   for (int64_t t = 0; t < T; ++t)

@@ -83,3 +83,17 @@ inline const std::vector<DType>& float_types() {
     }                                                                                       \
     EXPECT_TRUE(thrown_) << "no ot::Error for " #stmt;                                      \
   } while (0)
+
+// As EXPECT_OT_ERROR, and the error's expected form must contain `condition`, so a test of one
+// bad input cannot pass on a different check of the same argument.
+#define EXPECT_OT_ERROR_MSG(stmt, arg_name, condition)                                      \
+  do {                                                                                      \
+    bool thrown_ = false;                                                                   \
+    try { stmt; } catch (const ot::Error& e_) {                                             \
+      thrown_ = true;                                                                       \
+      EXPECT_EQ(std::string(e_.arg()), std::string(arg_name)) << e_.what();                 \
+      EXPECT_NE(e_.expected().find(condition), std::string::npos)                           \
+          << "expected form \"" << e_.expected() << "\" lacks \"" << condition << "\"";     \
+    }                                                                                       \
+    EXPECT_TRUE(thrown_) << "no ot::Error for " #stmt;                                      \
+  } while (0)

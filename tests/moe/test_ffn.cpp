@@ -189,6 +189,89 @@ TEST(MoeFfn, ExpertStoreReplaceAddRemove) {
   EXPECT_OT_ERROR(ex.set(0, randn(t, {16, 9}, 1), u.view().select(0, 0), d.view().select(0, 0), WeightLayout::EHI), "gate");
 }
 
+// An empty store (default-constructed, or every expert removed) takes H, I and the dtype from the
+// next expert; a failing set on it must not leave a half-learned shape behind.
+TEST(MoeFfn, ExpertStoreEmpty) {
+  DType t = DType::f32;
+  Layer A(t, 2, 16, 8, 71), B(DType::bf16, 3, 24, 12, 72);
+  auto ga = [&](int64_t e) { return A.gate.view().select(0, e); };
+  MoeExperts ex;
+  EXPECT_OT_ERROR(ex.set(1, ga(0), A.up.view().select(0, 0), A.down.view().select(0, 0), WeightLayout::EHI), "e");  // E = 0: only e = 0
+  EXPECT_OT_ERROR(ex.set(0, ga(0), randn(t, {16, 9}, 1), A.down.view().select(0, 0), WeightLayout::EHI), "up");
+  EXPECT_OT_ERROR(ex.set_fused(0, randn(t, {16, 9}, 1), A.down.view().select(0, 0), WeightLayout::EHI), "gate_up");  // odd 2I
+  EXPECT_OT_ERROR(ex.set(0, randn(t, {0, 8}, 1), randn(t, {0, 8}, 1), randn(t, {8, 0}, 1), WeightLayout::EHI), "gate");  // H = 0
+  EXPECT_EQ(ex.num_experts(), 0);
+  EXPECT_EQ(ex.hidden(), 0);  // nothing learned from the failed calls
+  EXPECT_EQ(ex.intermediate(), 0);
+  ex.set(0, ga(0), A.up.view().select(0, 0), A.down.view().select(0, 0), WeightLayout::EHI);
+  ex.set(1, ga(1), A.up.view().select(0, 1), A.down.view().select(0, 1), WeightLayout::EHI);
+  EXPECT_EQ(ex.hidden(), 16);
+  EXPECT_EQ(ex.intermediate(), 8);
+  EXPECT_EQ(ex.dtype(), t);
+  // Emptied, the store takes B's H 24, I 12 and bf16 (torch layout this time).
+  ex.remove(1);
+  ex.remove(0);
+  Tensor bg = transposed(B.gate), bu = transposed(B.up), bd = transposed(B.down);
+  for (int64_t e = 0; e < 3; ++e) ex.set(e, bg.view().select(0, e), bu.view().select(0, e), bd.view().select(0, e), WeightLayout::torch);
+  EXPECT_EQ(ex.hidden(), 24);
+  EXPECT_EQ(ex.intermediate(), 12);
+  EXPECT_EQ(ex.dtype(), DType::bf16);
+  gemm::PackedB router = gemm::prepack(B.router, gemm::BLayout::NK);
+  Tensor x = randn(DType::bf16, {9, 24}, 5);
+  MoeFfnOptions o;
+  o.k = 2;
+  expect_ffn_match(moe_ffn(x, router, ex, o), ref::moe_ffn(x, B.router, B.gate, B.up, B.down, o), DType::bf16, "refilled store");
+  // H and I given at construction stay fixed, also while the store is empty.
+  MoeExperts fixed(16, 8);
+  EXPECT_OT_ERROR(fixed.set(0, B.gate.view().select(0, 0), B.up.view().select(0, 0), B.down.view().select(0, 0), WeightLayout::EHI), "gate");
+  fixed.set(0, ga(0), A.up.view().select(0, 0), A.down.view().select(0, 0), WeightLayout::EHI);
+  EXPECT_EQ(fixed.num_experts(), 1);
+}
+
+// A failing set / set_fused / remove changes neither the store (ids, shape, dtype, packed weights)
+// nor the tensors the caller passed in.
+TEST(MoeFfn, NothingTheCallerOwnsChangesOnError) {
+  DType t = DType::f32;
+  Layer A(t, 3, 16, 8, 81);
+  MoeExperts ex = MoeExperts::from_stacked(A.gate, A.up, A.down, WeightLayout::EHI);
+  std::vector<const gemm::PackedB*> packed;
+  for (int64_t e = 0; e < 3; ++e) { packed.push_back(&ex.gate_up(e)); packed.push_back(&ex.down(e)); }
+  Tensor g = randn(t, {16, 8}, 1), u = randn(t, {16, 8}, 2), d = randn(t, {8, 16}, 3);
+  Tensor bad_u = randn(t, {16, 9}, 4), h16 = randn(DType::f16, {16, 8}, 5), gu_odd = randn(t, {16, 15}, 6);
+  Tensor gu = randn(t, {16, 16}, 7), bad_d = randn(t, {8, 15}, 8);
+  std::vector<std::pair<const Tensor*, std::vector<double>>> mine;
+  for (const Tensor* p : {&g, &u, &d, &bad_u, &h16, &gu_odd, &gu, &bad_d}) mine.push_back({p, values(*p)});
+  auto unchanged = [&](const char* what) {
+    EXPECT_EQ(ex.num_experts(), 3) << what;
+    EXPECT_EQ(ex.hidden(), 16) << what;
+    EXPECT_EQ(ex.intermediate(), 8) << what;
+    EXPECT_EQ(ex.dtype(), t) << what;
+    for (int64_t e = 0; e < std::min<int64_t>(3, ex.num_experts()); ++e) {
+      EXPECT_EQ(&ex.gate_up(e), packed[size_t(2 * e)]) << what << " expert " << e;
+      EXPECT_EQ(&ex.down(e), packed[size_t(2 * e + 1)]) << what << " expert " << e;
+    }
+    for (auto& [p, v] : mine) EXPECT_EQ(values(*p), v) << what;
+  };
+  EXPECT_OT_ERROR(ex.set(4, g, u, d, WeightLayout::EHI), "e");
+  unchanged("set e > E");
+  EXPECT_OT_ERROR(ex.set(-1, g, u, d, WeightLayout::EHI), "e");
+  unchanged("set e < 0");
+  EXPECT_OT_ERROR(ex.set(1, g, bad_u, d, WeightLayout::EHI), "up");
+  unchanged("set bad up");
+  EXPECT_OT_ERROR(ex.set(3, h16, h16, Tensor::copy_of(TensorView(h16.view().data, DType::f16, {8, 16})), WeightLayout::EHI), "weights");
+  unchanged("set other dtype");
+  EXPECT_OT_ERROR(ex.set(0, g, u, d, WeightLayout::torch), "gate");  // EHI shapes called torch
+  unchanged("set wrong layout");
+  EXPECT_OT_ERROR(ex.set_fused(3, gu_odd, d, WeightLayout::EHI), "gate_up");
+  unchanged("set_fused odd 2I");
+  EXPECT_OT_ERROR(ex.set_fused(2, gu, bad_d, WeightLayout::EHI), "down");
+  unchanged("set_fused bad down");
+  EXPECT_OT_ERROR(ex.remove(3), "e");
+  unchanged("remove e = E");
+  EXPECT_OT_ERROR(ex.remove(-1), "e");
+  unchanged("remove e < 0");
+}
+
 TEST(MoeFfn, StagesComposeForExpertParallelism) {
   // Two "ranks" each run their half of the experts on the same routing; the sum equals moe_ffn.
   DType t = DType::f32;
@@ -283,6 +366,36 @@ TEST(MoeFfn, BadInput) {
   nan_x.ptr<uint16_t>()[0] = 0x7fc0;
   EXPECT_OT_ERROR(moe_ffn(nan_x, router, ex, MoeFfnOptions{}), "x");  // NaN router scores
   EXPECT_OT_ERROR(moe_routing_plan(ints({1, 2}, {0, 5}), floats(DType::f32, {1, 2}, {1, 1}), 4), "topk_ids");
+}
+
+// capacity_factor: 0 means "use expert_capacity"; > 0 gives Megatron's capacity; NaN, Inf or a
+// negative factor is an error naming it (a NaN or negative factor used to mean dropless silently).
+TEST(MoeFfn, CapacityFactor) {
+  const double nan = std::nan(""), inf = HUGE_VAL;
+  for (double f : {nan, -1.0, -0.5, inf, -inf}) {
+    EXPECT_OT_ERROR_MSG(moe_capacity(10, 2, 8, f), "capacity_factor", "finite number > 0");
+  }
+  DType t = DType::f32;
+  Layer L(t, 4, 16, 8, 91);
+  gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
+  MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+  Tensor x = randn(t, {33, 16}, 9);
+  MoeFfnOptions o;
+  o.k = 2;
+  for (double f : {nan, -1.0, inf}) {
+    o.capacity_factor = f;
+    EXPECT_OT_ERROR_MSG(moe_ffn(x, router, ex, o), "capacity_factor", "finite number > 0");
+    EXPECT_OT_ERROR_MSG(ref::moe_ffn(x, L.router, L.gate, L.up, L.down, o), "capacity_factor", "finite number > 0");
+  }
+  // Factor 0.5: ceil(33 * 2 / 4 * 0.5) = 9 rows per expert, the same as expert_capacity = 9.
+  o.capacity_factor = 0.5;
+  MoeFfnResult a = moe_ffn(x, router, ex, o);
+  o.capacity_factor = 0;
+  o.expert_capacity = 9;
+  MoeFfnResult b = moe_ffn(x, router, ex, o);
+  EXPECT_GT(a.dropped, 0);
+  EXPECT_EQ(a.dropped, b.dropped);
+  EXPECT_EQ(values(a.y), values(b.y));
 }
 
 TEST(MoeLoss, AuxZAndCapacity) {

@@ -43,18 +43,62 @@ TEST(MoeGroupedMatmul, TorchLayoutViewAndPackedWeights) {
   EXPECT_EQ(grouped_matmul(empty, w, i64s({3}, {0, 0, 0})).size(0), 0);
 }
 
+// M = 0, 1, 7, 513 rows over 3 groups (one of them empty when M > 0) in each group_list form.
+TEST(MoeGroupedMatmul, MatchesReferenceOverRows) {
+  const int64_t K = 40, N = 24;
+  for (DType t : float_types())
+    for (int64_t M : {0, 1, 7, 513}) {
+      Tensor x = randn(t, {M, K}, uint32_t(M + 1));
+      Tensor w = randn(t, {3, K, N}, 2, 0.2f);
+      Tensor bias = randn(DType::f32, {3, N}, 3);
+      int64_t a = M / 3, c = M - a;  // groups {a, 0, c}
+      Tensor cs = i64s({3}, {a, a, M}), cnt = i64s({3}, {a, 0, c}), kv = i64s({2, 2}, {0, a, 2, c});
+      for (auto [gl, type] : {std::pair{cs, GroupListType::cumsum}, {cnt, GroupListType::count}, {kv, GroupListType::key_value}}) {
+        Tensor f = grouped_matmul(x, w, gl, type, bias, gemm::Act::silu), r = ref::grouped_matmul(x, w, gl, type, bias, gemm::Act::silu);
+        ASSERT_EQ(f.shape(), (std::vector<int64_t>{M, N}));
+        EXPECT_LE(nerr(f, r), tol(t) * 2) << dtype_name(t) << " M " << M << " type " << int(type);
+      }
+    }
+}
+
+// Each bad input checks the argument and the condition named, so a list that breaks two rules
+// cannot pass on the other one (the old "not monotone" case {4, 3} also failed the sum check).
 TEST(MoeGroupedMatmul, BadInput) {
   Tensor x = randn(DType::f32, {6, 8}, 1);
   Tensor w = randn(DType::f32, {2, 8, 4}, 2);
-  EXPECT_OT_ERROR(grouped_matmul(x, w, i64s({2}, {4, 3})), "group_list");             // not monotone
-  EXPECT_OT_ERROR(grouped_matmul(x, w, i64s({2}, {2, 5})), "group_list");             // sums to 5, not 6
-  EXPECT_OT_ERROR(grouped_matmul(x, w, i64s({2}, {7, -1}), GroupListType::count), "group_list");
-  EXPECT_OT_ERROR(grouped_matmul(x, w, i64s({1, 2}, {2, 6}), GroupListType::key_value), "group_list");  // group 2 of 2
-  EXPECT_OT_ERROR(grouped_matmul(x, w, i64s({3}, {2, 4, 6})), "group_list");          // one entry per weight
-  EXPECT_OT_ERROR(grouped_matmul(x, randn(DType::bf16, {2, 8, 4}, 2), i64s({2}, {2, 6})), "weight");
-  EXPECT_OT_ERROR(grouped_matmul(x, randn(DType::f32, {2, 7, 4}, 2), i64s({2}, {2, 6})), "weight");
-  EXPECT_OT_ERROR(grouped_matmul(x, randn(DType::f32, {2, 8, 3}, 2), i64s({2}, {2, 6}), GroupListType::cumsum, {}, gemm::Act::swiglu), "weight");
-  EXPECT_OT_ERROR(grouped_matmul(x, w, i64s({2}, {2, 6}), GroupListType::cumsum, randn(DType::f32, {2, 5}, 1)), "bias");
+  // Decreasing, yet ending at M = 6: only the monotone check can catch it.
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, i64s({2}, {7, 6})), "group_list", "non-decreasing");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, ints({2}, {7, 6})), "group_list", "non-decreasing");  // int32 too
+  // Sum != M in each form (both directions for cumsum).
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, i64s({2}, {2, 5})), "group_list", "summing to the rows");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, i64s({2}, {2, 7})), "group_list", "summing to the rows");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, i64s({2}, {3, 4}), GroupListType::count), "group_list", "summing to the rows");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, i64s({2, 2}, {0, 2, 1, 3}), GroupListType::key_value), "group_list", "summing to the rows");
+  // Negative count summing to M; key-value group id out of range with a correct sum.
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, i64s({2}, {7, -1}), GroupListType::count), "group_list", "non-negative counts");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, i64s({2, 2}, {0, 7, 1, -1}), GroupListType::key_value), "group_list", "non-negative counts");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, i64s({1, 2}, {2, 6}), GroupListType::key_value), "group_list", "group ids in [0, 2)");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, i64s({2}, {2, 6}), GroupListType::key_value), "group_list", "[G', 2]");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, i64s({3}, {2, 4, 6})), "group_list", "one entry per weight");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, i64s({2}, {2, 6}), GroupListType(3)), "group_list_type", "key_value");
+  // group_list must hold integers (int32 or int64).
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, floats(DType::f32, {2}, {2, 6})), "group_list", "int32 or int64");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, Tensor::zeros(DType::i8, {2})), "group_list", "int32 or int64");
+  // x / weight mismatches.
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, randn(DType::bf16, {2, 8, 4}, 2), i64s({2}, {2, 6})), "weight", "the dtype of x");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(randn(DType::f16, {6, 8}, 1), w, i64s({2}, {2, 6})), "weight", "the dtype of x");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(Tensor::zeros(DType::i32, {6, 8}), w, i64s({2}, {2, 6})), "x", "bf16, fp16 or fp32");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, randn(DType::f32, {2, 7, 4}, 2), i64s({2}, {2, 6})), "weight", "K = 8");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, randn(DType::f32, {8, 4}, 2), i64s({2}, {2, 6})), "weight", "3-D");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, randn(DType::f32, {2, 8, 3}, 2), i64s({2}, {2, 6}), GroupListType::cumsum, {}, gemm::Act::swiglu),
+                      "weight", "even N");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, w, i64s({2}, {2, 6}), GroupListType::cumsum, randn(DType::f32, {2, 5}, 1)), "bias", "[G, N]");
+  // The packed-weight form checks the same group_list.
+  std::vector<gemm::PackedB> packs;
+  for (int g = 0; g < 2; ++g) packs.push_back(gemm::prepack(w.view().select(0, g), gemm::BLayout::KN));
+  std::vector<const gemm::PackedB*> ptrs{&packs[0], &packs[1]};
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, ptrs, i64s({2}, {7, 6})), "group_list", "non-decreasing");
+  EXPECT_OT_ERROR_MSG(grouped_matmul(x, ptrs, i64s({2}, {2, 5})), "group_list", "summing to the rows");
 }
 
 TEST(MoeFinalizeRouting, HandCase) {

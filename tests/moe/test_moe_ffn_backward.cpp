@@ -501,6 +501,12 @@ TEST(MoeFfnBackward, BadInput) {
   EXPECT_EQ(arg([&] { moe_ffn_forward_train(L.x, w, o); }), "up");
   o3.k = 4;
   EXPECT_EQ(arg([&] { moe_ffn_forward_train(L.x, L.w(), o3); }), "k");
+  for (double f : {std::nan(""), -1.0, HUGE_VAL}) {  // capacity_factor: 0 or finite > 0
+    MoeFfnOptions oc = o;
+    oc.capacity_factor = f;
+    EXPECT_EQ(arg([&] { moe_ffn_forward_train(L.x, L.w(), oc); }), "capacity_factor");
+    EXPECT_EQ(arg([&] { ref::moe_ffn_backward(randn(DType::f32, {4, 8}, 1), L.x, L.w(), oc); }), "capacity_factor");
+  }
 }
 
 }  // namespace

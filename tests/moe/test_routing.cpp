@@ -269,7 +269,8 @@ TEST(MoeRouting, BadInput) {
   o.expert_num = 4; o.active_expert_range[0] = 3; o.active_expert_range[1] = 2;
   EXPECT_OT_ERROR(moe_init_routing_v2(x, ids, o), "active_expert_range");
   o = {};
-  o.expert_num = 4; o.quant_mode = 1; o.scale = randn(DType::f32, {3, 8}, 1);
+  Tensor scale38 = randn(DType::f32, {3, 8}, 1);  // viewed by o
+  o.expert_num = 4; o.quant_mode = 1; o.scale = scale38;
   EXPECT_OT_ERROR(moe_init_routing_v2(x, ids, o), "scale");
   o = {};
   o.quant_mode = 2;

@@ -28,12 +28,15 @@ enum class WeightLayout { EHI, torch };
 class MoeExperts {
  public:
   MoeExperts() = default;
-  MoeExperts(int64_t hidden, int64_t intermediate) : hidden_(hidden), inter_(intermediate) {}
+  // H and I fixed up front (every expert is checked against them); a default store takes H, I and
+  // the dtype from its first expert, and again from the next one whenever it is empty (E = 0).
+  MoeExperts(int64_t hidden, int64_t intermediate) : hidden_(hidden), inter_(intermediate), fixed_shape_(true) {}
   // gate/up [E, H, I] + down [E, I, H] (EHI) or gate/up [E, I, H] + down [E, H, I] (torch).
   static MoeExperts from_stacked(const TensorView& gate, const TensorView& up, const TensorView& down, WeightLayout layout);
   // Fused gate_up [E, H, 2I] (EHI) or [E, 2I, H] (torch / vLLM w13): first half gate, second up.
   static MoeExperts from_fused(const TensorView& gate_up, const TensorView& down, WeightLayout layout);
   // Replace expert e (e < E) or append one (e == E). Per-expert tensors drop the leading E dim.
+  // A failing set / set_fused / remove throws ot::Error and leaves the store as it was.
   void set(int64_t e, const TensorView& gate, const TensorView& up, const TensorView& down, WeightLayout layout);
   void set_fused(int64_t e, const TensorView& gate_up, const TensorView& down, WeightLayout layout);
   void remove(int64_t e);  // experts after e move down by one id
@@ -48,8 +51,11 @@ class MoeExperts {
 
  private:
   struct Expert { std::shared_ptr<const gemm::PackedB> gate_up, down; };
-  void put(int64_t e, Expert ex, DType dt);
+  struct Shape { int64_t h, i; DType dt; };
+  Shape shape_for(int64_t e, int64_t h, int64_t i, DType dt) const;
+  void put(int64_t e, Expert ex, const Shape& s);
   int64_t hidden_ = 0, inter_ = 0;
+  bool fixed_shape_ = false;
   DType dtype_ = DType::bf16;
   std::vector<Expert> experts_;
 };
