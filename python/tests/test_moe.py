@@ -310,9 +310,9 @@ def test_bad_inputs_raise_and_name_the_argument():
     nan[1, 2] = float("nan")
     with pytest.raises(RuntimeError, match="'x'"):           # NaN scores
         moe.moe_gating_top_k_softmax(nan, None, 2)
-    with pytest.raises(RuntimeError, match="group_list"):    # not monotone
-        moe.grouped_matmul([torch.randn(6, 4)], [torch.randn(2, 4, 4)], group_list=torch.tensor([4, 2]), split_item=2)
-    with pytest.raises(RuntimeError, match="group_list"):    # does not sum to the rows
+    with pytest.raises(RuntimeError, match="'group_list'.*non-decreasing"):  # not monotone, yet ending at M = 6
+        moe.grouped_matmul([torch.randn(6, 4)], [torch.randn(2, 4, 4)], group_list=torch.tensor([7, 6]), split_item=2)
+    with pytest.raises(RuntimeError, match="'group_list'.*summing to the rows"):  # does not sum to the rows
         moe.grouped_matmul([torch.randn(6, 4)], [torch.randn(2, 4, 4)], group_list=torch.tensor([1, 2]),
                            group_list_type=1, split_item=2)
     with pytest.raises(RuntimeError, match="'weight'|'x'"):  # K mismatch
@@ -322,6 +322,70 @@ def test_bad_inputs_raise_and_name_the_argument():
         moe.moe_ffn(torch.randn(3, 6), moe.PackedWeight(torch.randn(2, 6)), moe.MoeExperts(g, u, d))
     with pytest.raises(RuntimeError, match="router_type"):
         moe.moe_ffn(torch.randn(3, 8), moe.PackedWeight(torch.randn(2, 8)), moe.MoeExperts(g, u, d), router_type="x")
+
+
+# Each case breaks one rule (a wrong dtype or shape of one argument); the error must be a
+# RuntimeError naming that argument, as "argument '<name>'" in the library's message.
+def _bad_cases():
+    x, ids = torch.randn(4, 8), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=i32)
+    row = torch.arange(8, dtype=i32).reshape(2, 4).t().contiguous()
+    g, u, d = make_experts(2, 8, 4)
+    return [
+        ("gating x int32", lambda: moe.moe_gating_top_k_softmax(torch.zeros(3, 4, dtype=i32), None, 2), "x"),
+        ("gating x 1-D", lambda: moe.moe_gating_top_k_softmax(torch.randn(4), None, 2), "x"),
+        ("gating finished shape", lambda: moe.moe_gating_top_k_softmax(torch.randn(3, 4), torch.zeros(2, dtype=torch.bool), 2),
+         "finished"),
+        ("gating_top_k bias shape", lambda: moe.moe_gating_top_k(torch.randn(3, 4), 2, bias=torch.randn(5)), "bias"),
+        ("init v1 row_idx int64", lambda: moe.moe_init_routing(x, row.long(), ids, 4), "row_idx"),
+        ("init v1 row_idx shape", lambda: moe.moe_init_routing(x, row[:, :1].contiguous(), ids, 4), "row_idx"),
+        ("init v2 x int32", lambda: moe.moe_init_routing_v2(x.int(), ids, expert_num=4), "x"),
+        ("init v2 expert_idx rows", lambda: moe.moe_init_routing_v2(x, ids[:3], expert_num=4), "expert_idx"),
+        ("init v2 scale shape", lambda: moe.moe_init_routing_v2(x, ids, scale=torch.rand(3), expert_num=4), "scale"),
+        ("permute indices int64", lambda: moe.moe_token_permute(x, ids.long()), "indices"),
+        ("permute indices rows", lambda: moe.moe_token_permute(x, ids[:3]), "indices"),
+        ("unpermute sorted_indices int64",
+         lambda: moe.moe_token_unpermute(torch.randn(8, 8), torch.arange(8), torch.rand(4, 2)), "sorted_indices"),
+        ("unpermute probs shape",
+         lambda: moe.moe_token_unpermute(torch.randn(8, 8), torch.arange(8, dtype=i32), torch.rand(3, 2)), "sorted_indices"),
+        ("expert tokens int64", lambda: moe.moe_compute_expert_tokens(torch.tensor([0, 1, 1]), 3), "sorted_experts"),
+        ("re_routing scales dtype",
+         lambda: moe.moe_re_routing(torch.randn(3, 4), torch.tensor([[1, 2]], dtype=i32),
+                                    per_token_scales=torch.rand(3, dtype=torch.bfloat16)), "per_token_scales"),
+        ("gmm weight dtype", lambda: moe.grouped_matmul([torch.randn(6, 4)], [torch.randn(2, 4, 4, dtype=torch.bfloat16)],
+                                                        group_list=torch.tensor([2, 6]), split_item=2), "weight"),
+        ("gmm group_list float", lambda: moe.grouped_matmul([torch.randn(6, 4)], [torch.randn(2, 4, 4)],
+                                                            group_list=torch.tensor([2.0, 6.0]), split_item=2), "group_list"),
+        ("gmm bias shape", lambda: moe.grouped_matmul([torch.randn(6, 4)], [torch.randn(2, 4, 4)], bias=[torch.randn(2, 3)],
+                                                      group_list=torch.tensor([2, 6]), split_item=2), "bias"),
+        ("finalize row idx int64", lambda: moe.moe_finalize_routing_v2(torch.randn(4, 8), torch.arange(4),
+                                                                       scales=torch.rand(2, 2)), "expanded_row_idx"),
+        ("finalize x1 dtype", lambda: moe.moe_finalize_routing_v2(torch.randn(4, 8), torch.arange(4, dtype=i32),
+                                                                  x1=torch.randn(2, 8, dtype=torch.bfloat16),
+                                                                  scales=torch.rand(2, 2)), "x1"),
+        ("final mm idx int64", lambda: moe.moe_final_optimizer_mm(torch.randn(2, 4), torch.randn(3, 4, 2), torch.tensor([0, 1])),
+         "token_expert_idx"),
+        ("final mm weight H", lambda: moe.moe_final_optimizer_mm(torch.randn(2, 4), torch.randn(3, 5, 2),
+                                                                 torch.tensor([0, 1], dtype=i32)), "expert_weight"),
+        ("aux loss counts shape", lambda: moe.moe_aux_loss(torch.rand(4, 3), torch.tensor([1, 2], dtype=i32), 1),
+         "tokens_per_expert"),
+        ("moe_ffn x dtype", lambda: moe.moe_ffn(torch.randn(3, 8, dtype=torch.bfloat16), moe.PackedWeight(torch.randn(2, 8)),
+                                                moe.MoeExperts(g, u, d)), "experts"),
+        ("moe_ffn residual shape", lambda: moe.moe_ffn(torch.randn(3, 8), moe.PackedWeight(torch.randn(2, 8)),
+                                                       moe.MoeExperts(g, u, d), k=1, residual=torch.randn(2, 8)), "residual"),
+        ("moe_ffn capacity_factor nan", lambda: moe.moe_ffn(torch.randn(3, 8), moe.PackedWeight(torch.randn(2, 8)),
+                                                            moe.MoeExperts(g, u, d), k=1, capacity_factor=float("nan")),
+         "capacity_factor"),
+        ("store set_expert up shape", lambda: moe.MoeExperts(g, u, d).set_expert(0, g[0], u[0][:, :7].contiguous(), d[0], "torch"),
+         "up"),
+    ]
+
+
+@need("moe_init_routing_v2", "grouped_matmul", "moe_ffn", "moe_final_optimizer_mm", "moe_re_routing")
+@pytest.mark.parametrize("case", range(len(_bad_cases())), ids=[c[0] for c in _bad_cases()])
+def test_wrong_dtype_or_shape_names_the_argument(case):
+    _, call, arg = _bad_cases()[case]
+    with pytest.raises(RuntimeError, match=f"argument '{arg}'"):
+        call()
 
 
 # ---- modules ------------------------------------------------------------------------------------

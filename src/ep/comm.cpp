@@ -8,6 +8,7 @@
 
 #include "ot/numeric.h"
 #include "ot/parallel.h"
+#include "ot/quant.h"
 #include "src/ep/internal.h"
 
 namespace ot::ep {
@@ -246,22 +247,7 @@ float quantize_row_int8(const void* src, DType t, int64_t n, int8_t* dst, const 
       for (int64_t i = 0; i < n; ++i) tmp[size_t(i)] *= smooth[i];
     v = tmp.data();
   }
-  float amax = 0;
-  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(v[i]));
-  float d = amax / 127.f;
-  if (!(d > 0)) {
-    std::fill(dst, dst + n, int8_t(0));
-    return d;
-  }
-  // Round half to even as nearbyint does in the default rounding mode, without a libm call per
-  // value (which kept this loop at ~40 ns a value): adding and subtracting 1.5 * 2^23 leaves x
-  // rounded to an integer for |x| < 2^22, and here |x| <= 127 (NaN stays NaN, clamped alike).
-  constexpr float kRound = 12582912.f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float q = (v[i] / d + kRound) - kRound;  // IEEE order kept (no -ffast-math in this project)
-    dst[i] = int8_t(std::min(127.f, std::max(-128.f, q)));
-  }
-  return d;
+  return quantize_row_i8_dynamic(v, n, dst);  // ot/quant.h: the NaN / Inf rule
 }
 
 }  // namespace ot::ep

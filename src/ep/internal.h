@@ -185,8 +185,9 @@ struct RowFormat {
   char* payload(char* row) const { return row + header; }
 };
 
-// Dynamic int8 of one row: xs = x (* smooth, per column, when given), d = max|xs| / 127,
-// q = round_half_even(xs / d) saturated; returns d.
+// Dynamic int8 of one row: xs = x (* smooth, per column, when given), then
+// quantize_row_i8_dynamic (ot/quant.h: d = max|xs| / 127, q = round_half_even(xs / d); a NaN or
+// Inf row gives d = NaN, q = 0); returns d.
 // Bytes of one expand_x row: H int8 values (their scale is in dynamic_scales) or H of x's dtype.
 inline size_t expand_row_bytes(int64_t H, DType t, bool quant_int8) { return size_t(H) * (quant_int8 ? 1 : dtype_size(t)); }
 float quantize_row_int8(const void* src, DType t, int64_t n, int8_t* dst, const float* smooth = nullptr);

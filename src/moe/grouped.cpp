@@ -196,11 +196,6 @@ static Tensor finalize_entry(const char* op, const TensorView& ex, const TensorV
 
 // ---- final optimizer mm: sort tokens by expert, one GEMM per used expert gathering the token
 // rows of x and scattering results back to token rows (no permuted copies).
-struct FomPlan {
-  int64_t T = 0, H = 0, I = 0, E = 0;
-  Tensor hx, hi;
-  TensorView x, idx;
-};
 static FomPlan plan_fom(const TensorView& x, const TensorView& w, const TensorView& idx) {
   const char* op = "moe_final_optimizer_mm";
   FomPlan p;
@@ -215,6 +210,7 @@ static FomPlan plan_fom(const TensorView& x, const TensorView& w, const TensorVi
   check_ids(op, "token_expert_idx", idx, 0, p.E - 1);
   p.x = contig(x, p.hx);
   p.idx = contig(idx, p.hi);
+  p.weight = w;
   return p;
 }
 
@@ -224,16 +220,8 @@ static Tensor fom_entry(const TensorView& x, const TensorView& w, const TensorVi
   scope.kernel(ref ? "ref" : gemm::kernel_name(x.dtype, w.dtype, p.T)).args(x.shape_str() + " x " + w.shape_str());
   scope.flops(2.0 * double(p.T * p.H * p.I));
   Tensor y = Tensor::empty(x.dtype, {p.T, p.I});
+  if (ref) { fom_ref(p, y); return y; }
   const int32_t* ids = p.idx.ptr<int32_t>();
-  if (ref) {
-    for (int64_t t = 0; t < p.T; ++t)
-      for (int64_t i = 0; i < p.I; ++i) {
-        double s = 0;
-        for (int64_t h = 0; h < p.H; ++h) s += get_as_double(x, t * p.H + h) * get_as_double(w.select(0, ids[t]).select(1, i), h);
-        set_from_double(y, t * p.I + i, s);
-      }
-    return y;
-  }
   std::vector<int32_t> perm = stable_argsort(ids, p.T);
   std::vector<gemm::PackedB> packs;
   packs.reserve(size_t(p.E));

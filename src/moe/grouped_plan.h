@@ -28,4 +28,12 @@ FinalizePlan plan_finalize(const char* op, const TensorView& expanded_x, const T
                            const TensorView& x2, const TensorView& bias, const TensorView& scales, const TensorView& expert_idx, int mode);
 void finalize_ref(const FinalizePlan& p, const TensorView& out);
 
+// moe_final_optimizer_mm: y[t] = x[t] @ weight[idx[t]].
+struct FomPlan {
+  int64_t T = 0, H = 0, I = 0, E = 0;
+  Tensor hx, hi;
+  TensorView x, idx, weight;  // x, idx contiguous; weight [E, H, I] as given
+};
+void fom_ref(const FomPlan& p, const TensorView& y);
+
 }  // namespace ot::moe::impl

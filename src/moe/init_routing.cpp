@@ -6,6 +6,7 @@
 
 #include "ot/cpu.h"
 #include "ot/parallel.h"
+#include "ot/quant.h"
 #include "ot/trace.h"
 #include "src/moe/common.h"
 #include "src/moe/routing_plan.h"
@@ -138,14 +139,6 @@ InitV2Plan plan_init_v2(const TensorView& x, const TensorView& expert_idx, const
   return p;
 }
 
-float quant_dynamic_row(const float* xs, int64_t H, int8_t* q) {
-  float amax = 0;
-  for (int64_t h = 0; h < H; ++h) amax = std::max(amax, std::fabs(xs[h]));
-  float d = amax / 127.f;
-  for (int64_t h = 0; h < H; ++h) q[h] = d > 0 ? quant_i8(xs[h] / d) : 0;
-  return d;
-}
-
 // Writes expanded row `i` (from token n, sorted expert e) into dst (quantised when asked).
 // stream: see copy_row.
 static void emit_row(const InitV2Plan& p, int64_t n, int64_t e, char* dst, float* scale_out, float* buf, bool stream) {
@@ -164,7 +157,7 @@ static void emit_row(const InitV2Plan& p, int64_t n, int64_t e, char* dst, float
     const float* sm = p.smooth.ptr<float>() + (p.scale == InitV2Plan::Scale::smooth_one ? 0 : (e - p.start) * p.H);
     for (int64_t h = 0; h < p.H; ++h) buf[h] *= sm[h];
   }
-  *scale_out = quant_dynamic_row(buf, p.H, q);
+  *scale_out = quantize_row_i8_dynamic(buf, p.H, q);
 }
 
 InitRoutingV2Result init_v2_fast(const InitV2Plan& p) {

@@ -29,8 +29,6 @@ InitV2Plan plan_init_v2(const TensorView& x, const TensorView& expert_idx, const
 // The sort and counts are data-dependent, so both executors allocate their outputs.
 InitRoutingV2Result init_v2_fast(const InitV2Plan& p);
 InitRoutingV2Result init_v2_ref(const InitV2Plan& p);
-// Quantises one fp32 row (already multiplied by its smooth scale) to int8; returns the row scale.
-float quant_dynamic_row(const float* xs, int64_t H, int8_t* q);
 
 struct PermutePlan {
   int64_t T = 0, K = 0, H = 0, rows = 0, experts = 0, cap = 0;

@@ -1,4 +1,4 @@
-// Grouped matmul and finalize references: plain loops in fp64 over the spans and rows.
+// Grouped matmul, finalize and final-optimizer-mm references: plain loops in fp64 over the spans and rows.
 #include <cmath>
 
 #include "src/gemm/epilogue_math.h"
@@ -40,6 +40,18 @@ void finalize_ref(const FinalizePlan& p, const TensorView& out) {
       }
       set_from_double(out, n * p.H + h, acc);
     }
+}
+
+void fom_ref(const FomPlan& p, const TensorView& y) {
+  const int32_t* ids = p.idx.ptr<int32_t>();
+  for (int64_t t = 0; t < p.T; ++t) {
+    TensorView w = p.weight.select(0, ids[t]);  // [H, I], any strides
+    for (int64_t i = 0; i < p.I; ++i) {
+      double s = 0;
+      for (int64_t h = 0; h < p.H; ++h) s += get_as_double(p.x, t * p.H + h) * get_as_double(w, h * p.I + i);
+      set_from_double(y, t * p.I + i, s);
+    }
+  }
 }
 
 }  // namespace ot::moe::impl

@@ -111,8 +111,9 @@ InitRoutingV2Result init_v2_ref(const InitV2Plan& p) {
       if (p.scale == InitV2Plan::Scale::smooth_expert) xs[size_t(h)] *= p.smooth.ptr<float>()[(e - s) * p.H + h];
     }
     float amax = 0;
-    for (float v : xs) amax = std::max(amax, std::fabs(v));
-    float dq = amax / 127.f;
+    bool finite = true;
+    for (float v : xs) { amax = std::max(amax, std::fabs(v)); finite = finite && std::isfinite(v); }
+    float dq = finite ? amax / 127.f : std::nanf("");  // a NaN / Inf row: scale NaN, codes 0 (ot/quant.h)
     for (int64_t h = 0; h < p.H; ++h) q[h] = dq > 0 ? quant_i8(xs[size_t(h)] / dq) : 0;
     r.expanded_scale.ptr<float>()[d] = dq;
   }

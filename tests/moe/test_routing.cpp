@@ -1,6 +1,7 @@
 // Init routing v1/v2, expert token counts, re-routing, permute/unpermute: fast vs reference,
 // hand-computed cases (the spec's NumPy-reference semantics), capacity, ranges, quant, errors.
 #include "helpers.h"
+#include "ot/quant.h"
 
 using namespace ot;
 using namespace ot::moe;
@@ -130,6 +131,40 @@ TEST(MoeInitRouting, DynamicQuantRoundTrips) {
       float q = float(r.expanded_x.ptr<int8_t>()[i * 64 + h]);
       EXPECT_NEAR(q * d, get_as_double(plain.expanded_x, i * 64 + h), 0.51 * d + 1e-6);
     }
+  }
+}
+
+// The shared dynamic int8 row quantiser (ot/numeric.h): ties to even, saturation, zero rows, and a
+// NaN or Inf row -> scale NaN, codes 0, in init routing's fast path and reference alike.
+TEST(MoeInitRouting, DynamicQuantTiesAndNonFiniteRows) {
+  int8_t q[4];
+  const float ties[4] = {127, 0.5f, 1.5f, -2.5f};  // d = 1
+  EXPECT_EQ(quantize_row_i8_dynamic(ties, 4, q), 1.f);
+  EXPECT_EQ(std::vector<int>(q, q + 4), (std::vector<int>{127, 0, 2, -2}));
+  const float zero[4] = {0, -0.f, 0, 0};
+  EXPECT_EQ(quantize_row_i8_dynamic(zero, 4, q), 0.f);
+  EXPECT_EQ(std::vector<int>(q, q + 4), (std::vector<int>{0, 0, 0, 0}));
+  for (float bad : {std::nanf(""), HUGE_VALF, -HUGE_VALF}) {
+    const float row[4] = {1, bad, -2, 3};
+    std::fill(q, q + 4, int8_t(7));
+    EXPECT_TRUE(std::isnan(quantize_row_i8_dynamic(row, 4, q))) << bad;
+    EXPECT_EQ(std::vector<int>(q, q + 4), (std::vector<int>{0, 0, 0, 0})) << bad;
+  }
+  // Through init routing v2 (quant_mode 1): token 1 holds a NaN, token 2 an Inf.
+  Tensor x = randn(DType::f32, {4, 16}, 7);
+  x.ptr<float>()[16 + 3] = std::nanf("");
+  x.ptr<float>()[32 + 5] = HUGE_VALF;
+  Tensor ids = ints({4, 1}, {0, 1, 0, 1});
+  InitRoutingV2Options o;
+  o.expert_num = 2; o.quant_mode = 1;
+  InitRoutingV2Result f = moe_init_routing_v2(x, ids, o), r = ref::moe_init_routing_v2(x, ids, o);
+  expect_same(f.expanded_x, r.expanded_x, "codes");
+  const int32_t* dst = f.expanded_row_idx.ptr<int32_t>();
+  for (int64_t t = 0; t < 4; ++t) {
+    float fs = f.expanded_scale.ptr<float>()[dst[t]], rs = r.expanded_scale.ptr<float>()[dst[t]];
+    EXPECT_EQ(std::isnan(fs), t == 1 || t == 2) << t;
+    EXPECT_TRUE(fs == rs || (std::isnan(fs) && std::isnan(rs))) << t;
+    for (int64_t h = 0; h < 16 && (t == 1 || t == 2); ++h) EXPECT_EQ(f.expanded_x.ptr<int8_t>()[dst[t] * 16 + h], 0) << t;
   }
 }
 
