@@ -109,7 +109,7 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
   }
   const int64_t T = d.T, H = d.H, E = d.E, K = d.K, I = d.I, A = int64_t(s.plan.token.size());
   trace::OpScope scope(op);
-  scope.kernel(gemm::kernel_name(x.dtype, x.dtype, A)).args(x.shape_str() + " E=" + std::to_string(E) + " K=" + std::to_string(K));
+  if (scope.active()) scope.kernel(gemm::kernel_name(x.dtype, x.dtype, A)).args(x.shape_str() + " E=" + std::to_string(E) + " K=" + std::to_string(K));
   scope.flops(2.0 * 2.0 * (3.0 * A * H * I + 3.0 * T * H * d.Is + T * H * E));
 
   MoeFfnGrads g;

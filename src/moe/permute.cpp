@@ -181,7 +181,7 @@ static ReRoutingResult re_routing_run(const TensorView& tokens_in, const TensorV
   Tensor ht, hs;
   TensorView tokens = contig(tokens_in, ht), scales = contig(scales_in, hs);
   trace::OpScope scope(op);
-  scope.kernel(ref ? "ref" : "memcpy_rows").args(tokens.shape_str()).bytes(2.0 * double(tokens.nbytes()));
+  if (scope.active()) scope.kernel(ref ? "ref" : "memcpy_rows").args(tokens.shape_str()).bytes(2.0 * double(tokens.nbytes()));
   if (ref) return re_routing_ref(tokens, cnt, R, El, scales);
   ReRoutingResult r;
   int64_t H = tokens.size(1);
@@ -210,7 +210,7 @@ static ReRoutingResult re_routing_run(const TensorView& tokens_in, const TensorV
 static Tensor expert_tokens_run(const TensorView& sorted, int64_t E, bool ref) {
   std::vector<int64_t> v = check_sorted_experts(sorted, E);
   trace::OpScope scope("moe_compute_expert_tokens");
-  scope.kernel(ref ? "ref" : "binary_search").bytes(double(sorted.nbytes()));
+  if (scope.active()) scope.kernel(ref ? "ref" : "binary_search").bytes(double(sorted.nbytes()));
   Tensor out = Tensor::empty(DType::i32, {E});
   if (ref) { compute_expert_tokens_ref(v, E, out.ptr<int32_t>()); return out; }
   for (int64_t e = 0; e < E; ++e) out.ptr<int32_t>()[e] = int32_t(std::upper_bound(v.begin(), v.end(), e) - v.begin());
@@ -220,7 +220,7 @@ static Tensor expert_tokens_run(const TensorView& sorted, int64_t E, bool ref) {
 static TokenPermuteResult permute_run(const TensorView& tokens, const TensorView& indices, int64_t num_out, bool padded, bool ref) {
   PermutePlan p = plan_permute(tokens, indices, num_out, padded);
   trace::OpScope scope("moe_token_permute");
-  scope.kernel(ref ? "ref" : "counting_sort").args(tokens.shape_str()).bytes(double(p.rows) * double(p.H * int64_t(dtype_size(tokens.dtype))) * 2);
+  if (scope.active()) scope.kernel(ref ? "ref" : "counting_sort").args(tokens.shape_str()).bytes(double(p.rows) * double(p.H * int64_t(dtype_size(tokens.dtype))) * 2);
   TokenPermuteResult r;
   r.permuted_tokens = pooled_empty(tokens.dtype, {p.rows, p.H});
   r.sorted_indices = Tensor::empty(DType::i32, {padded ? p.rows : p.T * p.K});
@@ -231,7 +231,7 @@ static TokenPermuteResult permute_run(const TensorView& tokens, const TensorView
 static Tensor unpermute_run(const TensorView& permuted, const TensorView& sorted, const TensorView& probs, bool padded, int64_t restore, bool ref) {
   UnpermutePlan p = plan_unpermute(permuted, sorted, probs, padded, restore);
   trace::OpScope scope("moe_token_unpermute");
-  scope.kernel(ref ? "ref" : "fp32_rows").args(permuted.shape_str()).bytes(double(permuted.nbytes()) + double(p.T * p.H) * double(dtype_size(permuted.dtype)));
+  if (scope.active()) scope.kernel(ref ? "ref" : "fp32_rows").args(permuted.shape_str()).bytes(double(permuted.nbytes()) + double(p.T * p.H) * double(dtype_size(permuted.dtype)));
   Tensor out = pooled_empty(permuted.dtype, {p.T, p.H});
   if (ref) unpermute_ref(p, out); else unpermute_fast(p, out);
   return out;

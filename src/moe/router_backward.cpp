@@ -71,7 +71,7 @@ Tensor moe_gating_top_k_softmax_v2_backward(const TensorView& dy, const TensorVi
   OT_CHECK(renorm == 0 || renorm == 1, op, "renorm", "0 or 1", renorm);
   if (cpu::force_ref()) return ref::moe_gating_top_k_softmax_v2_backward(dy, x, ids, renorm, allowed);
   trace::OpScope scope(op);
-  scope.kernel("fp64").args(x.shape_str());
+  if (scope.active()) scope.kernel("fp64").args(x.shape_str());
   const int64_t E = p.E, K = p.K;
   const int32_t* id = ids.ptr<int32_t>();
   const uint8_t* al = allowed.defined() ? allowed.ptr<uint8_t>() : nullptr;
@@ -102,7 +102,7 @@ Tensor moe_gating_top_k_backward(const TensorView& dy, const TensorView& scores,
   OT_CHECK(norm_type == 0 || norm_type == 1, op, "norm_type", "0 (softmax) or 1 (sigmoid)", norm_type);
   if (cpu::force_ref()) return ref::moe_gating_top_k_backward(dy, scores, ids, renorm, norm_type, rsf, eps);
   trace::OpScope scope(op);
-  scope.kernel("fp64").args(scores.shape_str());
+  if (scope.active()) scope.kernel("fp64").args(scores.shape_str());
   const int64_t E = p.E, K = p.K;
   const int32_t* id = ids.ptr<int32_t>();
   const bool normalise = norm_type == 1 || renorm == 1;

@@ -1,7 +1,10 @@
 // Routers: fast path vs reference over shapes and dtypes, hand-computed cases, ties, masks, errors.
 #include "helpers.h"
 
+#include <algorithm>
+
 #include "ot/cpu.h"
+#include "ot/trace.h"
 
 using namespace ot;
 using namespace ot::moe;
@@ -105,6 +108,74 @@ TEST(MoeRouter, GatingTopKBiasSelectsOnlyAndGroupsLimit) {
   g = moe_gating_top_k(floats(DType::f32, {1, 2}, {0, 0}), s);
   EXPECT_EQ(values(g.expert_idx), (std::vector<double>{0}));  // tie -> lower id
   EXPECT_NEAR(g.y.ptr<float>()[0], 1.0, 1e-6);
+}
+
+TEST(MoeRouter, GatingTopKBiasDtypesAndStrides) {
+  // The bias is read in its own dtype and strides (here column 1 of an [E, 3] tensor whose other
+  // columns would win the choice): fast path and reference vs the same values as contiguous fp32.
+  for (int64_t E : {16, 64, 256}) {
+    std::vector<double> b(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) b[size_t(e)] = double((e * 37) % E - E / 2) / 64;  // distinct, exact in bf16 / fp16
+    Tensor ref_bias = floats(DType::f32, {E}, b);
+    for (DType t : float_types())
+      for (bool strided : {false, true}) {
+        Tensor hold = Tensor::empty(t, {E, 3});
+        for (int64_t e = 0; e < E; ++e)
+          for (int64_t c = 0; c < 3; ++c) set_from_double(hold, e * 3 + c, c == 1 ? b[size_t(e)] : double(e) + 8);
+        Tensor flat = floats(t, {E}, b);
+        TensorView bias = strided ? hold.view().select(1, 1) : flat.view();
+        ASSERT_EQ(bias.is_contiguous(), !strided);
+        GatingTopKOptions o;
+        o.k = 4; o.norm_type = 1; o.routed_scaling_factor = 2.f; o.bias = bias;
+        // x = 0: every score is 0.5, the bias alone picks the experts (largest b first).
+        Tensor zero = Tensor::zeros(DType::f32, {3, E});
+        std::vector<int64_t> order(static_cast<size_t>(E));
+        for (int64_t e = 0; e < E; ++e) order[size_t(e)] = e;
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return b[size_t(a)] > b[size_t(c)]; });
+        GatingResult g = moe_gating_top_k(zero, o), gr = ref::moe_gating_top_k(zero, o);
+        for (int64_t r = 0; r < 3; ++r)
+          for (int64_t j = 0; j < 4; ++j) {
+            EXPECT_EQ(g.expert_idx.ptr<int32_t>()[r * 4 + j], order[size_t(j)]) << dtype_name(t) << " strided " << strided << " E " << E;
+            EXPECT_EQ(gr.expert_idx.ptr<int32_t>()[r * 4 + j], order[size_t(j)]) << dtype_name(t) << " strided " << strided << " E " << E;
+          }
+        Tensor x = randn(DType::f32, {37, E}, uint32_t(E), 0.5f);
+        GatingTopKOptions want = o;
+        want.bias = ref_bias;
+        expect_router_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, want), DType::f32);
+        expect_router_match(ref::moe_gating_top_k(x, o), ref::moe_gating_top_k(x, want), DType::f32);
+      }
+    // A non-finite bias is named, in any dtype and strides.
+    Tensor nan_hold = Tensor::zeros(DType::bf16, {E, 2});
+    set_from_double(nan_hold, 2 * (E - 1), NAN);
+    GatingTopKOptions o;
+    o.k = 2; o.bias = nan_hold.view().select(1, 0);
+    EXPECT_OT_ERROR(moe_gating_top_k(randn(DType::f32, {2, E}, 1), o), "bias");
+  }
+}
+
+// The ops build their trace strings only while tracing is on; on, each event still names its
+// kernel and shapes (routers, permute, unpermute).
+TEST(MoeRouter, TraceNamesKernelAndShapesWhenOn) {
+  Tensor x = randn(DType::f32, {6, 16}, 4);
+  trace::take_events();
+  trace::set_timeline(true);
+  GatingResult g = moe_gating_top_k_softmax(x, 2);
+  GatingTopKOptions o;
+  o.k = 2; o.norm_type = 1;
+  moe_gating_top_k(x, o);
+  Tensor tokens = randn(DType::bf16, {6, 32}, 5);
+  TokenPermuteResult p = moe_token_permute(tokens, g.expert_idx);
+  moe_token_unpermute(p.permuted_tokens, p.sorted_indices, g.y);
+  trace::set_timeline(false);
+  std::vector<trace::Event> ev = trace::take_events();
+  ASSERT_EQ(ev.size(), 4u);
+  const char* names[] = {"moe_gating_top_k_softmax", "moe_gating_top_k", "moe_token_permute", "moe_token_unpermute"};
+  const char* shapes[] = {"[6, 16]", "[6, 16]", "[6, 32]", "[12, 32]"};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(ev[i].name, names[i]);
+    EXPECT_FALSE(ev[i].kernel.empty()) << names[i];
+    EXPECT_NE(ev[i].args.find(shapes[i]), std::string::npos) << names[i] << ": " << ev[i].args;
+  }
 }
 
 TEST(MoeRouter, AllowedMaskRestrictsChoice) {
