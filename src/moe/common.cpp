@@ -47,8 +47,7 @@ void check_finite(const char* op, const char* arg, const TensorView& x) {
   int64_t n = c.numel();
   bool ok = true;
   if (c.dtype == DType::f32) {
-    const float* p = c.ptr<float>();
-    for (int64_t i = 0; i < n; ++i) ok &= std::isfinite(p[i]);
+    ok = all_finite(c.ptr<float>(), n);
   } else {
     // bf16 / fp16: exponent all ones means Inf or NaN.
     const uint16_t* p = c.ptr<uint16_t>();

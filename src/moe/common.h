@@ -40,6 +40,18 @@ void check_finite(const char* op, const char* arg, const TensorView& x);
 // Reads an int32/int64 tensor into int64 values.
 std::vector<int64_t> read_ints(const char* op, const char* arg, const TensorView& v);
 
+// No element is Inf or NaN: an integer test of the exponent bits (all ones carries into bit 31),
+// which the compiler vectorises; a std::isfinite loop is not (~9 instructions an element).
+inline bool all_finite(const float* p, int64_t n) {
+  uint32_t acc = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, p + i, 4);
+    acc |= (u & 0x7f800000u) + 0x00800000u;
+  }
+  return !(acc & 0x80000000u);
+}
+
 // fp32 row access of a contiguous float tensor.
 inline void load_f32(const TensorView& v, int64_t elem_off, float* dst, int64_t n) {
   convert_to_f32(static_cast<const char*>(v.data) + elem_off * int64_t(dtype_size(v.dtype)), v.dtype, dst, n);

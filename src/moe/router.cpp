@@ -98,9 +98,8 @@ bool route_row_scalar(const RouterSpec& s, GatingResult& r, int64_t row, RouterS
   float *xr = b.xr, *sc = b.sc, *key = b.key, *kv = b.kv, *vals = b.vals;
   load_f32(s.x, row * E, xr, E);
   const uint8_t* al = s.allowed ? s.allowed + row * E : nullptr;
-  bool finite = true;
+  const bool finite = all_finite(xr, E);
   int64_t allowed = 0;
-  for (int64_t e = 0; e < E; ++e) finite &= std::isfinite(xr[e]);
   if (al) for (int64_t e = 0; e < E; ++e) allowed += al[e] != 0;
   if (!finite || (al && allowed < k)) return false;
   if (s.select != Select::topk_softmax) {

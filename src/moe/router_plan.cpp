@@ -69,9 +69,7 @@ RouterSpec plan_gating(const TensorView& x, const GatingTopKOptions& o) {
     s.bias.resize(size_t(s.E));
     Tensor hold;
     load_f32(contig(o.bias, hold), 0, s.bias.data(), s.E);
-    bool finite = true;
-    for (float b : s.bias) finite &= std::isfinite(b);
-    if (!finite) check_finite(op, "bias", o.bias);  // throws, naming the index
+    if (!all_finite(s.bias.data(), s.E)) check_finite(op, "bias", o.bias);  // throws, naming the index
   }
   s.sigmoid = o.norm_type == 1;
   s.groups = o.group_count;
