@@ -172,7 +172,8 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
 int decode_rows() { return int(g_decode_rows.get()); }
 
 Layout layout_for(DType a, DType b) {
-  return a == DType::bf16 && b == DType::bf16 && cpu::has(cpu::Isa::avx512_bf16) ? Layout::bf16_vnni : Layout::f32;
+  // AVX2 has no bf16 dot product but widens vnni pairs in registers: bf16 weights stay half the bytes.
+  return a == DType::bf16 && b == DType::bf16 && cpu::has(cpu::Isa::avx2) ? Layout::bf16_vnni : Layout::f32;
 }
 
 Kernel select_kernel(Layout layout, int64_t M) {
@@ -182,9 +183,13 @@ Kernel select_kernel(Layout layout, int64_t M) {
     if (cpu::has(cpu::Isa::avx512_bf16))
       return {kernel_avx512_bf16, 8, 192, false, M <= decode_rows() ? "avx512_bf16_decode" : "avx512_bf16", kernel_decode_panels_bf16,
               kernel_avx512_bf16_cols};
+    // 24 KiB B chunk (128 pairs x 96 bf16) fits a 32 KiB L1 with the A rows.
+    if (cpu::has(cpu::Isa::avx2)) return {kernel_avx2_bf16, 8, 256, false, "avx2_bf16"};
     return {kernel_scalar_vnni, 8, 256, false, "scalar"};
   }
   if (cpu::has(cpu::Isa::avx512)) return {kernel_avx512_f32, 8, 384, false, "avx512_f32"};
+  // A 24-column half of a 128-deep chunk (12 KiB) is what the 4-row groups sweep: both halves fit a 32 KiB L1.
+  if (cpu::has(cpu::Isa::avx2)) return {kernel_avx2_f32, 8, 128, false, "avx2_f32"};
   return {kernel_scalar_f32, 8, 256, false, "scalar"};
 }
 

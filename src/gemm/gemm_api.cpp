@@ -71,8 +71,8 @@ PackedB prepack(const TensorView& b, BLayout layout) {
   g.split = N >= 2 && N % 2 == 0;
   g.npanels = panel_count(N, g.split);
   im.dtype = b.dtype;
-  im.isa = g.layout == Layout::bf16_vnni ? (cpu::has(cpu::Isa::amx) ? cpu::Isa::amx : cpu::Isa::avx512_bf16)
-                                         : (cpu::has(cpu::Isa::avx512) ? cpu::Isa::avx512 : cpu::Isa::scalar);
+  const cpu::Isa top = cpu::active_isa();
+  im.isa = g.layout == Layout::bf16_vnni ? top : std::min(top, cpu::Isa::avx512);
   im.mem = detail::WeightMem(g.panel_bytes() * size_t(g.npanels));
   g.data = im.mem.get();
   int64_t rs = layout == BLayout::KN ? b.strides[0] : b.strides[1];

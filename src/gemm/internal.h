@@ -2,8 +2,8 @@
 //
 // B is stored as column panels of kNR = 48 columns (three 16-float zmm registers). Inside a panel
 // the layout depends on the micro-kernel family chosen at pack time:
-//   f32:       [Kp][48] fp32                       (AVX-512 FMA, scalar)
-//   bf16_vnni: [Kp/2][48][2] bf16, k-pairs interleaved  (vdpbf16ps and AMX tiles; Kp % 32 == 0)
+//   f32:       [Kp][48] fp32                       (AVX-512 / AVX2 FMA, scalar)
+//   bf16_vnni: [Kp/2][48][2] bf16, k-pairs interleaved  (vdpbf16ps, AMX tiles, AVX2 widening; Kp % 32 == 0)
 // Panels are padded with zeros (columns past the edge, k past K), so kernels never see a tail.
 // When N is even the panels of the two column halves are interleaved (g0, u0, g1, u1, ...): the
 // SwiGLU epilogue then finds the gate and up tiles of the same output columns side by side.
@@ -122,7 +122,9 @@ template <class F> inline void with_mr(int mr, F&& f) {
 
 void kernel_scalar_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_scalar_vnni(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+void kernel_avx2_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+void kernel_avx2_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_bf16_cols(int mr, int j0, int nz, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_decode_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);  // mr <= 2 streamed

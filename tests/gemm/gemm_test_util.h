@@ -16,11 +16,10 @@
 
 namespace ot::gemm::testing {
 
-// Every dispatch level up to what the CPU has (avx2 has no GEMM kernel of its own: it runs scalar).
+// Every dispatch level up to what the CPU has.
 inline std::vector<cpu::Isa> isa_paths() {
   std::vector<cpu::Isa> v;
-  for (int i = 0; i <= int(cpu::detected_isa()); ++i)
-    if (cpu::Isa(i) != cpu::Isa::avx2) v.push_back(cpu::Isa(i));
+  for (int i = 0; i <= int(cpu::detected_isa()); ++i) v.push_back(cpu::Isa(i));
   return v;
 }
 

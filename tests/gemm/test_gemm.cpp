@@ -49,7 +49,8 @@ double run_case(const Case& cs, uint32_t seed, double* tol) {
   PackedB pb = prepack(b, cs.layout);
   ot::gemm::gemm(M, ao, pb, {c_fast.view().data, cs.c_t, ldc}, ep);
   ref::gemm(M, ao, b, cs.layout, {c_ref.view().data, cs.c_t, ldc}, ep);
-  bool bf16_compute = pb.isa() >= cpu::Isa::avx512_bf16 && cs.b_t == DType::bf16 && cs.a_t != DType::bf16;
+  // From AVX2 up bf16 weights pack as bf16 pairs and A is rounded to bf16.
+  bool bf16_compute = pb.isa() >= cpu::Isa::avx2 && cs.b_t == DType::bf16 && cs.a_t != DType::bf16;
   *tol = tol_for(cs.c_t, bf16_compute);
   // With scatter-accumulate a row hit twice sums two rounded values: compare in the output dtype.
   return norm_err(c_fast, c_ref);
@@ -80,6 +81,20 @@ TEST(Gemm, SmallAndDegenerateShapes) {
         EXPECT_LE(err, tol) << "isa=" << isa_str(isa) << " N=" << N << " K=" << K << " " << dtype_name(t);
       }
     }
+  }
+}
+
+// Every micro-tile height (one tile of 1..8 rows, two of 5..8), K past the kernels' K blocks with
+// a tail (accumulating chunks), N with a partial last panel: each ISA's register tile, edge by edge.
+TEST(Gemm, EveryTileHeightAndKTail) {
+  for (cpu::Isa isa : isa_paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (DType t : {DType::f32, DType::bf16, DType::f16})
+      for (int64_t M = 1; M <= 16; ++M) {
+        Case cs{M, 100, 420, t, t, DType::f32, M % 2 ? BLayout::KN : BLayout::NK, {}};
+        double tol, err = run_case(cs, uint32_t(M * 3 + int(t)), &tol);
+        EXPECT_LE(err, tol) << "isa=" << isa_str(isa) << " dtype=" << dtype_name(t) << " M=" << M;
+      }
   }
 }
 
@@ -145,6 +160,14 @@ TEST(Gemm, KernelNamesFollowTheIsaCap) {
   {
     cpu::ScopedMaxIsa cap(cpu::Isa::scalar);
     EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 64), "scalar");
+  }
+  if (cpu::detected_isa() >= cpu::Isa::avx2) {
+    cpu::ScopedMaxIsa cap(cpu::Isa::avx2);
+    EXPECT_STREQ(kernel_name(DType::f32, DType::f32, 64), "avx2_f32");
+    EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 1), "avx2_bf16");
+    EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 64), "avx2_bf16");
+    EXPECT_EQ(prepack(random_tensor(DType::f32, {32, 32}, 1), BLayout::KN).isa(), cpu::Isa::avx2);
+    EXPECT_EQ(prepack(random_tensor(DType::bf16, {32, 32}, 1), BLayout::KN).isa(), cpu::Isa::avx2);
   }
   if (cpu::detected_isa() >= cpu::Isa::avx512_bf16) {
     cpu::ScopedMaxIsa cap(cpu::Isa::avx512_bf16);

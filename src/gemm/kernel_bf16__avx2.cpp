@@ -1,0 +1,108 @@
+// AVX2 bf16 micro-kernel on the vnni panel (machines without a bf16 dot product): bf16 weights stay
+// bf16 in memory and widen in registers. A ymm of a panel's pair row holds 8 columns x (k, k+1) as
+// 32-bit lanes; a bf16 is the high half of its fp32, so k even = lane << 16, k odd = lane & 0xffff0000
+// (exact). A's pair is broadcast and split the same way; products and sums are fp32 FMAs, as in the
+// scalar kernel. Rows run in balanced groups of <= 4 over 16-column passes (8 accumulators, 4 widened
+// B vectors, 2 A vectors), a single row over the whole 48 columns (even / odd k in separate
+// accumulators, so twelve FMA chains hide the latency).
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "src/gemm/internal.h"
+
+namespace ot::gemm::detail {
+
+namespace {
+
+// (Built per call, not as a global: a namespace-scope initializer here would run AVX2 code at load.)
+inline __m256i hi_mask() { return _mm256_set1_epi32(int(0xffff0000u)); }
+inline __m256 lo_f32(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+inline __m256 hi_f32(__m256i v, __m256i mask) { return _mm256_castsi256_ps(_mm256_and_si256(v, mask)); }
+
+// C[R][8*NV] (+)= A[R][kc] x B (b, c at the sub-tile's first column; a pair row is 2*kNR elements).
+template <int R, int NV>
+void tile_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
+  const __m256i hi = hi_mask();
+  __m256 acc[R][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 6
+    for (int j = 0; j < NV; ++j) acc[r][j] = load_c ? _mm256_loadu_ps(c + r * ldc + 8 * j) : _mm256_setzero_ps();
+  for (int64_t k = 0; k < kc; k += 2) {
+    const uint16_t* bk = b + k * kNR;  // pair k/2 starts at (k/2) * 96 elements
+    __m256 be[NV], bo[NV];
+#pragma GCC unroll 6
+    for (int j = 0; j < NV; ++j) {
+      __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(bk + 16 * j));
+      be[j] = lo_f32(v), bo[j] = hi_f32(v, hi);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, a + r * lda + k, 4);
+      __m256i p = _mm256_set1_epi32(pair);
+      __m256 ae = lo_f32(p), ao = hi_f32(p, hi);
+#pragma GCC unroll 6
+      for (int j = 0; j < NV; ++j) acc[r][j] = _mm256_fmadd_ps(ao, bo[j], _mm256_fmadd_ps(ae, be[j], acc[r][j]));
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 6
+    for (int j = 0; j < NV; ++j) _mm256_storeu_ps(c + r * ldc + 8 * j, acc[r][j]);
+}
+
+// One row over the whole panel: even and odd k accumulate apart (12 independent chains).
+void row_bf16(int64_t kc, const uint16_t* a, const uint16_t* b, float* c, bool load_c) {
+  const __m256i hi = hi_mask();
+  __m256 ev[6], od[6];
+#pragma GCC unroll 6
+  for (int j = 0; j < 6; ++j) ev[j] = load_c ? _mm256_loadu_ps(c + 8 * j) : _mm256_setzero_ps(), od[j] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kc; k += 2) {
+    const uint16_t* bk = b + k * kNR;
+    int32_t pair;
+    std::memcpy(&pair, a + k, 4);
+    __m256i p = _mm256_set1_epi32(pair);
+    __m256 ae = lo_f32(p), ao = hi_f32(p, hi);
+#pragma GCC unroll 6
+    for (int j = 0; j < 6; ++j) {
+      __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(bk + 16 * j));
+      ev[j] = _mm256_fmadd_ps(ae, lo_f32(v), ev[j]);
+      od[j] = _mm256_fmadd_ps(ao, hi_f32(v, hi), od[j]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int j = 0; j < 6; ++j) _mm256_storeu_ps(c + 8 * j, _mm256_add_ps(ev[j], od[j]));
+}
+
+template <int R>
+void group_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
+  if constexpr (R == 1) {
+    row_bf16(kc, a, b, c, load_c);
+  } else {
+#pragma GCC unroll 3
+    for (int h = 0; h < 3; ++h) tile_bf16<R, 2>(kc, a, lda, b + 32 * h, c + 16 * h, ldc, load_c);
+  }
+}
+
+void group_any(int rows, int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
+  switch (rows) {
+    case 1: group_bf16<1>(kc, a, lda, b, c, ldc, load_c); break;
+    case 2: group_bf16<2>(kc, a, lda, b, c, ldc, load_c); break;
+    case 3: group_bf16<3>(kc, a, lda, b, c, ldc, load_c); break;
+    default: group_bf16<4>(kc, a, lda, b, c, ldc, load_c); break;
+  }
+}
+
+}  // namespace
+
+void kernel_avx2_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
+  auto A = static_cast<const uint16_t*>(a);
+  auto B = static_cast<const uint16_t*>(b);
+  const int r0 = mr <= 4 ? mr : (mr + 1) / 2;  // first group; the second has mr - r0 (<= r0) rows
+  group_any(r0, kc, A, lda, B, c, ldc, load_c);
+  if (mr > r0) group_any(mr - r0, kc, A + r0 * lda, lda, B, c + r0 * ldc, ldc, load_c);
+}
+
+}  // namespace ot::gemm::detail
