@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "moe/moe_bwd_test_util.h"
 #include "ot/cpu.h"
@@ -21,6 +22,14 @@ using namespace ot::moe;
 using namespace ot::moe::bwdtest;
 
 namespace {
+
+// The detected ISA and every GEMM kernel level below it that differs (avx512, avx2, scalar).
+std::vector<cpu::Isa> isa_levels() {
+  std::vector<cpu::Isa> v{cpu::detected_isa()};
+  for (cpu::Isa i : {cpu::Isa::avx512, cpu::Isa::avx2, cpu::Isa::scalar})
+    if (int(i) < int(cpu::detected_isa())) v.push_back(i);
+  return v;
+}
 
 struct Layer {
   int64_t T, H, I, E, K, Is;
@@ -194,10 +203,9 @@ TEST(MoeFfnBackward, FastMatchesReference) {
 
 // Shapes past the vector widths and engine panels (N = 100: two 48-column panels and a tail;
 // odd rows per expert), bf16 weight gradients, and every ISA level below the detected one
-// (scalar SwiGLU passes and panel packs, fp32 kernels without AVX512_BF16).
+// (scalar SwiGLU passes and panel packs, AVX2 kernels, fp32 kernels without AVX512_BF16).
 TEST(MoeFfnBackward, FastMatchesReferenceWideShapesGradDtypesAndIsas) {
-  for (cpu::Isa isa : {cpu::detected_isa(), cpu::Isa::avx512, cpu::Isa::scalar}) {
-    if (int(isa) > int(cpu::detected_isa())) continue;
+  for (cpu::Isa isa : isa_levels()) {
     cpu::ScopedMaxIsa cap(isa);
     SCOPED_TRACE(cpu::isa_name(isa));
     for (DType dt : {DType::f32, DType::bf16})
@@ -297,8 +305,7 @@ TEST(MoeFfnBackward, TrainingForwardMatchesMoeFfnReference) {
     EXPECT_EQ(fr.saved.dropped, want.dropped);
   }
   // Wide shapes on the grouped NN engine calls, every ISA level (scalar panel packs included).
-  for (cpu::Isa isa : {cpu::detected_isa(), cpu::Isa::avx512, cpu::Isa::scalar}) {
-    if (int(isa) > int(cpu::detected_isa())) continue;
+  for (cpu::Isa isa : isa_levels()) {
     cpu::ScopedMaxIsa cap(isa);
     for (DType dt : {DType::f32, DType::bf16}) {
       SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " " + dtype_name(dt));
