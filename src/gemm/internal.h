@@ -120,6 +120,23 @@ template <class F> inline void with_mr(int mr, F&& f) {
   }
 }
 
+// The AVX2 kernels' row split (16 ymm registers hold at most 4 rows of accumulators): an mr-row
+// tile (mr <= 8) as at most two balanced groups of <= 4 rows (8 = 4 + 4, 5 = 3 + 2);
+// f(std::integral_constant<int, R>{}, first_row) for each group.
+template <class F> inline void in_row_groups_of_4(int mr, F&& f) {
+  auto group = [&](int rows, int first) {
+    switch (rows) {
+      case 1: f(std::integral_constant<int, 1>{}, first); break;
+      case 2: f(std::integral_constant<int, 2>{}, first); break;
+      case 3: f(std::integral_constant<int, 3>{}, first); break;
+      default: f(std::integral_constant<int, 4>{}, first); break;
+    }
+  };
+  const int r0 = mr <= 4 ? mr : (mr + 1) / 2;  // the second group has mr - r0 (<= r0) rows
+  group(r0, 0);
+  if (mr > r0) group(mr - r0, r0);
+}
+
 void kernel_scalar_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_scalar_vnni(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx2_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);

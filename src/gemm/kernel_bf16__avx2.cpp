@@ -86,23 +86,12 @@ void group_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, f
   }
 }
 
-void group_any(int rows, int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
-  switch (rows) {
-    case 1: group_bf16<1>(kc, a, lda, b, c, ldc, load_c); break;
-    case 2: group_bf16<2>(kc, a, lda, b, c, ldc, load_c); break;
-    case 3: group_bf16<3>(kc, a, lda, b, c, ldc, load_c); break;
-    default: group_bf16<4>(kc, a, lda, b, c, ldc, load_c); break;
-  }
-}
-
 }  // namespace
 
 void kernel_avx2_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
   auto A = static_cast<const uint16_t*>(a);
   auto B = static_cast<const uint16_t*>(b);
-  const int r0 = mr <= 4 ? mr : (mr + 1) / 2;  // first group; the second has mr - r0 (<= r0) rows
-  group_any(r0, kc, A, lda, B, c, ldc, load_c);
-  if (mr > r0) group_any(mr - r0, kc, A + r0 * lda, lda, B, c + r0 * ldc, ldc, load_c);
+  in_row_groups_of_4(mr, [&](auto R, int r) { group_bf16<decltype(R)::value>(kc, A + r * lda, lda, B, c + r * ldc, ldc, load_c); });
 }
 
 }  // namespace ot::gemm::detail

@@ -42,21 +42,10 @@ static void group_f32(int64_t kc, const float* a, int64_t lda, const float* b, f
   }
 }
 
-static void group_any(int rows, int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc, bool load_c) {
-  switch (rows) {
-    case 1: group_f32<1>(kc, a, lda, b, c, ldc, load_c); break;
-    case 2: group_f32<2>(kc, a, lda, b, c, ldc, load_c); break;
-    case 3: group_f32<3>(kc, a, lda, b, c, ldc, load_c); break;
-    default: group_f32<4>(kc, a, lda, b, c, ldc, load_c); break;
-  }
-}
-
 void kernel_avx2_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
   auto A = static_cast<const float*>(a);
   auto B = static_cast<const float*>(b);
-  const int r0 = mr <= 4 ? mr : (mr + 1) / 2;  // first group; the second has mr - r0 (<= r0) rows
-  group_any(r0, kc, A, lda, B, c, ldc, load_c);
-  if (mr > r0) group_any(mr - r0, kc, A + r0 * lda, lda, B, c + r0 * ldc, ldc, load_c);
+  in_row_groups_of_4(mr, [&](auto R, int r) { group_f32<decltype(R)::value>(kc, A + r * lda, lda, B, c + r * ldc, ldc, load_c); });
 }
 
 }  // namespace ot::gemm::detail
