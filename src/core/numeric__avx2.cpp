@@ -5,27 +5,12 @@
 #include <cstdint>
 
 #include "ot/numeric.h"
+#include "src/core/cvt_avx2.h"
 
 namespace ot::detail {
 
-namespace {
-__m256 bf16x8_to_f32(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
-
-__m128i f32_to_bf16x8(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), nan);
-  // 32-bit lanes hold values < 65536: pack to 16 bits (packus works per 128-bit half, then reorder).
-  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
-}
-
-__m256 half8_to_f32(const uint16_t* s, bool bf16) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
-  return bf16 ? bf16x8_to_f32(h) : _mm256_cvtph_ps(h);
-}
-}  // namespace
+using simd::f32_to_bf16x8;
+using simd::half8_to_f32;
 
 // Each handles whole groups of 8 and returns how many elements it did; the caller finishes the tail.
 int64_t convert_to_f32_avx2(const uint16_t* s, bool bf16, float* d, int64_t n) {
@@ -38,7 +23,7 @@ int64_t convert_from_f32_avx2(const float* s, uint16_t* d, bool bf16, int64_t n)
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_loadu_ps(s + i);
-    const __m128i h = bf16 ? f32_to_bf16x8(v) : _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m128i h = bf16 ? f32_to_bf16x8(v) : simd::f32_to_f16x8(v);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), h);
   }
   return i;
