@@ -110,8 +110,11 @@ std::vector<int32_t> stable_argsort(const int32_t* keys, int64_t n);
 // on every call. Valid until the next call with the same slot on the same thread.
 void* scratch(int slot, size_t bytes);
 
-// int8 quantisation with round-half-even and saturation.
+// Static int8 quantisation (quant_mode 0): round half to even, saturate (so +-Inf give 127 / -128).
+// NaN gives 0: static mode has no per-row scale that could carry the NaN the way dynamic mode's does,
+// and converting a NaN float to int8_t is undefined behaviour.
 inline int8_t quant_i8(float v) {
+  if (v != v) return 0;
   float r = std::nearbyint(v);
   r = r < -128.f ? -128.f : (r > 127.f ? 127.f : r);
   return int8_t(r);

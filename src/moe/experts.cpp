@@ -7,6 +7,11 @@ namespace ot::moe {
 
 static const char* kOp = "MoeExperts";
 
+MoeExperts::MoeExperts(int64_t hidden, int64_t intermediate) : hidden_(hidden), inter_(intermediate), fixed_shape_(true) {
+  OT_CHECK(hidden >= 1, kOp, "hidden", "H >= 1", hidden);
+  OT_CHECK(intermediate >= 1, kOp, "intermediate", "I >= 1", intermediate);
+}
+
 // The shape and dtype an expert must have: an empty store takes them from the expert (H and I stay
 // as given when the store was constructed with them), a non-empty one keeps its own. Checks e and
 // the dtype before anything is packed; nothing is changed here.

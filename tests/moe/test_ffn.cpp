@@ -226,6 +226,8 @@ TEST(MoeFfn, ExpertStoreEmpty) {
   EXPECT_OT_ERROR(fixed.set(0, B.gate.view().select(0, 0), B.up.view().select(0, 0), B.down.view().select(0, 0), WeightLayout::EHI), "gate");
   fixed.set(0, ga(0), A.up.view().select(0, 0), A.down.view().select(0, 0), WeightLayout::EHI);
   EXPECT_EQ(fixed.num_experts(), 1);
+  EXPECT_OT_ERROR(MoeExperts(0, 8), "hidden");  // checked at construction, not at the first set
+  EXPECT_OT_ERROR(MoeExperts(16, -1), "intermediate");
 }
 
 // A failing set / set_fused / remove changes neither the store (ids, shape, dtype, packed weights)

@@ -53,6 +53,12 @@ TEST(MoeSpecExamples, InitRoutingStaticQuant) {
   EXPECT_EQ(values(r.expanded_x), (std::vector<double>{10, -20, 3, 127, -128}));
   EXPECT_FALSE(r.expanded_scale.defined());
   expect_same(r.expanded_x, ref::moe_init_routing_v2(x, ints({1, 1}, {0}), o).expanded_x, "reference");
+  // Non-finite x: +-Inf saturate, NaN quantises to 0 (the rule in src/moe/common.h quant_i8), both paths.
+  Tensor bad = floats(DType::f32, {1, 3}, {HUGE_VAL, -HUGE_VAL, 1});
+  bad.ptr<float>()[2] = std::nanf("");
+  InitRoutingV2Result nf = moe_init_routing_v2(bad, ints({1, 1}, {0}), o);
+  EXPECT_EQ(values(nf.expanded_x), (std::vector<double>{127, -128, 0}));
+  expect_same(nf.expanded_x, ref::moe_init_routing_v2(bad, ints({1, 1}, {0}), o).expanded_x, "reference, non-finite");
 }
 
 // 4.3 quant_mode 1: xs = x * smooth; d = max|xs| / 127; q = round_half_even(xs / d); expanded_scale = d.

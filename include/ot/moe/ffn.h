@@ -30,7 +30,8 @@ class MoeExperts {
   MoeExperts() = default;
   // H and I fixed up front (every expert is checked against them); a default store takes H, I and
   // the dtype from its first expert, and again from the next one whenever it is empty (E = 0).
-  MoeExperts(int64_t hidden, int64_t intermediate) : hidden_(hidden), inter_(intermediate), fixed_shape_(true) {}
+  // Throws ot::Error naming hidden / intermediate unless both are >= 1.
+  MoeExperts(int64_t hidden, int64_t intermediate);
   // gate/up [E, H, I] + down [E, I, H] (EHI) or gate/up [E, I, H] + down [E, H, I] (torch).
   static MoeExperts from_stacked(const TensorView& gate, const TensorView& up, const TensorView& down, WeightLayout layout);
   // Fused gate_up [E, H, 2I] (EHI) or [E, 2I, H] (torch / vLLM w13): first half gate, second up.
