@@ -37,7 +37,8 @@ BwdDhu chunk_gated_delta_rule_bwd_dhu(const TensorView& q, const TensorView& k, 
   Tok d2 = tok_vec(r.dv2, c.layout, op, "dv2");
   StateRef D0 = state_ref(r.dh0), Dt = state_ref(dht);
   float* dh = r.dh.ptr<float>();
-  scope.args(dO.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast").flops(6.0 * double(qt.B * qt.T * HV) * DK * DV);
+  if (scope.active()) scope.args(dO.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
+  scope.flops(6.0 * double(qt.B * qt.T * HV) * DK * DV);
   if (cpu::force_ref()) {
     bwdref::dhu(qt, kt, wt, Gt, Dt, dOt, dlt, sc, dh, D0, d2, s);
     return r;

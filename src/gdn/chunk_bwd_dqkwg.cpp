@@ -34,8 +34,8 @@ BwdDqkwg chunk_bwd_dqkwg(const TensorView& q, const TensorView& k, const TensorV
   r.dg = new_scal(c.layout, qt.packed, DType::f32, qt.B, qt.T, HV);
   Tok dq = tok_vec(r.dq, c.layout, op, "dq"), dk = tok_vec(r.dk, c.layout, op, "dk"), dw = tok_vec(r.dw, c.layout, op, "dw");
   Tok dg = tok_scal(r.dg, c.layout, op, "dg");
-  scope.args(v_new.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast")
-      .flops(double(qt.B * qt.T * HV) * (6.0 * DK * DV + 4.0 * kChunk * DK + 2.0 * kChunk * DV));
+  if (scope.active()) scope.args(v_new.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
+  scope.flops(double(qt.B * qt.T * HV) * (6.0 * DK * DV + 4.0 * kChunk * DK + 2.0 * kChunk * DV));
   if (cpu::force_ref()) {
     bwdref::dqkwg(qt, kt, vt, hp, Gt, d2, dOt, dhp, sc, dq, dk, dw, dg, s);
     return r;

@@ -26,7 +26,8 @@ Tensor chunk_bwd_dv_local(const TensorView& q, const TensorView& k, const Tensor
   const float sc = scale_or_default(scale, DK);
   Tensor out = new_vec(c.layout, qt.packed, DType::f32, qt.B, qt.T, HV, DV);
   Tok ot = tok_vec(out, c.layout, op, "dv_local");
-  scope.args(dO.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast").flops(2.0 * double(qt.B * qt.T * HV) * kChunk * (DK + DV));
+  if (scope.active()) scope.args(dO.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
+  scope.flops(2.0 * double(qt.B * qt.T * HV) * kChunk * (DK + DV));
   if (cpu::force_ref()) {
     bwdref::dv_local(qt, kt, Gt, dOt, sc, ot, s);
     return out;

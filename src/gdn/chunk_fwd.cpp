@@ -113,9 +113,8 @@ ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, co
   double flops = double(a.B * a.T * HV) * (6.0 * kChunk * DK + 4.0 * kChunk * DV + 6.0 * DK * DV + kChunk * kChunk / 3.0);
   bool save = opt.save_for_backward;
   bool bf16 = !cpu::force_ref() && opt.bf16_compute && bf16_fused_ok(a.q, a.k, a.v);
-  scope.args(shape_args(q, v, opt.layout))
-      .kernel(cpu::force_ref() ? "ref" : bf16 ? "gdn_chunk:avx512_bf16" : gemm::kernel_name(DType::f32, DType::f32, kChunk))
-      .flops(flops);
+  if (scope.active()) scope.args(shape_args(q, v, opt.layout)).kernel(cpu::force_ref() ? "ref" : bf16 ? "gdn_chunk:avx512_bf16" : gemm::kernel_name(DType::f32, DType::f32, kChunk));
+  scope.flops(flops);
   if (cpu::force_ref()) return forward_ref(a, opt, s, q.dtype, save);
 
   ChunkFwd r;

@@ -102,9 +102,8 @@ ChunkBwd chunk_gated_delta_rule_bwd(const TensorView& q, const TensorView& k, co
   check_bwd(a, q, k, v, g_cumsum, beta, dO, opt, true, op);
   const SeqInfo& s = *a.seq;
   const int64_t HV = a.HV, HK = a.HK, DK = a.DK, DV = a.DV, grp = a.group(), N = s.num_seqs();
-  scope.args(shape_args(q, v, opt.layout))
-      .kernel(cpu::force_ref() ? "ref" : gemm::kernel_name(DType::f32, DType::f32, C))
-      .flops(bwd_flops(s, HV, DK, DV));
+  if (scope.active()) scope.args(shape_args(q, v, opt.layout)).kernel(cpu::force_ref() ? "ref" : gemm::kernel_name(DType::f32, DType::f32, C));
+  scope.flops(bwd_flops(s, HV, DK, DV));
   if (cpu::force_ref()) return bwd_ref(a, q, k, v, beta, dO, opt);
 
   ChunkBwd r = alloc_bwd(a, q, v, beta, opt);

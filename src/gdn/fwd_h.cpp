@@ -31,7 +31,8 @@ FwdH chunk_gated_delta_rule_fwd_h(const TensorView& k, const TensorView& w, cons
   if (output_final_state) r.final_state = Tensor::empty(DType::f32, {N, HV, DK, DV});
   Tok vn = tok_vec(r.v_new, c.layout, op, "v_new");
   StateRef S0 = state_ref(initial_state), fin = state_ref(r.final_state);
-  scope.args(u.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast").flops(4.0 * double(kt.B * kt.T * HV) * DK * DV);
+  if (scope.active()) scope.args(u.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
+  scope.flops(4.0 * double(kt.B * kt.T * HV) * DK * DV);
   if (cpu::force_ref()) {
     refimpl::fwd_h(kt, wt, ut, Gt, S0, r.h.ptr<float>(), vn, fin, s);
     return r;

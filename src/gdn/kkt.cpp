@@ -21,7 +21,8 @@ Tensor chunk_scaled_dot_kkt_fwd(const TensorView& k, const TensorView& g_cumsum,
   int64_t HV = Gt.H, group = HV / kt.H, DK = kt.D;
   Tensor out = new_vec(c.layout, kt.packed, DType::f32, kt.B, kt.T, HV, kChunk, true);
   Tok Mt = tok_vec(out, c.layout, op, "M");
-  scope.args(k.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast").flops(2.0 * double(kt.B * kt.T * HV) * kChunk * DK);
+  if (scope.active()) scope.args(k.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
+  scope.flops(2.0 * double(kt.B * kt.T * HV) * kChunk * DK);
   if (cpu::force_ref()) {
     refimpl::kkt(kt, Gt, bt, Mt, s);
     return out;

@@ -161,7 +161,8 @@ RecurrentOut recurrent_gated_delta_rule(const TensorView& q, const TensorView& k
   double state_bytes = 0;
   for (int64_t n = 0; n < N; ++n)
     if (s.len[size_t(n)] > 0) state_bytes += 2.0 * double(HV * DK * DV) * double(cache ? dtype_size(C.dt) : 4);
-  scope.args(shape_args(q, v, l)).kernel(ref ? "ref" : (fast == &avx512::step ? "avx512" : "generic")).bytes(state_bytes);
+  if (scope.active()) scope.args(shape_args(q, v, l)).kernel(ref ? "ref" : (fast == &avx512::step ? "avx512" : "generic"));
+  scope.bytes(state_bytes);
   int64_t group = HV / HK, SS = DK * DV;
 
   // Scratch per thread: state (fp32, or fp64 for the reference), q, k, v, o, tmp; kept across

@@ -22,7 +22,8 @@ WU recompute_w_u_fwd(const TensorView& k, const TensorView& v, const TensorView&
   int64_t group = HV / kt.H;
   WU r{new_vec(c.layout, kt.packed, DType::f32, kt.B, kt.T, HV, DK), new_vec(c.layout, kt.packed, DType::f32, kt.B, kt.T, HV, DV)};
   Tok wt = tok_vec(r.w, c.layout, op, "w"), ut = tok_vec(r.u, c.layout, op, "u");
-  scope.args(v.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast").flops(2.0 * double(kt.B * kt.T * HV) * kChunk * (DK + DV));
+  if (scope.active()) scope.args(v.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
+  scope.flops(2.0 * double(kt.B * kt.T * HV) * kChunk * (DK + DV));
   if (cpu::force_ref()) {
     refimpl::wu(kt, vt, bt, At, Gt, wt, ut, s);
     return r;

@@ -110,7 +110,8 @@ Tensor prepare_wy_repr_bwd_da(const TensorView& k, const TensorView& v, const Te
   WyArgs a = check(k, v, beta, A, dw, du, g_cumsum, nullptr, c, op);
   Tensor dP = new_vec(c.layout, a.k.packed, DType::f32, a.k.B, a.k.T, a.HV, kChunk, true);
   Tok dPt = tok_vec(dP, c.layout, op, "dP");
-  scope.args(v.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast").flops(flops(a, true, false));
+  if (scope.active()) scope.args(v.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
+  scope.flops(flops(a, true, false));
   if (cpu::force_ref()) bwdref::wy_da(a.k, a.v, a.beta, a.A, a.dw, a.du, a.G, dPt, *a.s);
   else run(a, true, false, dPt, nullptr, c, op);
   return dP;
@@ -122,7 +123,8 @@ WyBwd prepare_wy_repr_bwd_full(const TensorView& k, const TensorView& v, const T
   trace::OpScope scope(op);
   WyArgs a = check(k, v, beta, A, dw, du, g_cumsum, &dP, c, op);
   WyBwd r = alloc_full(a, c);
-  scope.args(v.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast").flops(flops(a, false, true));
+  if (scope.active()) scope.args(v.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
+  scope.flops(flops(a, false, true));
   if (cpu::force_ref()) {
     bwdref::wy_full(a.k, a.v, a.beta, a.A, a.dP, a.dw, a.du, a.G, tok_vec(r.dk, c.layout, op, "dk"), tok_vec(r.dv, c.layout, op, "dv"),
                     tok_scal(r.dbeta, c.layout, op, "dbeta"), tok_scal(r.dg, c.layout, op, "dg"), *a.s);
@@ -142,7 +144,8 @@ WyBwd prepare_wy_repr_bwd(const TensorView& k, const TensorView& v, const Tensor
     return prepare_wy_repr_bwd_full(k, v, beta, A, dP, dw, du, g_cumsum, c);
   }
   WyBwd r = alloc_full(a, c);
-  scope.args(v.shape_str()).kernel("fast").flops(flops(a, true, true));
+  if (scope.active()) scope.args(v.shape_str()).kernel("fast");
+  scope.flops(flops(a, true, true));
   run(a, true, true, Tok{}, &r, c, op);
   return r;
 }

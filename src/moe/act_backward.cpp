@@ -98,7 +98,7 @@ void act_backward(gemm::Act act, const TensorView& z, const TensorView& dy, cons
   bwd::check_act_backward("act_backward", act, z, dy, dz);
   if (cpu::force_ref()) return ref::act_backward(act, z, dy, dz);
   trace::OpScope scope("act_backward");
-  scope.kernel("fp32").args(z.shape_str() + " " + gemm::act_name(act));
+  if (scope.active()) scope.kernel("fp32").args(z.shape_str() + " " + gemm::act_name(act));
   int64_t M = z.sizes[0], N = z.sizes[1];
   bwd::parallel_rows(M, N * 8, [&](int64_t m0, int64_t m1) {
     bwd::act_backward_rows(act, m0, m1, N, z.data, z.dtype, z.strides[0], dy.data, dy.dtype, dy.strides[0], dz.data, dz.dtype,

@@ -198,7 +198,7 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const 
   impl::FfnPlan p = impl::plan_ffn(x_in, router.K(), router.N(), ex.hidden(), ex.intermediate(), ex.dtype(), ex.num_experts(), o,
                                    o.shared ? o.shared->hidden() : 0, o.shared ? o.shared->dtype() : DType::f32);
   trace::OpScope scope("moe_ffn");
-  scope.kernel(gemm::kernel_name(x_in.dtype, ex.dtype(), p.T)).args(x_in.shape_str() + " E=" + std::to_string(p.E) + " K=" + std::to_string(p.K));
+  if (scope.active()) scope.kernel(gemm::kernel_name(x_in.dtype, ex.dtype(), p.T)).args(x_in.shape_str() + " E=" + std::to_string(p.E) + " K=" + std::to_string(p.K));
   // Router + 3 GEMMs per routed pair + 3 per token for the shared expert (its own intermediate size).
   const double shared_i = o.shared ? double(o.shared->intermediate()) : 0.0;
   scope.flops(2.0 * double(p.T) * double(p.H) * (double(p.E) + 3.0 * (double(p.K) * double(ex.intermediate()) + shared_i)));

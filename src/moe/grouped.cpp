@@ -92,7 +92,7 @@ static Tensor gmm_entry(const TensorView& x, const TensorView& w, const TensorVi
   GmmPlan p = plan_gmm(op, x, w.size(0), w.size(1), w.size(2), w.dtype, gl, type, bias, act);
   p.weight = w;
   trace::OpScope scope(op);
-  scope.kernel(ref ? "ref" : gemm::kernel_name(x.dtype, w.dtype, p.M)).args(x.shape_str() + " x " + w.shape_str());
+  if (scope.active()) scope.kernel(ref ? "ref" : gemm::kernel_name(x.dtype, w.dtype, p.M)).args(x.shape_str() + " x " + w.shape_str());
   scope.flops(2.0 * double(p.M) * double(p.K) * double(p.N));
   Tensor y = Tensor::empty(x.dtype, {p.M, p.n_out});
   if (ref) { gmm_ref(p, y); return y; }
@@ -188,7 +188,8 @@ static Tensor finalize_entry(const char* op, const TensorView& ex, const TensorV
   FinalizePlan p = plan_finalize(op, ex, idx, x1, x2, bias, scales, eidx, mode);
   trace::OpScope scope(op);
   double es = double(dtype_size(ex.dtype));
-  scope.kernel(ref ? "ref" : "fp32_rows").args(ex.shape_str()).bytes(es * double(p.N * p.H) * double(p.K + 1 + (x1.defined()) + (x2.defined())));
+  if (scope.active()) scope.kernel(ref ? "ref" : "fp32_rows").args(ex.shape_str());
+  scope.bytes(es * double(p.N * p.H) * double(p.K + 1 + (x1.defined()) + (x2.defined())));
   Tensor out = pooled_empty(ex.dtype, {p.N, p.H});
   if (ref) finalize_ref(p, out); else finalize_fast(p, out);
   return out;
@@ -217,7 +218,7 @@ static FomPlan plan_fom(const TensorView& x, const TensorView& w, const TensorVi
 static Tensor fom_entry(const TensorView& x, const TensorView& w, const TensorView& idx, bool ref) {
   FomPlan p = plan_fom(x, w, idx);
   trace::OpScope scope("moe_final_optimizer_mm");
-  scope.kernel(ref ? "ref" : gemm::kernel_name(x.dtype, w.dtype, p.T)).args(x.shape_str() + " x " + w.shape_str());
+  if (scope.active()) scope.kernel(ref ? "ref" : gemm::kernel_name(x.dtype, w.dtype, p.T)).args(x.shape_str() + " x " + w.shape_str());
   scope.flops(2.0 * double(p.T * p.H * p.I));
   Tensor y = Tensor::empty(x.dtype, {p.T, p.I});
   if (ref) { fom_ref(p, y); return y; }
@@ -258,7 +259,8 @@ Tensor grouped_matmul(const TensorView& x, const std::vector<const gemm::PackedB
              "weights", "packed weights of one K, N and dtype", "weight ", g, " differs");
   impl::GmmPlan p = impl::plan_gmm(op, x, int64_t(ws.size()), ws[0]->K(), ws[0]->N(), ws[0]->dtype(), gl, type, bias, act);
   trace::OpScope scope(op);
-  scope.kernel(gemm::kernel_name(x.dtype, ws[0]->dtype(), p.M)).args(x.shape_str()).flops(2.0 * double(p.M * p.K * p.N));
+  if (scope.active()) scope.kernel(gemm::kernel_name(x.dtype, ws[0]->dtype(), p.M)).args(x.shape_str());
+  scope.flops(2.0 * double(p.M * p.K * p.N));
   Tensor y = Tensor::empty(x.dtype, {p.M, p.n_out});
   impl::gmm_run_packed(p, ws, y);
   return y;

@@ -61,7 +61,7 @@ GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorVie
   if (cpu::force_ref()) return ref::grouped_matmul_backward(dy, x, w, group_list, opt);
   const int64_t M = p.M, K = p.K, N = p.N, G = p.G;
   trace::OpScope scope("grouped_matmul_backward");
-  scope.kernel(gemm::kernel_name(x.dtype, w.dtype, M)).args(x.shape_str() + " x " + w.shape_str() + " " + gemm::act_name(opt.act));
+  if (scope.active()) scope.kernel(gemm::kernel_name(x.dtype, w.dtype, M)).args(x.shape_str() + " x " + w.shape_str() + " " + gemm::act_name(opt.act));
   scope.flops(2.0 * M * K * N * ((opt.need_dx ? 1 : 0) + (opt.need_dweight ? 1 : 0) + (opt.act != gemm::Act::none && !opt.pre_act.defined() ? 1 : 0)));
   // Parallel over groups only when they are distinct and the work pays for the threads.
   const bool distinct = bwd::groups_distinct(p.spans, G) && M * K * N >= (int64_t(1) << 18);

@@ -237,14 +237,16 @@ InitRoutingV2Result init_v2_fast(const InitV2Plan& p) {
 static InitRoutingV2Result init_v2_run(const TensorView& x, const TensorView& expert_idx, const InitRoutingV2Options& o, bool ref) {
   InitV2Plan p = plan_init_v2(x, expert_idx, o);
   trace::OpScope scope("moe_init_routing_v2");
-  scope.kernel(ref ? "ref" : "counting_sort").args(x.shape_str() + " K=" + std::to_string(p.K)).bytes(2.0 * double(x.nbytes()) * double(p.K));
+  if (scope.active()) scope.kernel(ref ? "ref" : "counting_sort").args(x.shape_str() + " K=" + std::to_string(p.K));
+  scope.bytes(2.0 * double(x.nbytes()) * double(p.K));
   return ref ? init_v2_ref(p) : init_v2_fast(p);
 }
 
 static InitRoutingResult init_v1_run(const TensorView& x, const TensorView& row_idx, const TensorView& expert_idx, int64_t active_num, bool ref) {
   InitV1Plan p = plan_init_v1(x, row_idx, expert_idx, active_num);
   trace::OpScope scope("moe_init_routing");
-  scope.kernel(ref ? "ref" : "counting_sort").args(x.shape_str() + " K=" + std::to_string(p.K)).bytes(2.0 * double(x.nbytes()) * double(p.K));
+  if (scope.active()) scope.kernel(ref ? "ref" : "counting_sort").args(x.shape_str() + " K=" + std::to_string(p.K));
+  scope.bytes(2.0 * double(x.nbytes()) * double(p.K));
   InitRoutingResult r = alloc_init_v1(p);
   if (ref) init_v1_ref(p, r); else init_v1_fast(p, r);
   return r;

@@ -95,7 +95,7 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
   bwd::FfnDims d;
   bwd::check_ffn(op, x, w, o, d);
   trace::OpScope scope(op);
-  scope.kernel(gemm::kernel_name(x.dtype, x.dtype, d.T)).args(x.shape_str() + " E=" + std::to_string(d.E) + " K=" + std::to_string(d.K));
+  if (scope.active()) scope.kernel(gemm::kernel_name(x.dtype, x.dtype, d.T)).args(x.shape_str() + " E=" + std::to_string(d.E) + " K=" + std::to_string(d.K));
   scope.flops(2.0 * d.T * d.H * (d.E + d.K * 3.0 * d.I + 3.0 * d.Is));
   MoeFfnTrainResult r;
   MoeFfnSaved& s = r.saved;

@@ -40,7 +40,8 @@ Tensor moe_token_permute_backward(const TensorView& dp, const TensorView& si, in
   auto p = bwd::plan_permute_backward("moe_token_permute_backward", dp, si, topk);
   if (cpu::force_ref()) return ref::moe_token_permute_backward(dp, si, topk);
   trace::OpScope scope("moe_token_permute_backward");
-  scope.kernel("gather").args(dp.shape_str()).bytes(2.0 * double(dp.nbytes()));
+  if (scope.active()) scope.kernel("gather").args(dp.shape_str());
+  scope.bytes(2.0 * double(dp.nbytes()));
   const int32_t* s = si.ptr<int32_t>();
   return gather_sum(dp, p.T, p.K, p.H, p.P, [&](int64_t t, int64_t k) { return s[t * p.K + k]; });
 }
@@ -49,7 +50,8 @@ Tensor moe_init_routing_v2_backward(const TensorView& dex, const TensorView& idx
   auto p = bwd::plan_init_routing_backward("moe_init_routing_v2_backward", dex, idx, N, K, type);
   if (cpu::force_ref()) return ref::moe_init_routing_v2_backward(dex, idx, N, K, type);
   trace::OpScope scope("moe_init_routing_v2_backward");
-  scope.kernel("gather").args(dex.shape_str()).bytes(2.0 * double(dex.nbytes()));
+  if (scope.active()) scope.kernel("gather").args(dex.shape_str());
+  scope.bytes(2.0 * double(dex.nbytes()));
   TensorView rows = dex.reshape({p.P, p.H});
   const int32_t* s = idx.ptr<int32_t>();
   if (type == 0) return gather_sum(rows, N, K, p.H, p.P, [&](int64_t t, int64_t k) { return s[t * K + k]; });
@@ -62,7 +64,8 @@ Tensor moe_init_routing_backward(const TensorView& dex, const TensorView& idx, i
   auto p = bwd::plan_init_routing_backward("moe_init_routing_backward", dex, idx, N, K, 0);
   if (cpu::force_ref()) return ref::moe_init_routing_backward(dex, idx, N, K);
   trace::OpScope scope("moe_init_routing_backward");
-  scope.kernel("gather").args(dex.shape_str()).bytes(2.0 * double(dex.nbytes()));
+  if (scope.active()) scope.kernel("gather").args(dex.shape_str());
+  scope.bytes(2.0 * double(dex.nbytes()));
   const int32_t* s = idx.ptr<int32_t>();
   return gather_sum(dex, N, K, p.H, p.P, [&](int64_t t, int64_t k) { return s[k * N + t]; });
 }
@@ -72,7 +75,8 @@ TokenUnpermuteGrads moe_token_unpermute_backward(const TensorView& dout, const T
   auto p = bwd::plan_unpermute_backward("moe_token_unpermute_backward", dout, permuted, si, probs);
   if (cpu::force_ref()) return ref::moe_token_unpermute_backward(dout, permuted, si, probs);
   trace::OpScope scope("moe_token_unpermute_backward");
-  scope.kernel("scatter").args(permuted.shape_str()).bytes(3.0 * double(permuted.nbytes()));
+  if (scope.active()) scope.kernel("scatter").args(permuted.shape_str());
+  scope.bytes(3.0 * double(permuted.nbytes()));
   const int64_t T = p.T, K = p.K, H = p.H, P = p.P;
   TokenUnpermuteGrads g;
   g.d_permuted = Tensor::zeros(permuted.dtype, {P, H});
@@ -105,7 +109,8 @@ FinalizeRoutingGrads moe_finalize_routing_v2_backward(const TensorView& dout, co
   auto p = bwd::plan_finalize_backward("moe_finalize_routing_v2_backward", dout, ex, idx, scales, bias, expert_idx, mode);
   if (cpu::force_ref()) return ref::moe_finalize_routing_v2_backward(dout, ex, idx, scales, bias, expert_idx, mode);
   trace::OpScope scope("moe_finalize_routing_v2_backward");
-  scope.kernel("scatter").args(ex.shape_str()).bytes(3.0 * double(ex.nbytes()));
+  if (scope.active()) scope.kernel("scatter").args(ex.shape_str());
+  scope.bytes(3.0 * double(ex.nbytes()));
   const int64_t N = p.T, K = p.K, H = p.H;
   const bool col = mode == 0 || mode == 1;
   const int32_t* d_of = idx.ptr<int32_t>();

@@ -181,7 +181,7 @@ ChunkBwd recurrence_bwd(const TensorView& q, const TensorView& k, const TensorVi
   detail::StateRef dh0 = detail::state_ref(r.dh0);
   const SeqInfo& s = *a.seq;
   const int64_t K = a.DK, V = a.DV, G = a.group();
-  scope.args(detail::shape_args(q, v, l)).kernel("ref");
+  if (scope.active()) scope.args(detail::shape_args(q, v, l)).kernel("ref");
   for (int64_t n = 0; n < s.num_seqs(); ++n) {
     const int64_t b = s.row[size_t(n)], bos = s.bos[size_t(n)], L = s.len[size_t(n)];
     for (int64_t hk = 0; hk < a.HK; ++hk) {
