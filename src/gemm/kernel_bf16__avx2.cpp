@@ -1,10 +1,12 @@
 // AVX2 bf16 micro-kernel on the vnni panel (machines without a bf16 dot product): bf16 weights stay
 // bf16 in memory and widen in registers. A ymm of a panel's pair row holds 8 columns x (k, k+1) as
 // 32-bit lanes; a bf16 is the high half of its fp32, so k even = lane << 16, k odd = lane & 0xffff0000
-// (exact). A's pair is broadcast and split the same way; products and sums are fp32 FMAs, as in the
-// scalar kernel. Rows run in balanced groups of <= 4 over 16-column passes (8 accumulators, 4 widened
-// B vectors, 2 A vectors), a single row over the whole 48 columns (even / odd k in separate
-// accumulators, so twelve FMA chains hide the latency).
+// (exact). Products and sums are fp32 FMAs, as in the scalar kernel. Rows run in balanced groups of
+// <= 4 over 16-column passes (8 accumulators, 4 widened B vectors); a group's A rows are widened to
+// fp32 once per K chunk into an L1 buffer, so each pass broadcasts A from memory (a load, no ALU op):
+// widening A per pass cost 4 vector ops per row and k pair, more than the B widening, and held the
+// kernel near half the FMA peak. A single row runs over the whole 48 columns (even / odd k in
+// separate accumulators, so twelve FMA chains hide the latency).
 #include <immintrin.h>
 
 #include <cstring>
@@ -20,9 +22,29 @@ inline __m256i hi_mask() { return _mm256_set1_epi32(int(0xffff0000u)); }
 inline __m256 lo_f32(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
 inline __m256 hi_f32(__m256i v, __m256i mask) { return _mm256_castsi256_ps(_mm256_and_si256(v, mask)); }
 
-// C[R][8*NV] (+)= A[R][kc] x B (b, c at the sub-tile's first column; a pair row is 2*kNR elements).
+// A K chunk: a group's widened A rows (kKChunk floats each, 4 KiB) stay in L1 beside the B chunk.
+constexpr int64_t kKChunk = 256;
+
+// af[r][0..kc) = A row r widened to fp32 (kc even; exact).
+template <int R>
+void widen_rows(int64_t kc, const uint16_t* a, int64_t lda, float* af) {
+  for (int r = 0; r < R; ++r) {
+    const uint16_t* s = a + r * lda;
+    float* d = af + r * kKChunk;
+    int64_t k = 0;
+    for (; k + 8 <= kc; k += 8)
+      _mm256_storeu_ps(d + k, lo_f32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k)))));
+    for (; k < kc; ++k) {
+      const uint32_t u = uint32_t(s[k]) << 16;
+      std::memcpy(d + k, &u, 4);
+    }
+  }
+}
+
+// C[R][8*NV] (+)= A[R][kc] x B (af: the widened A rows; b, c at the sub-tile's first column; a pair
+// row is 2*kNR elements).
 template <int R, int NV>
-void tile_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
+void tile_bf16(int64_t kc, const float* af, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
   const __m256i hi = hi_mask();
   __m256 acc[R][NV];
 #pragma GCC unroll 4
@@ -39,10 +61,7 @@ void tile_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, fl
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      int32_t pair;
-      std::memcpy(&pair, a + r * lda + k, 4);
-      __m256i p = _mm256_set1_epi32(pair);
-      __m256 ae = lo_f32(p), ao = hi_f32(p, hi);
+      const __m256 ae = _mm256_broadcast_ss(af + r * kKChunk + k), ao = _mm256_broadcast_ss(af + r * kKChunk + k + 1);
 #pragma GCC unroll 6
       for (int j = 0; j < NV; ++j) acc[r][j] = _mm256_fmadd_ps(ao, bo[j], _mm256_fmadd_ps(ae, be[j], acc[r][j]));
     }
@@ -81,8 +100,16 @@ void group_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, f
   if constexpr (R == 1) {
     row_bf16(kc, a, b, c, load_c);
   } else {
+    alignas(32) float af[R * kKChunk];
+    // The tile's fp32 accumulators go through C between chunks: the same sums in the same order.
+    int64_t k0 = 0;
+    do {  // at least once: kc = 0 still writes (or keeps) the tile
+      const int64_t n = kc - k0 < kKChunk ? kc - k0 : kKChunk;
+      widen_rows<R>((n + 1) & ~int64_t(1), a + k0, lda, af);  // whole pairs, as the pair loop reads them
 #pragma GCC unroll 3
-    for (int h = 0; h < 3; ++h) tile_bf16<R, 2>(kc, a, lda, b + 32 * h, c + 16 * h, ldc, load_c);
+      for (int h = 0; h < 3; ++h) tile_bf16<R, 2>(n, af, b + k0 * kNR + 32 * h, c + 16 * h, ldc, load_c || k0 > 0);
+      k0 += kKChunk;
+    } while (k0 < kc);
   }
 }
 
