@@ -121,17 +121,16 @@ inline float kth_largest(__m256 lo, __m256 hi, int g, int64_t k) {
   return -hmax(_mm256_sub_ps(_mm256_setzero_ps(), m));
 }
 
-// Ranks of the n candidates c (expert order; c padded with -inf to a multiple of 8): rank[i] =
-// #{j : c_j > c_i}, plus with Ties #{j < i : c_j == c_i} (ties to the lower expert id). Returns the
-// sum of the ranks over i < n.
-template <bool Ties> int rank_candidates(const float* c, int n, int32_t* rank) {
-  const int nq = (n + 7) / 8;
-  __m256i r[kMaxCand / 8];
-  for (int q = 0; q < nq; ++q) r[q] = _mm256_setzero_si256();
+// Ranks of the n candidates c (expert order; c padded with -inf to a multiple of 8, aligned):
+// rank[i] = #{j : c_j > c_i}, plus with Ties #{j < i : c_j == c_i} (ties to the lower expert id).
+// Returns the sum of the ranks over i < n. NQ = ceil(n / 8) vectors (the counts stay in registers).
+template <int NQ, bool Ties> int rank_candidates(const float* c, int n, int32_t* rank) {
+  __m256i r[NQ];
+  for (int q = 0; q < NQ; ++q) r[q] = _mm256_setzero_si256();
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int j = 0; j < n; ++j) {
     const __m256 bj = _mm256_broadcast_ss(c + j);
-    for (int q = 0; q < nq; ++q) {
+    for (int q = 0; q < NQ; ++q) {
       const __m256 cq = _mm256_load_ps(c + 8 * q);
       __m256 m = _mm256_cmp_ps(bj, cq, _CMP_GT_OQ);
       if (Ties) {
@@ -142,13 +141,27 @@ template <bool Ties> int rank_candidates(const float* c, int n, int32_t* rank) {
     }
   }
   __m256i sum = _mm256_setzero_si256();
-  for (int q = 0; q < nq; ++q) {
+  for (int q = 0; q < NQ; ++q) {
     _mm256_store_si256(reinterpret_cast<__m256i*>(rank + 8 * q), r[q]);
     sum = _mm256_add_epi32(sum, _mm256_and_si256(r[q], tail_mask(n - 8 * q)));
   }
-  alignas(32) int32_t s[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(s), sum);
-  return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(x);
+}
+template <bool Ties> int rank_candidates(const float* c, int n, int32_t* rank) {
+  static_assert(kMaxCand == 64);
+  switch ((n + 7) / 8) {
+    case 1: return rank_candidates<1, Ties>(c, n, rank);
+    case 2: return rank_candidates<2, Ties>(c, n, rank);
+    case 3: return rank_candidates<3, Ties>(c, n, rank);
+    case 4: return rank_candidates<4, Ties>(c, n, rank);
+    case 5: return rank_candidates<5, Ties>(c, n, rank);
+    case 6: return rank_candidates<6, Ties>(c, n, rank);
+    case 7: return rank_candidates<7, Ties>(c, n, rank);
+    default: return rank_candidates<8, Ties>(c, n, rank);
+  }
 }
 
 enum class RowResult { done, scalar, bad };
@@ -267,10 +280,9 @@ RowResult route_row(const RouterSpec& s, GatingResult& r, int64_t row, RouterScr
     n += __builtin_popcount(m);
     if (n > kMaxCand) return RowResult::scalar;  // flat rows: the scalar row
   }
-  alignas(32) float cc[kMaxCand + 8];
+  const float* cc = cv;  // b.cand: 64-byte aligned
+  _mm256_storeu_ps(cv + n, ninf);
   alignas(32) int32_t rk[kMaxCand + 8];
-  std::memcpy(cc, cv, size_t(n) * 4);
-  _mm256_storeu_ps(cc + n, ninf);
   // Ranks: a permutation of 0..n-1 (sum n(n-1)/2) exactly when no two candidates tie; else again
   // with ties to the lower id (still a permutation).
   if (rank_candidates<false>(cc, n, rk) != n * (n - 1) / 2) rank_candidates<true>(cc, n, rk);
