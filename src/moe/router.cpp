@@ -1,7 +1,7 @@
 // Routers, fast path: rows split over threads; each row in fp32 through the AVX-512 kernels
 // (router_t16__avx512.cpp, router_t16_sigmoid__avx512.cpp: 16 rows at a time, where they apply;
-// router__avx512.cpp) when the ISA
-// allows and k <= 16, else the scalar row below, whose top-k is an insertion into a k-long sorted
+// router__avx512.cpp) when the ISA allows and k <= 16, else the AVX2 row kernel (router__avx2.cpp)
+// when the ISA allows and k <= 16, else the scalar row below, whose top-k is an insertion into a k-long sorted
 // buffer (strict '>' keeps the lower expert id on ties).
 #include <algorithm>
 #include <atomic>
@@ -59,8 +59,7 @@ static void topk_insert(const float* key, int64_t E, int64_t k, float* kv, int32
   }
 }
 
-// Masks every expert outside the k_group best groups (group score: max, or sum of the top 2).
-static void limit_groups(const RouterSpec& s, float* key, float* gscore) {
+void limit_groups(const RouterSpec& s, float* key, float* gscore) {
   int64_t gsz = s.E / s.groups;
   for (int64_t g = 0; g < s.groups; ++g) {
     float a = kNegInf, b = kNegInf;  // best and second best
@@ -70,6 +69,11 @@ static void limit_groups(const RouterSpec& s, float* key, float* gscore) {
     }
     gscore[g] = s.group_mode == 0 ? a : a + b;
   }
+  keep_groups(s, key, gscore);
+}
+
+void keep_groups(const RouterSpec& s, float* key, float* gscore) {
+  const int64_t gsz = s.E / s.groups;
   for (int64_t kept = 0; kept < s.k_group; ++kept) {  // mark chosen groups with +inf-like sentinel
     int64_t best = -1;
     for (int64_t g = 0; g < s.groups; ++g)
@@ -140,7 +144,7 @@ bool route_row_scalar(const RouterSpec& s, GatingResult& r, int64_t row, RouterS
 }
 
 bool route_fast(const RouterSpec& s, GatingResult& r) {
-  const bool vec = s.k <= 16 && cpu::has(cpu::Isa::avx512);
+  const bool vec = s.k <= 16 && cpu::has(cpu::Isa::avx512), vec2 = !vec && s.k <= 16 && cpu::has(cpu::Isa::avx2);
   // About 256 KiB of fp32 logits per task: each task's first rows start a new memory stream (not yet
   // prefetched) and pay the kernel's set-up; 16 / 64 KiB tasks were 20-25% / 7-8% slower at 2
   // threads (T 16384: 32 tasks, still enough to balance).
@@ -153,6 +157,7 @@ bool route_fast(const RouterSpec& s, GatingResult& r) {
     int64_t r0 = c0 * chunk, r1 = std::min(s.R, c1 * chunk);
     bool ok = true;
     if (vec) ok = route_rows_avx512(s, r, r0, r1, b);
+    else if (vec2) ok = route_rows_avx2(s, r, r0, r1, b);
     else for (int64_t row = r0; row < r1; ++row) ok &= route_row_scalar(s, r, row, b);
     if (!ok) valid.store(false, std::memory_order_relaxed);
   });
@@ -162,7 +167,11 @@ bool route_fast(const RouterSpec& s, GatingResult& r) {
 static GatingResult run(const char* op, RouterSpec& s, const TensorView& x, bool force_ref) {
   trace::OpScope scope(op);
   if (scope.active())  // the name strings cost ~0.5 us a call (a quarter of a T 1 call) when tracing is off
-    scope.kernel(force_ref ? "ref" : !(s.k <= 16 && cpu::has(cpu::Isa::avx512)) ? "fp32_rows" : t16_applies(s) || t16_sigmoid_applies(s) ? "avx512_t16" : "avx512_rows")
+    scope.kernel(force_ref                                 ? "ref"
+                 : s.k > 16 || !cpu::has(cpu::Isa::avx2)   ? "fp32_rows"
+                 : !cpu::has(cpu::Isa::avx512)             ? "avx2_rows"
+                 : t16_applies(s) || t16_sigmoid_applies(s) ? "avx512_t16"
+                                                            : "avx512_rows")
         .args(x.shape_str())
         .bytes(double(x.nbytes()));
   GatingResult r = alloc_outputs(s, x);

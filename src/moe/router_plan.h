@@ -81,12 +81,19 @@ struct RouterScratch {
 // One row, scalar: the fallback of the vector kernel and the path of non-AVX-512 machines.
 // False (nothing written) when the row fails check_rows.
 bool route_row_scalar(const RouterSpec& s, GatingResult& r, int64_t row, RouterScratch& b);
+// Masks (-inf) every expert of key[0, E) outside the k_group best groups (group score: max, or sum
+// of the top 2; ties to the lower group); gscore: [groups] scratch. The scalar row's, also the AVX2 kernel's.
+void limit_groups(const RouterSpec& s, float* key, float* gscore);
+// Its second half, given the group scores gscore[groups] (overwritten): -inf outside the k_group best.
+void keep_groups(const RouterSpec& s, float* key, float* gscore);
 // Writes ids (E for finished rows), y (cast to x's dtype) and the v1 row_idx of one row.
 void write_row(const RouterSpec& s, GatingResult& r, int64_t row, const int32_t* ids, const float* vals);
 // Rows [r0, r1) with AVX-512 (k <= 16); rows it cannot decide exactly go to route_row_scalar.
 // False when some row fails check_rows. Takes the 16-tokens-in-lanes kernel where it applies
 // (route_rows_t16, route_rows_t16_sigmoid), the row kernel (route_rows_avx512_rowwise) for the rest.
 bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
+// Rows [r0, r1) with AVX2 (k <= 16; router__avx2.cpp), likewise.
+bool route_rows_avx2(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 bool route_rows_avx512_rowwise(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 // The calls route_rows_t16 handles: softmax routers selecting on the logits (no bias, no group
 // limit, no mask, no scores output), E a multiple of 16 up to 256, k <= 16, AVX512_VBMI/VBMI2.

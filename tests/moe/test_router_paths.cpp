@@ -1,4 +1,4 @@
-// Routers and the weighted row combine on each instruction-set path (scalar rows, AVX-512 rows)
+// Routers and the weighted row combine on each instruction-set path (scalar rows, AVX2 rows, AVX-512 rows)
 // against the references: odd E (tail lanes), k up to 16 (vector top-k) and beyond (scalar), ties
 // (the vector top-k hands those rows to the scalar path), groups, bias, masks, the fused finiteness
 // check, and unpermute / finalize on H with and without 128-lane blocks.
@@ -14,6 +14,7 @@ namespace {
 
 std::vector<cpu::Isa> paths() {
   std::vector<cpu::Isa> v{cpu::Isa::scalar};
+  if (cpu::detected_isa() >= cpu::Isa::avx2) v.push_back(cpu::Isa::avx2);
   if (cpu::detected_isa() >= cpu::Isa::avx512) v.push_back(cpu::Isa::avx512);
   return v;
 }
@@ -460,4 +461,77 @@ TEST(MoeRouterPaths, TokensInLanesSigmoid) {
       o.bias = bias;
       EXPECT_OT_ERROR(moe_gating_top_k(x, o), "x");
     }
+}
+
+// The AVX2 row kernel's edges (router__avx2.cpp), on every path: E not a multiple of 8 and up to
+// 512 (8 or 16 column maxima, folded for k <= 4), k = E; rows of a few levels whose ties at the k-th
+// place are ranked exactly (up to 64 candidates) or, flat, by the scalar row; huge logits (3e7:
+// the softmax by the scalar row; +-1e30: 2^t at its clamps); groups of 9
+// experts (not whole vectors) with bias and a mask; a mask leaving exactly k experts.
+TEST(MoeRouterPaths, RowKernelEdges) {
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (int64_t E : {3, 9, 36, 100, 512})
+      for (int64_t k : {int64_t(1), int64_t(4), int64_t(9), int64_t(16), E}) {
+        if (k > E || k > 16) continue;
+        const int64_t T = 23;
+        std::string what = std::string(cpu::isa_name(isa)) + " E" + std::to_string(E) + " k" + std::to_string(k);
+        Tensor x = randn(DType::f32, {T, E}, uint32_t(E * 5 + k), 2.f);
+        Tensor lv = tied(DType::f32, T, E, uint32_t(E + k), 6);
+        for (int64_t r = 0; r < T; ++r)
+          for (int64_t e = 0; e < E; ++e) {
+            float* p = x.ptr<float>() + r * E + e;
+            if (r % 4 == 1) *p = lv.ptr<float>()[r * E + e];                 // 6 levels: ties at the k-th place
+            if (r == 6) *p = 0.5f;                                            // flat
+            // Huge rows (equal logits where the fp64 scores tie: the same order on logits and scores).
+            if (r == 10) *p = 3e7f + 2.f * float(e % 300);  // the softmax by the scalar row
+            if (r == 14) *p = e % 2 ? 1e30f : -1e30f;         // saturated sigmoid / softmax
+          }
+        expect_match(moe_gating_top_k_softmax(x, k), ref::moe_gating_top_k_softmax(x, k), DType::f32, what + " v1");
+        for (int renorm : {0, 1})
+          expect_match(moe_gating_top_k_softmax_v2(x, k, {}, renorm, renorm == 0), ref::moe_gating_top_k_softmax_v2(x, k, {}, renorm, renorm == 0),
+                       DType::f32, what + " v2 renorm " + std::to_string(renorm));
+        GatingTopKOptions o;
+        o.k = k; o.routed_scaling_factor = 1.5f; o.out_flag = true;
+        expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::f32, what + " gating softmax");
+        // Sigmoid, and keys with a bias: without the 3e7 row (its sigmoids tie in fp64 where the
+        // logits differ; its tiny fp64 softmax scores break the bias levels' ties).
+        for (int64_t e = 0; e < E; e += 2) x.ptr<float>()[10 * E + e] = 0.f;
+        for (int64_t e = 1; e < E; e += 2) x.ptr<float>()[10 * E + e] = float(e % 5);
+        for (int norm : {0, 1}) {
+          o.norm_type = norm;
+          o.bias = {};
+          if (norm == 1) expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::f32, what + " gating sigmoid");
+          Tensor bias = tied(DType::f32, 1, E, uint32_t(E), 3);
+          o.bias = bias.view().reshape({E});
+          expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::f32, what + " gating bias norm " + std::to_string(norm));
+        }
+      }
+    // Groups of 9 experts (E 36, 4 groups), both group scores, bias, a mask; tied rows too.
+    for (int mode : {0, 1})
+      for (int variant : {0, 1}) {
+        const int64_t T = 31, E = 36;
+        GatingTopKOptions o;
+        o.k = 5; o.group_count = 4; o.k_group = 2; o.group_select_mode = mode; o.norm_type = (mode + variant) % 2; o.out_flag = true;
+        Tensor x = variant == 0 ? randn(DType::bf16, {T, E}, uint32_t(40 + mode), 2.f) : tied(DType::bf16, T, E, uint32_t(41 + mode), 4);
+        Tensor bias = randn(DType::f32, {E}, 7, 0.3f);
+        Tensor allowed = Tensor::empty(DType::u8, {T, E});
+        for (int64_t i = 0; i < T * E; ++i) allowed.ptr<uint8_t>()[i] = (i / E) % 3 != 0 || i % 4 != 1;
+        std::string what = std::string(cpu::isa_name(isa)) + " groups of 9 mode " + std::to_string(mode) + " variant " + std::to_string(variant);
+        expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::bf16, what);
+        o.bias = bias;
+        o.allowed = allowed;
+        expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::bf16, what + " bias mask");
+      }
+    // A mask leaving exactly k of 20 experts (fp16 logits).
+    Tensor x = randn(DType::f16, {17, 20}, 8, 2.f);
+    Tensor allowed = Tensor::zeros(DType::u8, {17, 20});
+    for (int64_t r = 0; r < 17; ++r)
+      for (int64_t j = 0; j < 6; ++j) allowed.ptr<uint8_t>()[r * 20 + (r + 3 * j) % 20] = 1;
+    std::string what = std::string(cpu::isa_name(isa)) + " exactly k allowed";
+    expect_match(moe_gating_top_k_softmax_v2(x, 6, {}, 0, true, allowed), ref::moe_gating_top_k_softmax_v2(x, 6, {}, 0, true, allowed), DType::f16, what);
+    GatingTopKOptions o;
+    o.k = 6; o.norm_type = 1; o.allowed = allowed;
+    expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::f16, what + " gating");
+  }
 }

@@ -1,0 +1,333 @@
+// Routers, AVX2 rows (k <= 16), one row at a time, for cores without AVX-512 (8 lanes, no mask
+// registers, no compress). Softmax exps and sigmoids by a degree-5 2^x (8 lanes). Top-k: the
+// threshold t is the k-th largest of 8 column maxima (16 for k > 8; folded to 4, 2, 1 for small k):
+// those are maxima of disjoint expert sets, so k distinct experts reach t. The candidates >= t are
+// compressed in expert order by a 256-entry permute table, then ranked exactly by counting (ties to
+// the lower expert id, the scalar row's order): without ties one compare a candidate pair, with ties
+// an extra equal-and-lower-id term. Rows the kernel does not decide go to route_row_scalar: a -inf
+// threshold (masked or group-limited experts chosen), more than kMaxCand candidates (flat rows), and
+// softmax rows whose max is huge (the exps' offset, kExpOffsetLimit), so ids always match the scalar
+// order. Group scores of whole vectors by lane-wise top-2 (else the scalar row's limit_groups).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "src/core/cvt_avx2.h"
+#include "src/moe/common.h"
+#include "src/moe/router_plan.h"
+
+namespace ot::moe::impl {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr int kMaxCand = 64;
+// |row max| from which the softmax exps' offset fl(max log2 e) is off by more than 1 (see
+// router_simd__avx512.h, kExpOffsetLimit): such rows go to the scalar row.
+constexpr float kExpOffsetLimit = 16777216.f;  // 2^24
+
+// Lane l of entry m: the l-th set bit of m (the rest 0): a compress of 8 lanes by one vpermps.
+alignas(64) constexpr auto kCompress = [] {
+  std::array<uint8_t, 256 * 8> a{};
+  for (int m = 0; m < 256; ++m)
+    for (int b = 0, n = 0; b < 8; ++b)
+      if (m >> b & 1) a[size_t(8 * m + n++)] = uint8_t(b);
+  return a;
+}();
+
+inline __m256i tail_mask(int64_t rem) {  // lanes < rem all ones
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(rem, 8))), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// 8 floats of a row from element i (lanes >= rem read as -inf).
+inline __m256 load8(const void* base, DType t, int64_t i, int64_t rem) {
+  __m256 v;
+  if (rem >= 8) {
+    if (t == DType::f32) return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+    return simd::half8_to_f32(static_cast<const uint16_t*>(base) + i, t == DType::bf16);
+  }
+  const __m256i m = tail_mask(rem);
+  if (t == DType::f32) {
+    v = _mm256_maskload_ps(static_cast<const float*>(base) + i, m);
+  } else {
+    uint16_t h[8] = {};
+    std::memcpy(h, static_cast<const uint16_t*>(base) + i, size_t(rem) * 2);
+    v = simd::half8_to_f32(h, t == DType::bf16);
+  }
+  return _mm256_blendv_ps(_mm256_set1_ps(kNegInf), v, _mm256_castsi256_ps(m));
+}
+
+inline float hmax(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+inline float hsum(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+// 2^t: t clamped to [-252, 254] (beyond, 2^t is 0 or +inf in fp32 anyway), f = t - floor(t) in [0, 1),
+// the AVX-512 kernel's degree-5 minimax polynomial (about 1 ulp), scaled by 2^n in two halves (each a
+// normal power of 2: the result underflows to 0 and overflows to +inf as it should). -inf gives 0.
+inline __m256 exp2_ps(__m256 t) {
+  t = _mm256_max_ps(_mm256_min_ps(t, _mm256_set1_ps(254.f)), _mm256_set1_ps(-252.f));
+  const __m256 fl = _mm256_round_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(t, fl);
+  __m256 p = _mm256_set1_ps(1.8775747157633305e-3f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(8.989345282316208e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.582631379365921e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.24015362560749054f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931530833244324f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.9999999403953552f));
+  const __m256i n = _mm256_cvtps_epi32(fl), n1 = _mm256_srai_epi32(n, 1), n2 = _mm256_sub_epi32(n, n1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+// 1 / (1 + 2^(-x log2 e)); x = -inf (padding) gives 0.
+inline __m256 sigmoid_ps(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, exp2_ps(_mm256_mul_ps(x, _mm256_set1_ps(-kLog2e)))));
+}
+
+// The k-th largest of the g (<= 16) values in lo (lanes 0..7) and hi (8..15): the smallest value
+// that fewer than k of the others exceed.
+inline float kth_largest(__m256 lo, __m256 hi, int g, int64_t k) {
+  alignas(32) float c[16];
+  _mm256_store_ps(c, lo);
+  _mm256_store_ps(c + 8, hi);
+  __m256i n0 = _mm256_setzero_si256(), n1 = _mm256_setzero_si256();
+  for (int j = 0; j < g; ++j) {
+    const __m256 bj = _mm256_broadcast_ss(c + j);
+    n0 = _mm256_sub_epi32(n0, _mm256_castps_si256(_mm256_cmp_ps(bj, lo, _CMP_GT_OQ)));
+    if (g > 8) n1 = _mm256_sub_epi32(n1, _mm256_castps_si256(_mm256_cmp_ps(bj, hi, _CMP_GT_OQ)));
+  }
+  const __m256i vk = _mm256_set1_epi32(int(k)), iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  // Lanes that count (< g) with fewer than k larger ones: their minimum.
+  const __m256i in0 = _mm256_and_si256(_mm256_cmpgt_epi32(vk, n0), _mm256_cmpgt_epi32(_mm256_set1_epi32(g), iota));
+  __m256 m = _mm256_blendv_ps(inf, lo, _mm256_castsi256_ps(in0));
+  if (g > 8) {
+    const __m256i in1 = _mm256_and_si256(_mm256_cmpgt_epi32(vk, n1), _mm256_cmpgt_epi32(_mm256_set1_epi32(g - 8), iota));
+    m = _mm256_min_ps(m, _mm256_blendv_ps(inf, hi, _mm256_castsi256_ps(in1)));
+  }
+  return -hmax(_mm256_sub_ps(_mm256_setzero_ps(), m));
+}
+
+// Ranks of the n candidates c (expert order; c padded with -inf to a multiple of 8, aligned):
+// rank[i] = #{j : c_j > c_i}, plus with Ties #{j < i : c_j == c_i} (ties to the lower expert id).
+// Returns the sum of the ranks over i < n. NQ = ceil(n / 8) vectors (the counts stay in registers).
+template <int NQ, bool Ties> int rank_candidates(const float* c, int n, int32_t* rank) {
+  __m256i r[NQ];
+  for (int q = 0; q < NQ; ++q) r[q] = _mm256_setzero_si256();
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int j = 0; j < n; ++j) {
+    const __m256 bj = _mm256_broadcast_ss(c + j);
+    for (int q = 0; q < NQ; ++q) {
+      const __m256 cq = _mm256_load_ps(c + 8 * q);
+      __m256 m = _mm256_cmp_ps(bj, cq, _CMP_GT_OQ);
+      if (Ties) {
+        const __m256i after = _mm256_cmpgt_epi32(_mm256_add_epi32(iota, _mm256_set1_epi32(8 * q)), _mm256_set1_epi32(j));  // i > j
+        m = _mm256_or_ps(m, _mm256_and_ps(_mm256_cmp_ps(bj, cq, _CMP_EQ_OQ), _mm256_castsi256_ps(after)));
+      }
+      r[q] = _mm256_sub_epi32(r[q], _mm256_castps_si256(m));
+    }
+  }
+  __m256i sum = _mm256_setzero_si256();
+  for (int q = 0; q < NQ; ++q) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(rank + 8 * q), r[q]);
+    sum = _mm256_add_epi32(sum, _mm256_and_si256(r[q], tail_mask(n - 8 * q)));
+  }
+  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(x);
+}
+template <bool Ties> int rank_candidates(const float* c, int n, int32_t* rank) {
+  static_assert(kMaxCand == 64);
+  switch ((n + 7) / 8) {
+    case 1: return rank_candidates<1, Ties>(c, n, rank);
+    case 2: return rank_candidates<2, Ties>(c, n, rank);
+    case 3: return rank_candidates<3, Ties>(c, n, rank);
+    case 4: return rank_candidates<4, Ties>(c, n, rank);
+    case 5: return rank_candidates<5, Ties>(c, n, rank);
+    case 6: return rank_candidates<6, Ties>(c, n, rank);
+    case 7: return rank_candidates<7, Ties>(c, n, rank);
+    default: return rank_candidates<8, Ties>(c, n, rank);
+  }
+}
+
+enum class RowResult { done, scalar, bad };
+
+// One row: ids / weights / scores written, or left to the scalar row, or bad (nothing written).
+RowResult route_row(const RouterSpec& s, GatingResult& r, int64_t row, RouterScratch& b) {
+  const int64_t E = s.E, k = s.k, nv = (E + 7) / 8;
+  float *xr = b.xr, *key = b.key, *sc = b.sc;
+  const DType xt = s.x.dtype;
+  const char* xp = static_cast<const char*>(s.x.data) + size_t(row * E) * dtype_size(xt);
+  const uint8_t* al = s.allowed ? s.allowed + row * E : nullptr;
+  const bool on_x = select_on_logits(s), groups = limits_groups(s);
+  const __m256 ninf = _mm256_set1_ps(kNegInf), zero = _mm256_setzero_ps();
+  // Pass 1: logits (padding -inf), finiteness, the allowed logits (-inf elsewhere, into key when
+  // masked) and their column maxima over even / odd vectors (16 columns).
+  __m256 c0 = ninf, c1 = ninf, nonfinite = zero;  // sums x * 0: NaN once some x is NaN or +-Inf
+  int n_allowed = 0;
+  for (int64_t v = 0; v < nv; ++v) {
+    const int64_t rem = E - 8 * v;
+    __m256 x = load8(xp, xt, 8 * v, rem);
+    _mm256_store_ps(xr + 8 * v, x);
+    nonfinite = _mm256_fmadd_ps(rem >= 8 ? x : _mm256_and_ps(x, _mm256_castsi256_ps(tail_mask(rem))), zero, nonfinite);
+    if (al) {
+      uint64_t bytes = 0;
+      std::memcpy(&bytes, al + 8 * v, size_t(std::min<int64_t>(rem, 8)));
+      const __m256 off = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(bytes))), _mm256_setzero_si256()));
+      n_allowed += 8 - __builtin_popcount(unsigned(_mm256_movemask_ps(off)));  // tail lanes read as 0: not allowed
+      x = _mm256_blendv_ps(x, ninf, off);
+      _mm256_store_ps(key + 8 * v, x);
+    }
+    if (v & 1) c1 = _mm256_max_ps(c1, x); else c0 = _mm256_max_ps(c0, x);
+  }
+  if (_mm256_movemask_ps(_mm256_cmp_ps(nonfinite, nonfinite, _CMP_UNORD_Q)) || (al && n_allowed < k)) return RowResult::bad;
+  const float* xa = al ? key : xr;  // allowed logits
+  const float mx = hmax(_mm256_max_ps(c0, c1));
+  const bool softmax = s.select != Select::topk_softmax && !s.sigmoid;
+  if (!s.sigmoid && std::fabs(mx) >= kExpOffsetLimit) return RowResult::scalar;
+  // Pass 2: scores (softmax exps, unnormalised, 0 where masked; or sigmoids).
+  const __m256 l2e = _mm256_set1_ps(kLog2e), ml = _mm256_set1_ps(mx * kLog2e);
+  float inv = 1.f;
+  if (softmax) {
+    __m256 s0 = zero, s1 = zero;
+    for (int64_t v = 0; v < nv; ++v) {
+      const __m256 e = exp2_ps(_mm256_fmsub_ps(_mm256_load_ps(xa + 8 * v), l2e, ml));
+      _mm256_store_ps(sc + 8 * v, e);
+      if (v & 1) s1 = _mm256_add_ps(s1, e); else s0 = _mm256_add_ps(s0, e);
+    }
+    inv = 1.f / hsum(_mm256_add_ps(s0, s1));
+  } else if (s.sigmoid) {
+    for (int64_t v = 0; v < nv; ++v) _mm256_store_ps(sc + 8 * v, sigmoid_ps(_mm256_load_ps(xr + 8 * v)));
+  }
+  // Selection keys: the allowed logits, or score + bias (-inf where the allowed logit is).
+  const float* kp = xa;
+  if (!on_x) {
+    const __m256 vi = _mm256_set1_ps(inv);
+    c0 = c1 = ninf;
+    for (int64_t v = 0; v < nv; ++v) {
+      const int64_t rem = E - 8 * v;
+      __m256 y = _mm256_load_ps(sc + 8 * v);
+      if (softmax) y = _mm256_mul_ps(y, vi);
+      if (!s.bias.empty()) {
+        const float* bp = s.bias.data() + 8 * v;
+        y = _mm256_add_ps(y, rem >= 8 ? _mm256_loadu_ps(bp) : _mm256_maskload_ps(bp, tail_mask(rem)));
+      }
+      y = _mm256_blendv_ps(y, ninf, _mm256_cmp_ps(_mm256_load_ps(xa + 8 * v), ninf, _CMP_EQ_OQ));
+      _mm256_store_ps(key + 8 * v, y);
+      if (v & 1) c1 = _mm256_max_ps(c1, y); else c0 = _mm256_max_ps(c0, y);
+    }
+    kp = key;
+  }
+  if (groups) {  // the scalar row's group limit on the keys (a copy of the logits when those are the keys)
+    if (kp != key) std::memcpy(key, kp, size_t(nv) * 32);
+    kp = key;
+    const int64_t gsz = E / s.groups;
+    if (gsz % 8 == 0) {  // groups of whole vectors: lane-wise (largest, second largest), then across lanes
+      for (int64_t g = 0; g < s.groups; ++g) {
+        const float* p = key + g * gsz;
+        __m256 a = _mm256_loadu_ps(p), a2 = ninf;
+        for (int64_t i = 8; i < gsz; i += 8) {
+          const __m256 v = _mm256_loadu_ps(p + i);
+          a2 = _mm256_max_ps(a2, _mm256_min_ps(a, v));
+          a = _mm256_max_ps(a, v);
+        }
+        const float A = hmax(a);
+        if (s.group_mode == 0) { b.gs[g] = A; continue; }
+        const __m256 at = _mm256_cmp_ps(a, _mm256_set1_ps(A), _CMP_EQ_OQ);  // the second is A again when 2 lanes hold it
+        b.gs[g] = A + (__builtin_popcount(unsigned(_mm256_movemask_ps(at))) >= 2 ? A : std::max(hmax(a2), hmax(_mm256_blendv_ps(a, ninf, at))));
+      }
+      keep_groups(s, key, b.gs);
+    } else {
+      limit_groups(s, key, b.gs);
+    }
+    c0 = c1 = ninf;
+    for (int64_t v = 0; v < nv; ++v)
+      if (v & 1) c1 = _mm256_max_ps(c1, _mm256_load_ps(key + 8 * v)); else c0 = _mm256_max_ps(c0, _mm256_load_ps(key + 8 * v));
+  }
+  // Threshold: the k-th largest of g column maxima over disjoint expert sets.
+  int g = 16;
+  if (k <= 8) { c0 = _mm256_max_ps(c0, c1); g = 8; }
+  if (k <= 4) { c0 = _mm256_max_ps(c0, _mm256_permute2f128_ps(c0, c0, 1)); g = 4; }
+  if (k <= 2) { c0 = _mm256_max_ps(c0, _mm256_permute_ps(c0, _MM_SHUFFLE(1, 0, 3, 2))); g = 2; }
+  if (k <= 1) { c0 = _mm256_max_ps(c0, _mm256_permute_ps(c0, _MM_SHUFFLE(2, 3, 0, 1))); g = 1; }
+  const float t = kth_largest(c0, c1, g, k);
+  if (!(t > kNegInf)) return RowResult::scalar;  // -inf keys may be chosen: the scalar row decides
+  // Candidates >= t in expert order (whole 8-lane stores: the buffers hold E + 80).
+  const __m256 vt = _mm256_set1_ps(t);
+  float* cv = b.cand;
+  int32_t* ci = b.cand_id;
+  int n = 0;
+  for (int64_t v = 0; v < nv; ++v) {
+    const __m256 x = _mm256_load_ps(kp + 8 * v);
+    const unsigned m = unsigned(_mm256_movemask_ps(_mm256_cmp_ps(x, vt, _CMP_GE_OQ)));
+    const __m256i p = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(kCompress.data() + 8 * m)));
+    _mm256_storeu_ps(cv + n, _mm256_permutevar8x32_ps(x, p));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ci + n), _mm256_add_epi32(p, _mm256_set1_epi32(int(8 * v))));
+    n += __builtin_popcount(m);
+    if (n > kMaxCand) return RowResult::scalar;  // flat rows: the scalar row
+  }
+  const float* cc = cv;  // b.cand: 64-byte aligned
+  _mm256_storeu_ps(cv + n, ninf);
+  alignas(32) int32_t rk[kMaxCand + 8];
+  // Ranks: a permutation of 0..n-1 (sum n(n-1)/2) exactly when no two candidates tie; else again
+  // with ties to the lower id (still a permutation).
+  if (rank_candidates<false>(cc, n, rk) != n * (n - 1) / 2) rank_candidates<true>(cc, n, rk);
+  alignas(32) int32_t ids[kMaxCand + 8];  // every candidate in rank order (no branch a candidate)
+  alignas(32) float kv[kMaxCand + 8];
+  for (int i = 0; i < n; ++i) { ids[rk[i]] = ci[i]; kv[rk[i]] = cc[i]; }
+  // Weights.
+  float* vals = b.vals;
+  if (s.select == Select::topk_softmax) {  // softmax over the k chosen logits (kv[0] their max)
+    const __m256 m0 = _mm256_set1_ps(kv[0] * kLog2e);
+    __m256 e[2];
+    float sum = 0;
+    for (int q = 0; q < (k + 7) / 8; ++q) {
+      e[q] = _mm256_and_ps(exp2_ps(_mm256_fmsub_ps(_mm256_loadu_ps(kv + 8 * q), l2e, m0)), _mm256_castsi256_ps(tail_mask(k - 8 * q)));
+      sum += hsum(e[q]);
+    }
+    const __m256 vi = _mm256_set1_ps(1.f / sum);
+    for (int q = 0; q < (k + 7) / 8; ++q) _mm256_storeu_ps(vals + 8 * q, _mm256_mul_ps(e[q], vi));
+  } else {
+    float sum = 0;
+    for (int64_t j = 0; j < k; ++j) { vals[j] = sc[ids[j]]; sum += vals[j]; }
+    const float mul = softmax ? inv * (s.select == Select::gating ? s.scale : 1.f) : s.select == Select::gating ? s.scale / (sum + s.eps) : 1.f;
+    for (int64_t j = 0; j < k; ++j) vals[j] *= mul;
+  }
+  write_row(s, r, row, ids, vals);
+  if (s.scores) {
+    float* out = r.scores.ptr<float>() + row * E;
+    const __m256 vi = _mm256_set1_ps(inv);
+    int64_t v = 0;
+    for (; 8 * v + 8 <= E; ++v) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(_mm256_load_ps(sc + 8 * v), vi));
+    for (int64_t e = 8 * v; e < E; ++e) out[e] = sc[e] * inv;
+  }
+  return RowResult::done;
+}
+
+}  // namespace
+
+bool route_rows_avx2(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+  bool valid = true;
+  for (int64_t row = r0; row < r1; ++row) {
+    const RowResult res = route_row(s, r, row, b);
+    if (res == RowResult::bad) valid = false;
+    else if (res == RowResult::scalar && !route_row_scalar(s, r, row, b)) valid = false;
+  }
+  return valid;
+}
+
+}  // namespace ot::moe::impl
