@@ -111,7 +111,11 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
   // the 8-row tile's rate (MoE experts get ~32 +- 6 rows at Qwen3 T512: +8-13% on M = 25).
   const int64_t ntile = (mc_pad + K.mr - 1) / K.mr;
   const bool bal = !K.pad_rows;
-  const bool vec = job.epi.csc == 1 && cpu::has(cpu::Isa::avx512);
+  // The vector epilogues need unit column stride.
+  void (*const epilogue)(const EpiArgs&, const EpiBlock&) = job.epi.csc != 1 ? epilogue_scalar
+                                                          : cpu::has(cpu::Isa::avx512) ? epilogue_avx512
+                                                          : cpu::has(cpu::Isa::avx2) ? epilogue_avx2
+                                                                                     : epilogue_scalar;
   // The epilogue reads C (accumulate: the down GEMM's weighted scatter-add into token rows, which
   // are scattered and not in cache): fetch the block's C lines into L2 before its panels run, so
   // the read-modify-write does not wait on memory (it was ~80% of the epilogue's time).
@@ -162,8 +166,7 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
       eb.u = eb.t + kNR;
       eb.ucol = ucol + ec0;
     }
-    if (vec) epilogue_avx512(job.epi, eb);
-    else epilogue_scalar(job.epi, eb);
+    epilogue(job.epi, eb);
   }
 }
 

@@ -177,6 +177,7 @@ inline float acc_scale(const EpiArgs& e, int64_t m) {
   return e.a_scale ? e.alpha * e.a_scale[e.a_rows ? e.a_rows[m] : m] : e.alpha;
 }
 void epilogue_scalar(const EpiArgs& e, const EpiBlock& b);
+void epilogue_avx2(const EpiArgs& e, const EpiBlock& b);
 void epilogue_avx512(const EpiArgs& e, const EpiBlock& b);
 // Prefetches (into L2) the C elements that rows [m0, m0+rows) x columns [col0, col0+width) of an
 // epilogue will read (through scatter_rows when set).

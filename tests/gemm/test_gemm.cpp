@@ -109,21 +109,26 @@ TEST(Gemm, MixedDtypes) {
   }
 }
 
+// Every activation x bias x row_scale x accumulate (beta = 1) x C dtype on each ISA's epilogue;
+// N = 98 (49 SwiGLU outputs): a partial 8- and 16-column vector at the end of each row.
 TEST(Gemm, EveryEpilogue) {
   static const float dummy = 0;  // non-null marker: run_case swaps in the real arrays
   for (cpu::Isa isa : isa_paths()) {
     cpu::ScopedMaxIsa cap(isa);
     for (DType t : {DType::bf16, DType::f32})
       for (Act act : {Act::none, Act::relu, Act::gelu, Act::silu, Act::swiglu})
-        for (int variant = 0; variant < 4; ++variant) {
-          Epilogue ep;
-          ep.act = act;
-          ep.bias = variant & 1 ? &dummy : nullptr;
-          ep.row_scale = variant & 2 ? &dummy : nullptr;
-          Case cs{33, 98, 70, t, t, variant == 3 ? DType::bf16 : DType::f32, BLayout::NK, ep, variant >= 2};
-          double tol, err = run_case(cs, uint32_t(variant * 13 + int(act)), &tol);
-          EXPECT_LE(err, tol) << "isa=" << isa_str(isa) << " act=" << act_name(act) << " variant=" << variant << " " << dtype_name(t);
-        }
+        for (int variant = 0; variant < 8; ++variant)
+          for (DType ct : {DType::f32, DType::bf16, DType::f16}) {
+            Epilogue ep;
+            ep.act = act;
+            ep.bias = variant & 1 ? &dummy : nullptr;
+            ep.row_scale = variant & 2 ? &dummy : nullptr;
+            ep.accumulate = variant & 4;
+            Case cs{33, 98, 70, t, t, ct, BLayout::NK, ep, (variant & 2) != 0};
+            double tol, err = run_case(cs, uint32_t(variant * 13 + int(act)), &tol);
+            EXPECT_LE(err, tol) << "isa=" << isa_str(isa) << " act=" << act_name(act) << " variant=" << variant << " " << dtype_name(t)
+                                << " c=" << dtype_name(ct);
+          }
   }
 }
 
@@ -132,7 +137,7 @@ TEST(Gemm, GatherScatterAccumulateWithCollisions) {
   static const float dummy = 0;
   for (cpu::Isa isa : isa_paths()) {
     cpu::ScopedMaxIsa cap(isa);
-    for (DType ct : {DType::f32, DType::bf16}) {
+    for (DType ct : {DType::f32, DType::bf16, DType::f16}) {
       Epilogue ep;
       ep.scatter_rows = &dummy_rows;
       ep.row_scale = &dummy;
@@ -140,7 +145,7 @@ TEST(Gemm, GatherScatterAccumulateWithCollisions) {
       // 255 rows scattered into 40: every output row is hit several times, from many threads' blocks.
       Case cs{255, 100, 64, DType::bf16, DType::bf16, ct, BLayout::KN, ep, true, 3, 40};
       double tol, err = run_case(cs, 5, &tol);
-      EXPECT_LE(err, ct == DType::f32 ? 1e-4 : 2e-2) << "isa=" << isa_str(isa) << " c=" << dtype_name(ct);
+      EXPECT_LE(err, ct == DType::f32 ? 1e-4 : ct == DType::f16 ? 4e-3 : 2e-2) << "isa=" << isa_str(isa) << " c=" << dtype_name(ct);
     }
   }
 }
