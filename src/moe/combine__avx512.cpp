@@ -90,8 +90,6 @@ void combine_rows_avx512(const WeightedRow* rows, int n, DType t, int64_t H, voi
   }
 }
 
-void stream_fence_avx512() { _mm_sfence(); }
-
 // Whole 64-byte lines, non-temporal (dst aligned), four lines loaded before they are stored; the next
 // source row is prefetched line by line.
 void copy_row_avx512(void* dst, const void* src, size_t bytes, const void* next) {

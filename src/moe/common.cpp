@@ -10,26 +10,30 @@ namespace ot::moe::impl {
 
 void combine_rows_avx512(const WeightedRow* rows, int n, DType t, int64_t H, void* out, DType out_t, const WeightedRow* next,
                          int n_next, bool stream);
-void stream_fence_avx512();
+void combine_rows_avx2(const WeightedRow* rows, int n, DType t, int64_t H, void* out, DType out_t, const WeightedRow* next, int n_next,
+                       bool stream);
 
 void combine_rows(const WeightedRow* rows, int n, DType t, int64_t H, void* out, DType out_t, const WeightedRow* next, int n_next,
                   bool stream) {
   if (cpu::has(cpu::Isa::avx512)) return combine_rows_avx512(rows, n, t, H, out, out_t, next, n_next, stream);
+  if (cpu::has(cpu::Isa::avx2)) return combine_rows_avx2(rows, n, t, H, out, out_t, next, n_next, stream);
   float* acc = static_cast<float*>(scratch(3, size_t(H) * 4));
   std::fill(acc, acc + H, 0.f);
   for (int j = 0; j < n; ++j) accumulate_f32(rows[j].p, t, rows[j].w, acc, H);
   convert_from_f32(acc, out, out_t, H);
 }
 void copy_row_avx512(void* dst, const void* src, size_t bytes, const void* next);
+void copy_row_avx2(void* dst, const void* src, size_t bytes, const void* next);
 void copy_row(void* dst, const void* src, size_t bytes, bool stream, const void* next) {
-  if (stream && cpu::has(cpu::Isa::avx512) && (reinterpret_cast<uintptr_t>(dst) & 63) == 0 && bytes % 64 == 0)
-    return copy_row_avx512(dst, src, bytes, next);
+  if (stream && (reinterpret_cast<uintptr_t>(dst) & 63) == 0 && bytes % 64 == 0) {
+    if (cpu::has(cpu::Isa::avx512)) return copy_row_avx512(dst, src, bytes, next);
+    if (cpu::has(cpu::Isa::avx2)) return copy_row_avx2(dst, src, bytes, next);
+  }
   if (next) prefetch_row(next, bytes);
   std::memcpy(dst, src, bytes);
 }
-void stream_fence() {
-  if (cpu::has(cpu::Isa::avx512)) stream_fence_avx512();
-}
+// sfence is SSE (baseline x86-64): no per-ISA unit needed; cheap where no store was non-temporal.
+void stream_fence() { __builtin_ia32_sfence(); }
 bool stream_output(size_t bytes) { return bytes >= (size_t(16) << 20); }
 
 void check_ids(const char* op, const char* arg, const TensorView& ids, int64_t lo, int64_t hi) {
