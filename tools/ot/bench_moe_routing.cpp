@@ -61,8 +61,8 @@ struct Batch {
   }
 };
 
-// Routers at T 1024 (the input is 0.5 MiB, in cache: this measures per-token work and dispatch) and
-// T 16384 (a prefill batch, 8 MiB); the row-moving operators at T 1024 (36+ MiB) and 4096.
+// Routers at T 1 (a decode step: the call's fixed cost), T 1024 (the input is 0.5 MiB, in cache:
+// this measures per-token work and dispatch) and T 16384 (a prefill batch, 8 MiB); the row-moving operators at T 1024 (36+ MiB) and 4096.
 void add_cases(Batch& b, bool routers, bool rows, std::vector<Case>& cases) {
   const int64_t T = b.T;
   const std::string t = "-t" + std::to_string(T);
@@ -92,7 +92,7 @@ void add_cases(Batch& b, bool routers, bool rows, std::vector<Case>& cases) {
 int run(const BenchOptions& opt) {
   std::vector<std::unique_ptr<Batch>> batches;
   std::vector<Case> cases;
-  for (auto [T, routers, rows] : {std::tuple{int64_t(1024), true, true}, {int64_t(16384), true, false}, {int64_t(4096), false, true}}) {
+  for (auto [T, routers, rows] : {std::tuple{int64_t(1), true, false}, {int64_t(1024), true, true}, {int64_t(16384), true, false}, {int64_t(4096), false, true}}) {
     std::vector<Case> mine;
     auto b = std::make_unique<Batch>(T);
     add_cases(*b, routers, rows, mine);
