@@ -186,8 +186,10 @@ Kernel select_kernel(Layout layout, int64_t M) {
     if (cpu::has(cpu::Isa::avx512_bf16))
       return {kernel_avx512_bf16, 8, 192, false, M <= decode_rows() ? "avx512_bf16_decode" : "avx512_bf16", kernel_decode_panels_bf16,
               kernel_avx512_bf16_cols};
-    // 24 KiB B chunk (128 pairs x 96 bf16) fits a 32 KiB L1 with the A rows.
-    if (cpu::has(cpu::Isa::avx2)) return {kernel_avx2_bf16, 8, 256, false, "avx2_bf16"};
+    // 24 KiB B chunk (128 pairs x 96 bf16) fits a 32 KiB L1 with the A rows; row blocks of <= kDecodeRows
+    // rows stream on the AVX2 decode kernel (two panels side by side).
+    if (cpu::has(cpu::Isa::avx2))
+      return {kernel_avx2_bf16, 8, 256, false, M <= decode_rows() ? "avx2_bf16_decode" : "avx2_bf16", kernel_decode_panels_avx2_bf16};
     return {kernel_scalar_vnni, 8, 256, false, "scalar"};
   }
   if (cpu::has(cpu::Isa::avx512)) return {kernel_avx512_f32, 8, 384, false, "avx512_f32"};

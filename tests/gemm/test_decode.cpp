@@ -2,8 +2,8 @@
 // read as two k-ranges side by side): directly against an fp64 dot product of the packed panel
 // layout for every row count it serves and the ones it hands on (1..4), even k lengths that split
 // unevenly between the streams (pair counts 0, 1, 15, 17, 383, 1024, 1025), padded A rows, and
-// accumulation onto C; the unit form (kernel_decode_panels_bf16: n panels paired side by side,
-// odd n); and through gemm() at decode sizes (M 1..5, odd K, N tails, units of several panels,
+// accumulation onto C; the unit form (kernel_decode_panels_bf16 and the AVX2
+// kernel_decode_panels_avx2_bf16: n panels paired side by side, odd n); and through gemm() at decode sizes (M 1..5, odd K, N tails, units of several panels,
 // SwiGLU, weighted scatter-add; every value of the gemm.decode_rows knob) against ref::gemm; and 1-3 row groups inside prefill-sized grouped calls.
 #include <cmath>
 #include <vector>
@@ -58,42 +58,52 @@ TEST(GemmDecode, KernelMatchesFp64DotOfThePanel) {
 }
 
 TEST(GemmDecode, PanelsKernelMatchesFp64DotOfEachPanel) {
-  // kernel_decode_panels_bf16: n panels of one unit (pairs i, i + n/2 side by side, an odd last one
-  // on the half-panel split), rows 1..3 paired and 4 handed on, tiles overwritten (no load_c).
-  if (!cpu::has(cpu::Isa::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16";
+  // kernel_decode_panels_bf16 (AVX512-BF16) and kernel_decode_panels_avx2_bf16: n panels of one unit
+  // (pairs i, i + n/2 side by side, an odd last one alone), rows 1..3 and 4 handed on, tiles
+  // overwritten (no load_c); pair counts around the AVX2 kernel's 64-pair chunks.
   using namespace ot::gemm::detail;
-  for (int64_t pairs : {0, 1, 17, 1025})
-    for (int n : {0, 1, 2, 3, 5, 8, 9})
-      for (int mr = 1; mr <= 4; ++mr) {
-        const int64_t kc = 2 * pairs, lda = kc + 6, ldc = 2 * kNR + 16, psz = kc * kNR;
-        std::vector<uint16_t> b = random_bf16(size_t(n * psz) + 32, uint32_t(pairs * 16 + n * 5 + mr));
-        uint16_t* bp = b.data() + (64 - reinterpret_cast<uintptr_t>(b.data()) % 64) / 2 % 32;
-        std::vector<uint16_t> a = random_bf16(size_t(mr * lda), uint32_t(pairs + 100 * mr));
-        std::vector<float> c(size_t(n * mr * ldc), 7.f);
-        std::vector<const char*> pp(size_t(n) + 1);
-        std::vector<float*> tp(size_t(n) + 1);
-        for (int i = 0; i < n; ++i) pp[size_t(i)] = reinterpret_cast<const char*>(bp + i * psz), tp[size_t(i)] = c.data() + i * mr * ldc + (i % 2) * kNR;
-        kernel_decode_panels_bf16(mr, kc, a.data(), lda, pp.data(), tp.data(), n, ldc);
-        for (int i = 0; i < n; ++i) {
-          double maxerr = 0, maxref = 1e-30;
-          for (int r = 0; r < mr; ++r)
-            for (int j = 0; j < kNR; ++j) {
-              double sum = 0;
-              for (int64_t k = 0; k < kc; ++k)
-                sum += double(bf16_to_f32(a[size_t(r * lda + k)])) * double(bf16_to_f32(bp[i * psz + (k / 2) * 2 * kNR + 2 * j + (k & 1)]));
-              maxerr = std::max(maxerr, std::fabs(sum - double(tp[size_t(i)][r * ldc + j])));
-              maxref = std::max(maxref, std::fabs(sum));
-            }
-          EXPECT_LE(maxerr / maxref, 1e-5) << "pairs=" << pairs << " n=" << n << " i=" << i << " mr=" << mr;
-          const float* tile = c.data() + i * mr * ldc;  // the other 48 + 16 columns of each row untouched
-          for (int r = 0; r < mr; ++r)
-            for (int j = 0; j < ldc; ++j) {
-              if (j / kNR != i % 2 || j >= 2 * kNR) {
-                EXPECT_EQ(tile[r * ldc + j], 7.f) << "n=" << n << " i=" << i << " r=" << r << " j=" << j;
+  using PanelsFn = void (*)(int, int64_t, const void*, int64_t, const char* const*, float* const*, int, int64_t);
+  struct Form { const char* name; cpu::Isa isa; PanelsFn fn; };
+  int ran = 0;
+  for (const Form& form : {Form{"avx512_bf16", cpu::Isa::avx512_bf16, kernel_decode_panels_bf16},
+                           Form{"avx2", cpu::Isa::avx2, kernel_decode_panels_avx2_bf16}}) {
+    if (!cpu::has(form.isa)) continue;
+    ++ran;
+    for (int64_t pairs : {0, 1, 17, 63, 64, 65, 1025})
+      for (int n : {0, 1, 2, 3, 5, 8, 9})
+        for (int mr = 1; mr <= 4; ++mr) {
+          SCOPED_TRACE(form.name);
+          const int64_t kc = 2 * pairs, lda = kc + 6, ldc = 2 * kNR + 16, psz = kc * kNR;
+          std::vector<uint16_t> b = random_bf16(size_t(n * psz) + 32, uint32_t(pairs * 16 + n * 5 + mr));
+          uint16_t* bp = b.data() + (64 - reinterpret_cast<uintptr_t>(b.data()) % 64) / 2 % 32;
+          std::vector<uint16_t> a = random_bf16(size_t(mr * lda), uint32_t(pairs + 100 * mr));
+          std::vector<float> c(size_t(n * mr * ldc), 7.f);
+          std::vector<const char*> pp(size_t(n) + 1);
+          std::vector<float*> tp(size_t(n) + 1);
+          for (int i = 0; i < n; ++i) pp[size_t(i)] = reinterpret_cast<const char*>(bp + i * psz), tp[size_t(i)] = c.data() + i * mr * ldc + (i % 2) * kNR;
+          form.fn(mr, kc, a.data(), lda, pp.data(), tp.data(), n, ldc);
+          for (int i = 0; i < n; ++i) {
+            double maxerr = 0, maxref = 1e-30;
+            for (int r = 0; r < mr; ++r)
+              for (int j = 0; j < kNR; ++j) {
+                double sum = 0;
+                for (int64_t k = 0; k < kc; ++k)
+                  sum += double(bf16_to_f32(a[size_t(r * lda + k)])) * double(bf16_to_f32(bp[i * psz + (k / 2) * 2 * kNR + 2 * j + (k & 1)]));
+                maxerr = std::max(maxerr, std::fabs(sum - double(tp[size_t(i)][r * ldc + j])));
+                maxref = std::max(maxref, std::fabs(sum));
               }
-            }
+            EXPECT_LE(maxerr / maxref, 1e-5) << "pairs=" << pairs << " n=" << n << " i=" << i << " mr=" << mr;
+            const float* tile = c.data() + i * mr * ldc;  // the other 48 + 16 columns of each row untouched
+            for (int r = 0; r < mr; ++r)
+              for (int j = 0; j < ldc; ++j) {
+                if (j / kNR != i % 2 || j >= 2 * kNR) {
+                  EXPECT_EQ(tile[r * ldc + j], 7.f) << "n=" << n << " i=" << i << " r=" << r << " j=" << j;
+                }
+              }
+          }
         }
-      }
+  }
+  if (!ran) GTEST_SKIP() << "no decode kernel for this CPU";
 }
 
 TEST(GemmDecode, DecodeSizesThroughGemmMatchReference) {

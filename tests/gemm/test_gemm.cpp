@@ -86,15 +86,18 @@ TEST(Gemm, SmallAndDegenerateShapes) {
 
 // Every micro-tile height (one tile of 1..8 rows, two of 5..8), K past the kernels' K blocks with
 // a tail (accumulating chunks), N with a partial last panel: each ISA's register tile, edge by edge.
+// Decode-sized M (1..4) also at an odd K past several of the decode kernels' k chunks.
 TEST(Gemm, EveryTileHeightAndKTail) {
   for (cpu::Isa isa : isa_paths()) {
     cpu::ScopedMaxIsa cap(isa);
     for (DType t : {DType::f32, DType::bf16, DType::f16})
-      for (int64_t M = 1; M <= 16; ++M) {
-        Case cs{M, 100, 420, t, t, DType::f32, M % 2 ? BLayout::KN : BLayout::NK, {}};
-        double tol, err = run_case(cs, uint32_t(M * 3 + int(t)), &tol);
-        EXPECT_LE(err, tol) << "isa=" << isa_str(isa) << " dtype=" << dtype_name(t) << " M=" << M;
-      }
+      for (int64_t M = 1; M <= 16; ++M)
+        for (int64_t K : {420, 1025}) {
+          if (K == 1025 && M > 4) continue;
+          Case cs{M, 100, K, t, t, DType::f32, M % 2 ? BLayout::KN : BLayout::NK, {}};
+          double tol, err = run_case(cs, uint32_t(M * 3 + int(t) + K), &tol);
+          EXPECT_LE(err, tol) << "isa=" << isa_str(isa) << " dtype=" << dtype_name(t) << " M=" << M << " K=" << K;
+        }
   }
 }
 
@@ -169,7 +172,9 @@ TEST(Gemm, KernelNamesFollowTheIsaCap) {
   if (cpu::detected_isa() >= cpu::Isa::avx2) {
     cpu::ScopedMaxIsa cap(cpu::Isa::avx2);
     EXPECT_STREQ(kernel_name(DType::f32, DType::f32, 64), "avx2_f32");
-    EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 1), "avx2_bf16");
+    EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 1), "avx2_bf16_decode");
+    EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 3), "avx2_bf16_decode");
+    EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 4), "avx2_bf16");
     EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 64), "avx2_bf16");
     EXPECT_EQ(prepack(random_tensor(DType::f32, {32, 32}, 1), BLayout::KN).isa(), cpu::Isa::avx2);
     EXPECT_EQ(prepack(random_tensor(DType::bf16, {32, 32}, 1), BLayout::KN).isa(), cpu::Isa::avx2);

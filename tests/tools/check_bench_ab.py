@@ -42,12 +42,13 @@ if "ab_ratio_b_over_a_p75" in row:
     b_gbps = row["gbps"] * row["ab_a_ms"] / row["ab_b_ms"]
     check(abs(row.get("ab_b_gbps", 0) - b_gbps) <= 1e-9 * b_gbps, f"ab_b_gbps {row.get('ab_b_gbps')} != gbps * a_ms / b_ms = {b_gbps}")
 
-# The sides call by call: a = gemm.decode_rows 0 (kernel avx512_bf16), b = 3 (avx512_bf16_decode).
+# The sides call by call: a = gemm.decode_rows 0 (kernel avx512_bf16 / avx2_bf16), b = 3
+# (avx512_bf16_decode / avx2_bf16_decode).
 # Warm-up b then a; the window read tests (before pair 0 and pair PAIRS/2) are each followed by
 # one untimed call on side a; pair i is a,b for even i and b,a for odd i. Later calls (the kernel
 # name, the CPU-time estimate) run at the knob's default again (3: the decode kernel).
 kernels = [l.split("kernel=")[1].split()[0] for l in r.stderr.splitlines() if l.startswith("[ot] gemm ")]
-side = {"avx512_bf16": "a", "avx512_bf16_decode": "b"}
+side = {"avx512_bf16": "a", "avx512_bf16_decode": "b", "avx2_bf16": "a", "avx2_bf16_decode": "b"}
 expect = ["b", "a"]
 for i in range(PAIRS):
     if i in (0, PAIRS // 2):
@@ -58,7 +59,7 @@ if set(kernels) <= set(side):
     check(got[:len(expect)] == expect, f"sides in call order {got[:len(expect)]}, expected {expect}")
     check(len(got) > len(expect) and all(s == "b" for s in got[len(expect):]), f"calls after the timing not at the default: {got[len(expect):]}")
 else:
-    # Without AVX-512 BF16 there is no decode kernel: both sides run the same kernel, so only the
+    # Without AVX2 there is no decode kernel: both sides run the same kernel, so only the
     # number of calls (warm-ups, window follow-ups, pairs, later calls) can be checked.
     print(f"note: kernels {sorted(set(kernels))} do not tell the sides apart on this CPU; checking the call count only")
     check(len(set(kernels)) == 1, f"one kernel expected for both sides on this CPU, got {sorted(set(kernels))}")
