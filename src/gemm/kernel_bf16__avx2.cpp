@@ -5,7 +5,8 @@
 // <= 4 over 16-column passes (8 accumulators, 4 widened B vectors); a group's A rows are widened to
 // fp32 once per K chunk into an L1 buffer, so each pass broadcasts A from memory (a load, no ALU op):
 // widening A per pass cost 4 vector ops per row and k pair, more than the B widening, and held the
-// kernel near half the FMA peak. A single row runs over the whole 48 columns (even / odd k in
+// kernel near half the FMA peak. Each pass prefetches a third of the next B chunk into L2 (one line
+// per k pair): the chunk's first group otherwise waits on DRAM at every new line. A single row runs over the whole 48 columns (even / odd k in
 // separate accumulators, so twelve FMA chains hide the latency).
 #include <immintrin.h>
 
@@ -42,9 +43,10 @@ void widen_rows(int64_t kc, const uint16_t* a, int64_t lda, float* af) {
 }
 
 // C[R][8*NV] (+)= A[R][kc] x B (af: the widened A rows; b, c at the sub-tile's first column; a pair
-// row is 2*kNR elements).
+// row is 2*kNR elements); pf: kc/2 cache lines to prefetch, one per k pair (prefetches never fault,
+// so running past the last panel is harmless).
 template <int R, int NV>
-void tile_bf16(int64_t kc, const float* af, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
+void tile_bf16(int64_t kc, const float* af, const uint16_t* b, float* c, int64_t ldc, bool load_c, const char* pf) {
   const __m256i hi = hi_mask();
   __m256 acc[R][NV];
 #pragma GCC unroll 4
@@ -53,6 +55,7 @@ void tile_bf16(int64_t kc, const float* af, const uint16_t* b, float* c, int64_t
     for (int j = 0; j < NV; ++j) acc[r][j] = load_c ? _mm256_loadu_ps(c + r * ldc + 8 * j) : _mm256_setzero_ps();
   for (int64_t k = 0; k < kc; k += 2) {
     const uint16_t* bk = b + k * kNR;  // pair k/2 starts at (k/2) * 96 elements
+    _mm_prefetch(pf + k * 32, _MM_HINT_T1);
     __m256 be[NV], bo[NV];
 #pragma GCC unroll 6
     for (int j = 0; j < NV; ++j) {
@@ -106,8 +109,12 @@ void group_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, f
     do {  // at least once: kc = 0 still writes (or keeps) the tile
       const int64_t n = kc - k0 < kKChunk ? kc - k0 : kKChunk;
       widen_rows<R>((n + 1) & ~int64_t(1), a + k0, lda, af);  // whole pairs, as the pair loop reads them
+      // The next chunk (of this panel, or the next panel's first: a unit's panels are adjacent) is
+      // n pairs x 192 bytes = 3n/2 lines, n/2 per pass.
+      const char* next = reinterpret_cast<const char*>(b + (k0 + n) * kNR);
 #pragma GCC unroll 3
-      for (int h = 0; h < 3; ++h) tile_bf16<R, 2>(n, af, b + k0 * kNR + 32 * h, c + 16 * h, ldc, load_c || k0 > 0);
+      for (int h = 0; h < 3; ++h)
+        tile_bf16<R, 2>(n, af, b + k0 * kNR + 32 * h, c + 16 * h, ldc, load_c || k0 > 0, next + h * n * 32);
       k0 += kKChunk;
     } while (k0 < kc);
   }
