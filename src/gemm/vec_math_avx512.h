@@ -26,9 +26,11 @@ inline __m512 exp_unclamped(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// e^x clamped to the normal fp32 range (activations never see inf or denormals from it).
+// e^x clamped to the normal fp32 range (activations never see inf or denormals from it). x is the
+// second operand of min and max, the one they return for a NaN, so NaN stays NaN (as the AVX2 exp;
+// with x first a NaN became the upper clamp, e^88).
 inline __m512 exp(__m512 x) {
-  return exp_unclamped(_mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-87.3365447504f)));
+  return exp_unclamped(_mm512_max_ps(_mm512_set1_ps(-87.3365447504f), _mm512_min_ps(_mm512_set1_ps(88.3762626647949f), x)));
 }
 
 inline __m512 silu(__m512 x) {
