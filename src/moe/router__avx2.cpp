@@ -164,6 +164,41 @@ template <bool Ties> int rank_candidates(const float* c, int n, int32_t* rank) {
   }
 }
 
+// write_row (router.cpp) for k <= 16 by 8-lane stores: ids (E for finished rows), y in its dtype,
+// the v1 row_idx (j R + row). vals and ids hold whole vectors (lanes past k ignored).
+void write_row8(const RouterSpec& s, GatingResult& r, int64_t row, const int32_t* ids, const float* vals) {
+  const int64_t k = s.k;
+  const bool fin = s.finished && s.finished[row];
+  int32_t* out = r.expert_idx.ptr<int32_t>() + row * k;
+  int32_t* ri = s.row_idx ? r.row_idx.ptr<int32_t>() + row * k : nullptr;
+  const DType yt = r.y.dtype();
+  void* yp = r.y.ptr<char>() + size_t(row * k) * dtype_size(yt);
+  for (int q = 0; q < (k + 7) / 8; ++q) {
+    const int64_t rem = k - 8 * q;
+    const __m256i m = tail_mask(rem);
+    const __m256i id = fin ? _mm256_set1_epi32(int(s.E)) : _mm256_load_si256(reinterpret_cast<const __m256i*>(ids + 8 * q));
+    _mm256_maskstore_epi32(out + 8 * q, m, id);
+    const __m256 w = _mm256_loadu_ps(vals + 8 * q);
+    if (yt == DType::f32) {
+      _mm256_maskstore_ps(static_cast<float*>(yp) + 8 * q, m, w);
+    } else {
+      const __m128i h = yt == DType::bf16 ? simd::f32_to_bf16x8(w) : simd::f32_to_f16x8(w);
+      uint16_t* yh = static_cast<uint16_t*>(yp) + 8 * q;
+      if (rem >= 8) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(yh), h);
+      } else {
+        alignas(16) uint16_t t[8];
+        _mm_store_si128(reinterpret_cast<__m128i*>(t), h);
+        std::memcpy(yh, t, size_t(rem) * 2);
+      }
+    }
+    if (ri) {
+      const __m256i j = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * q));
+      _mm256_maskstore_epi32(ri + 8 * q, m, _mm256_add_epi32(_mm256_mullo_epi32(j, _mm256_set1_epi32(int32_t(s.R))), _mm256_set1_epi32(int32_t(row))));
+    }
+  }
+}
+
 enum class RowResult { done, scalar, bad };
 
 // One row: ids / weights / scores written, or left to the scalar row, or bad (nothing written).
@@ -217,10 +252,19 @@ RowResult route_row(const RouterSpec& s, GatingResult& r, int64_t row, RouterScr
   float inv = 1.f;
   if (softmax) {
     __m256 s0 = zero, s1 = zero;
-    for (int64_t v = 0; v < nv; ++v) {
+    int64_t v = 0;
+    for (; v + 2 <= nv; v += 2) {  // two vectors a step: no per-vector branch on the accumulator
+      const __m256 e0 = exp2_ps(_mm256_fmsub_ps(_mm256_load_ps(xa + 8 * v), l2e, ml));
+      const __m256 e1 = exp2_ps(_mm256_fmsub_ps(_mm256_load_ps(xa + 8 * v + 8), l2e, ml));
+      _mm256_store_ps(sc + 8 * v, e0);
+      _mm256_store_ps(sc + 8 * v + 8, e1);
+      s0 = _mm256_add_ps(s0, e0);
+      s1 = _mm256_add_ps(s1, e1);
+    }
+    if (v < nv) {
       const __m256 e = exp2_ps(_mm256_fmsub_ps(_mm256_load_ps(xa + 8 * v), l2e, ml));
       _mm256_store_ps(sc + 8 * v, e);
-      if (v & 1) s1 = _mm256_add_ps(s1, e); else s0 = _mm256_add_ps(s0, e);
+      s0 = _mm256_add_ps(s0, e);
     }
     inv = 1.f / hsum(_mm256_add_ps(s0, s1));
   } else if (s.sigmoid) {
@@ -315,13 +359,23 @@ RowResult route_row(const RouterSpec& s, GatingResult& r, int64_t row, RouterScr
     }
     const __m256 vi = _mm256_set1_ps(1.f / sum);
     for (int q = 0; q < (k + 7) / 8; ++q) _mm256_storeu_ps(vals + 8 * q, _mm256_mul_ps(e[q], vi));
-  } else {
-    float sum = 0;
-    for (int64_t j = 0; j < k; ++j) { vals[j] = sc[ids[j]]; sum += vals[j]; }
-    const float mul = softmax ? inv * (s.select == Select::gating ? s.scale : 1.f) : s.select == Select::gating ? s.scale / (sum + s.eps) : 1.f;
-    for (int64_t j = 0; j < k; ++j) vals[j] *= mul;
+  } else {  // the chosen scores by a gather (ids in rank order), one multiply
+    __m256 y[2];
+    for (int q = 0; q < (k + 7) / 8; ++q) {
+      const __m256 m = _mm256_castsi256_ps(tail_mask(k - 8 * q));
+      y[q] = _mm256_mask_i32gather_ps(zero, sc, _mm256_load_si256(reinterpret_cast<const __m256i*>(ids + 8 * q)), m, 4);
+      _mm256_storeu_ps(vals + 8 * q, y[q]);
+    }
+    float mul = softmax ? inv * (s.select == Select::gating ? s.scale : 1.f) : 1.f;
+    if (!softmax && s.select == Select::gating) {  // sigmoid gating: the sum in the scalar row's order
+      float sum = 0;
+      for (int64_t j = 0; j < k; ++j) sum += vals[j];
+      mul = s.scale / (sum + s.eps);
+    }
+    const __m256 vm = _mm256_set1_ps(mul);
+    for (int q = 0; q < (k + 7) / 8; ++q) _mm256_storeu_ps(vals + 8 * q, _mm256_mul_ps(y[q], vm));
   }
-  write_row(s, r, row, ids, vals);
+  write_row8(s, r, row, ids, vals);
   if (s.scores) {
     float* out = r.scores.ptr<float>() + row * E;
     const __m256 vi = _mm256_set1_ps(inv);
