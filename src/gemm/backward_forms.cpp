@@ -124,12 +124,20 @@ void pack_nt_chunk(const NtJob& j, WForm f, Layout l, int64_t p, int64_t k0, int
     std::memset(dst + size_t(done) * row, 0, size_t(kn / 2 - done) * row);
     return;
   }
+  // Portable: element by element, with byte strides per segment (no dtype_size call per element).
   std::memset(dst, 0, size_t(kn) * kNR * layout_elt(l));
-  for (int c = 0; c < w; ++c)
-    for (int64_t k = k0; k < k1; ++k) {
-      const char* src = nt_w(j, f, k, n0 + c);
-      put(l, dst, k - k0, c, elem(src, j.w_dtype, 0), l != Layout::f32 ? src : nullptr);
-    }
+  for (int s = 0, base = 0; s < 2; base += int(j.w[s].K), ++s) {
+    const NtSegment& sg = j.w[s];
+    const int64_t a = std::max<int64_t>(k0, base), b = std::min<int64_t>(k1, base + sg.K);
+    if (b <= a) continue;
+    const int64_t sk = int64_t(es) * (f == WForm::nt ? 1 : sg.ld), sn = int64_t(es) * (f == WForm::nt ? sg.ld : 1);
+    const char* s0 = static_cast<const char*>(sg.data) + (a - base) * sk + n0 * sn;
+    for (int c = 0; c < w; ++c)
+      for (int64_t k = a; k < b; ++k) {
+        const char* src = s0 + c * sn + (k - a) * sk;
+        put(l, dst, k - k0, c, elem(src, j.w_dtype, 0), l != Layout::f32 ? src : nullptr);
+      }
+  }
 }
 
 // Unit ub = panels [4 ub, 4 ub + 4) for all rows. Per panel, K runs in chunks of the kernel's kc:
