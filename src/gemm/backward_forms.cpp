@@ -113,13 +113,16 @@ void pack_nt_chunk(const NtJob& j, WForm f, Layout l, int64_t p, int64_t k0, int
         for (int c = 0; c < w; ++c) put(l, dst, K - 1 - k0, c, 0.f, nt_w(j, f, K - 1, n0 + c));
       return;
     }
-  } else if (l != Layout::f32 && j.w_dtype == DType::bf16 && K0 % 2 == 0 && avx) {
+  } else if (l != Layout::f32 && j.w_dtype == DType::bf16 && K0 % 2 == 0 && (avx || avx2)) {
     // two rows interleaved per k-pair; an odd last segment pairs its tail with zeros
     uint16_t* d = reinterpret_cast<uint16_t*>(dst);
     for (int s = 0, base = 0; s < 2; base += int(j.w[s].K), ++s) {
       const NtSegment& sg = j.w[s];
       const int64_t a = std::max<int64_t>(k0, base), b = std::min<int64_t>(k1, base + sg.K);
-      if (b > a) pack_rows_vnni_avx512(static_cast<const uint16_t*>(sg.data) + (a - base) * sg.ld + n0, sg.ld, b - a, w, d + (a - k0) * kNR);
+      if (b <= a) continue;
+      const uint16_t* src = static_cast<const uint16_t*>(sg.data) + (a - base) * sg.ld + n0;
+      if (avx) pack_rows_vnni_avx512(src, sg.ld, b - a, w, d + (a - k0) * kNR);
+      else pack_rows_vnni_avx2(src, sg.ld, b - a, w, d + (a - k0) * kNR);
     }
     const int64_t done = (k1 - k0 + 1) / 2;
     std::memset(dst + size_t(done) * row, 0, size_t(kn / 2 - done) * row);

@@ -42,6 +42,8 @@ void store_transposed_avx512(const float* t, int64_t ldt, int n, int m, float* c
 // rows of `width` (<= panel) bf16 columns (row k at src + k * ld): rows 2p and 2p+1 interleaved;
 // columns >= width and the odd tail's partner are 0.
 void pack_rows_vnni_avx512(const uint16_t* src, int64_t ld, int64_t K, int width, uint16_t* dst, int panel = kNR);
+// pack_rows_vnni_avx512 on AVX2, for the engine's 48-column panel.
+void pack_rows_vnni_avx2(const uint16_t* src, int64_t ld, int64_t K, int width, uint16_t* dst);
 // A^T for the TN form (tn_form__avx512.cpp): src [K][M] bf16 (row k at src + k * ld) -> dst [M][2 * ceil(K/2)] bf16
 // (row stride ldd), pairs (k, k+1) adjacent, the odd tail's partner 0.
 void pack_cols_vnni_avx512(const uint16_t* src, int64_t ld, int64_t K, int64_t M, uint16_t* dst, int64_t ldd);

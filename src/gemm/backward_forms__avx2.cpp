@@ -1,6 +1,9 @@
 // AVX2 pieces of the backward forms (machines without AVX-512): the dword transpose that packs
-// W^T panels, as 8x8 blocks on ymm (transpose_dwords_avx512's 16x16 on zmm).
+// W^T panels, as 8x8 blocks on ymm (transpose_dwords_avx512's 16x16 on zmm), and the two-row
+// vnni interleave of the NN form.
 #include <immintrin.h>
+
+#include <cstring>
 
 #include "src/gemm/backward_forms.h"
 
@@ -45,6 +48,29 @@ void transpose_dwords_avx2(const char* src, int64_t ld_bytes, int rows, int64_t 
       }
       if (j0 < rows) transpose8(r);
       for (int q = 0; q < np; ++q) _mm256_storeu_ps(reinterpret_cast<float*>(dst + (p0 + q) * kNR + j0), r[q]);
+    }
+  }
+}
+
+void pack_rows_vnni_avx2(const uint16_t* src, int64_t ld, int64_t K, int width, uint16_t* dst) {
+  for (int64_t k = 0; k < K; k += 2) {
+    const uint16_t* r0 = src + k * ld;
+    const bool two = k + 1 < K;
+    uint16_t* d = dst + (k >> 1) * 2 * kNR;
+    for (int c = 0; c < kNR; c += 8) {
+      __m128i a = _mm_setzero_si128(), b = _mm_setzero_si128();
+      if (c + 8 <= width) {
+        a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + c));
+        if (two) b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + ld + c));
+      } else if (c < width) {  // no 16-bit masked loads on AVX2: the tail through a zeroed buffer
+        uint16_t ta[8] = {}, tb[8] = {};
+        std::memcpy(ta, r0 + c, size_t(width - c) * 2);
+        if (two) std::memcpy(tb, r0 + ld + c, size_t(width - c) * 2);
+        a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ta));
+        b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb));
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * c), _mm_unpacklo_epi16(a, b));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * c + 8), _mm_unpackhi_epi16(a, b));
     }
   }
 }
