@@ -3,7 +3,7 @@
 // engine's micro-kernels (never AMX: it needs 32-row, 32-deep tiles and these shapes are thin)
 // and its panel layouts; what is new is where the packing happens:
 //   units = (job, block of 4 panels of 48 output columns). Each panel of W^T is packed in K
-//   chunks of the kernel's kc (a 16x16 dword transpose: a bf16 k-pair is one dword) into an
+//   chunks of the kernel's kc (a 16x16 dword transpose, 8x8 on AVX2: a bf16 k-pair is one dword) into an
 //   L1 buffer right before all the unit's row tiles run over it, so a weight that changes
 //   every training step is read once (prefetched a chunk ahead), never packed as a whole, and
 //   its transposed chunk is consumed from L1. A is used in place when already in the kernel's
@@ -91,20 +91,21 @@ void pack_nt_chunk(const NtJob& j, WForm f, Layout l, int64_t p, int64_t k0, int
   const int64_t n0 = p * kNR, K0 = j.w[0].K, K = K0 + j.w[1].K, k1 = std::min(K, k0 + kn);
   const int w = int(std::min<int64_t>(kNR, j.N - n0));
   const size_t es = dtype_size(j.w_dtype);
-  const bool avx = cpu::has(cpu::Isa::avx512);
+  const bool avx = cpu::has(cpu::Isa::avx512), avx2 = !avx && cpu::has(cpu::Isa::avx2);
   const int64_t per = l == Layout::f32 ? 1 : 2;  // k per dword of the panel
   const size_t row = size_t(kNR) * 4;            // bytes per dword row of the panel
   if (f == WForm::nt) {
     const bool dword_src = l == Layout::f32 ? j.w_dtype == DType::f32 : (j.w_dtype == DType::bf16 && K0 % 2 == 0);
-    if (dword_src && avx) {
+    if (dword_src && (avx || avx2)) {
+      const auto transpose = avx ? transpose_dwords_avx512 : transpose_dwords_avx2;
       int64_t pos = 0;  // dword rows written so far
       for (int s = 0, base = 0; s < 2; base += int(j.w[s].K), ++s) {
         const NtSegment& sg = j.w[s];
         const int64_t a = std::max<int64_t>(k0, base), b = std::min<int64_t>(k1, base + sg.K);
         const int64_t P = b > a ? (b - a) / per : 0;  // whole dwords of this segment in the chunk
         if (P > 0)
-          transpose_dwords_avx512(elem_at(sg.data, j.w_dtype, n0 * sg.ld + (a - base)), sg.ld * int64_t(es), w, P,
-                                  reinterpret_cast<uint32_t*>(dst) + pos * kNR, pf ? kn * int64_t(es) : 0);
+          transpose(elem_at(sg.data, j.w_dtype, n0 * sg.ld + (a - base)), sg.ld * int64_t(es), w, P,
+                    reinterpret_cast<uint32_t*>(dst) + pos * kNR, pf ? kn * int64_t(es) : 0);
         pos += P;
       }
       std::memset(dst + size_t(pos) * row, 0, size_t(kn / per - pos) * row);
@@ -112,24 +113,35 @@ void pack_nt_chunk(const NtJob& j, WForm f, Layout l, int64_t p, int64_t k0, int
         for (int c = 0; c < w; ++c) put(l, dst, K - 1 - k0, c, 0.f, nt_w(j, f, K - 1, n0 + c));
       return;
     }
-  } else if (l != Layout::f32 && j.w_dtype == DType::bf16 && K0 % 2 == 0 && avx) {
+  } else if (l != Layout::f32 && j.w_dtype == DType::bf16 && K0 % 2 == 0 && (avx || avx2)) {
     // two rows interleaved per k-pair; an odd last segment pairs its tail with zeros
     uint16_t* d = reinterpret_cast<uint16_t*>(dst);
     for (int s = 0, base = 0; s < 2; base += int(j.w[s].K), ++s) {
       const NtSegment& sg = j.w[s];
       const int64_t a = std::max<int64_t>(k0, base), b = std::min<int64_t>(k1, base + sg.K);
-      if (b > a) pack_rows_vnni_avx512(static_cast<const uint16_t*>(sg.data) + (a - base) * sg.ld + n0, sg.ld, b - a, w, d + (a - k0) * kNR);
+      if (b <= a) continue;
+      const uint16_t* src = static_cast<const uint16_t*>(sg.data) + (a - base) * sg.ld + n0;
+      if (avx) pack_rows_vnni_avx512(src, sg.ld, b - a, w, d + (a - k0) * kNR);
+      else pack_rows_vnni_avx2(src, sg.ld, b - a, w, d + (a - k0) * kNR);
     }
     const int64_t done = (k1 - k0 + 1) / 2;
     std::memset(dst + size_t(done) * row, 0, size_t(kn / 2 - done) * row);
     return;
   }
+  // Portable: element by element, with byte strides per segment (no dtype_size call per element).
   std::memset(dst, 0, size_t(kn) * kNR * layout_elt(l));
-  for (int c = 0; c < w; ++c)
-    for (int64_t k = k0; k < k1; ++k) {
-      const char* src = nt_w(j, f, k, n0 + c);
-      put(l, dst, k - k0, c, elem(src, j.w_dtype, 0), l != Layout::f32 ? src : nullptr);
-    }
+  for (int s = 0, base = 0; s < 2; base += int(j.w[s].K), ++s) {
+    const NtSegment& sg = j.w[s];
+    const int64_t a = std::max<int64_t>(k0, base), b = std::min<int64_t>(k1, base + sg.K);
+    if (b <= a) continue;
+    const int64_t sk = int64_t(es) * (f == WForm::nt ? 1 : sg.ld), sn = int64_t(es) * (f == WForm::nt ? sg.ld : 1);
+    const char* s0 = static_cast<const char*>(sg.data) + (a - base) * sk + n0 * sn;
+    for (int c = 0; c < w; ++c)
+      for (int64_t k = a; k < b; ++k) {
+        const char* src = s0 + c * sn + (k - a) * sk;
+        put(l, dst, k - k0, c, elem(src, j.w_dtype, 0), l != Layout::f32 ? src : nullptr);
+      }
+  }
 }
 
 // Unit ub = panels [4 ub, 4 ub + 4) for all rows. Per panel, K runs in chunks of the kernel's kc:

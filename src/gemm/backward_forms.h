@@ -1,5 +1,6 @@
 // Internals of the backward forms: NT/NN (grouped_gemm_nt / _nn: backward_forms.cpp, vectorised
-// pieces in backward_forms__avx512.cpp) and TN (grouped_gemm_tn: tn_form.cpp, tn_form__avx512.cpp).
+// pieces in backward_forms__avx512.cpp and backward_forms__avx2.cpp) and TN (grouped_gemm_tn:
+// tn_form.cpp, tn_form__avx512.cpp).
 // What both use is declared here.
 #pragma once
 #include <cstdint>
@@ -29,6 +30,8 @@ void store_tile(const float* tile, int64_t ldt, int rows, int width, void* c, DT
 // a vnni panel from [N][K] storage (P = K/2 pairs); for fp32 it packs an f32 panel (P = K).
 // pf_bytes > 0: also prefetch (into L2) the same rows pf_bytes further on (the next K chunk).
 void transpose_dwords_avx512(const char* src, int64_t ld_bytes, int rows, int64_t P, uint32_t* dst, int64_t pf_bytes = 0);
+// transpose_dwords_avx512 on AVX2 (8x8 blocks; backward_forms__avx2.cpp).
+void transpose_dwords_avx2(const char* src, int64_t ld_bytes, int rows, int64_t P, uint32_t* dst, int64_t pf_bytes = 0);
 // The same with row j at src[j] (j < rows), into a panel of `width` (a multiple of 16) dwords per row p.
 void transpose_dword_rows_avx512(const char* const* src, int rows, int64_t P, uint32_t* dst, int width, int64_t pf_bytes = 0);
 // c[j][i] (=|+=) t[i][j] for i < n, j < m (fp32; t rows ldt apart, readable up to a multiple of
@@ -39,6 +42,8 @@ void store_transposed_avx512(const float* t, int64_t ldt, int n, int m, float* c
 // rows of `width` (<= panel) bf16 columns (row k at src + k * ld): rows 2p and 2p+1 interleaved;
 // columns >= width and the odd tail's partner are 0.
 void pack_rows_vnni_avx512(const uint16_t* src, int64_t ld, int64_t K, int width, uint16_t* dst, int panel = kNR);
+// pack_rows_vnni_avx512 on AVX2, for the engine's 48-column panel.
+void pack_rows_vnni_avx2(const uint16_t* src, int64_t ld, int64_t K, int width, uint16_t* dst);
 // A^T for the TN form (tn_form__avx512.cpp): src [K][M] bf16 (row k at src + k * ld) -> dst [M][2 * ceil(K/2)] bf16
 // (row stride ldd), pairs (k, k+1) adjacent, the odd tail's partner 0.
 void pack_cols_vnni_avx512(const uint16_t* src, int64_t ld, int64_t K, int64_t M, uint16_t* dst, int64_t ldd);
