@@ -1,5 +1,5 @@
 // AVX2 + F16C bf16/fp16 <-> fp32 conversions of 8 lanes (round to nearest even, NaN kept quiet),
-// bit-identical to the scalar conversions in ot/numeric.h.
+// bit-identical to the scalar conversions in ot/numeric.h, and the lane mask of partial vectors.
 // Only for translation units built with the AVX2 flags (*__avx2.cpp). The functions have internal
 // linkage (anonymous namespace) so no other ISA's translation unit can share a copy with them.
 #pragma once
@@ -29,6 +29,12 @@ inline __m128i f32_to_f16x8(__m256 v) { return _mm256_cvtps_ph(v, _MM_FROUND_TO_
 inline __m256 half8_to_f32(const uint16_t* s, bool bf16) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
   return bf16 ? bf16x8_to_f32(h) : f16x8_to_f32(h);
+}
+
+// All ones in lanes < n (n <= 0: none, n >= 8: all): the mask of a row's last, partial vector for
+// vmaskmovps / vpmaskmovd.
+inline __m256i first_lanes(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n < 8 ? n : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 }  // namespace

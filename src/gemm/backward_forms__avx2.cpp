@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "src/core/cvt_avx2.h"
 #include "src/gemm/backward_forms.h"
 
 namespace ot::gemm::detail {
@@ -33,10 +34,9 @@ inline void transpose8(__m256 r[8]) {
 }  // namespace
 
 void transpose_dwords_avx2(const char* src, int64_t ld_bytes, int rows, int64_t P, uint32_t* dst, int64_t pf_bytes) {
-  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t p0 = 0; p0 < P; p0 += 8) {
     const int np = int(P - p0 < 8 ? P - p0 : 8);
-    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(np), iota);  // no reads past the row's P dwords
+    const __m256i m = simd::first_lanes(np);  // no reads past the row's P dwords
     const bool pf = pf_bytes && p0 % 16 == 0;  // one prefetch per 64-byte line of each row
     for (int j0 = 0; j0 < kNR; j0 += 8) {
       __m256 r[8];

@@ -15,7 +15,6 @@ namespace ot::gemm::detail {
 namespace {
 
 // Lane mask of the first n (0..8) lanes.
-inline __m256i first_lanes(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
 
 // n = 8: plain loads and stores; n < 8: only the first n elements are touched.
 inline __m256 load_f32(const float* p, int n, __m256i m) { return n == 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, m); }
@@ -50,7 +49,7 @@ void epilogue_scale_add_f32(const EpiArgs& e, const EpiBlock& b) {
   const __m256 beta = _mm256_set1_ps(e.beta);
   const bool rmw = e.beta != 0.f;
   const int full = b.width / 8 * 8;
-  const __m256i tail = first_lanes(b.width - full);
+  const __m256i tail = simd::first_lanes(b.width - full);
   for (int r = 0; r < b.rows; ++r) {
     const int64_t m = b.m0 + r;
     const __m256 alpha = _mm256_set1_ps(acc_scale(e, m)), rs = _mm256_set1_ps(e.row_scale ? e.row_scale[m] : 1.f);
@@ -83,7 +82,7 @@ void epilogue_avx2(const EpiArgs& e, const EpiBlock& b) {
     char* crow_p = static_cast<char*>(e.c) + size_t(crow * e.ldc + b.col0) * es;
     for (int j = 0; j < b.width; j += 8) {
       const int n = b.width - j >= 8 ? 8 : b.width - j;
-      const __m256i mk = first_lanes(n);
+      const __m256i mk = simd::first_lanes(n);
       __m256 v = _mm256_mul_ps(alpha, load_f32(b.t + r * b.ldt + j, n, mk));
       if (e.bias) v = _mm256_add_ps(v, load_f32(e.bias + b.bcol + j, n, mk));
       if (b.u) {

@@ -39,9 +39,6 @@ alignas(64) constexpr auto kCompress = [] {
   return a;
 }();
 
-inline __m256i tail_mask(int64_t rem) {  // lanes < rem all ones
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(rem, 8))), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 
 // 8 floats of a row from element i (lanes >= rem read as -inf).
 inline __m256 load8(const void* base, DType t, int64_t i, int64_t rem) {
@@ -50,7 +47,7 @@ inline __m256 load8(const void* base, DType t, int64_t i, int64_t rem) {
     if (t == DType::f32) return _mm256_loadu_ps(static_cast<const float*>(base) + i);
     return simd::half8_to_f32(static_cast<const uint16_t*>(base) + i, t == DType::bf16);
   }
-  const __m256i m = tail_mask(rem);
+  const __m256i m = simd::first_lanes(rem);
   if (t == DType::f32) {
     v = _mm256_maskload_ps(static_cast<const float*>(base) + i, m);
   } else {
@@ -143,7 +140,7 @@ template <int NQ, bool Ties> int rank_candidates(const float* c, int n, int32_t*
   __m256i sum = _mm256_setzero_si256();
   for (int q = 0; q < NQ; ++q) {
     _mm256_store_si256(reinterpret_cast<__m256i*>(rank + 8 * q), r[q]);
-    sum = _mm256_add_epi32(sum, _mm256_and_si256(r[q], tail_mask(n - 8 * q)));
+    sum = _mm256_add_epi32(sum, _mm256_and_si256(r[q], simd::first_lanes(n - 8 * q)));
   }
   __m128i x = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
   x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
@@ -175,7 +172,7 @@ void write_row8(const RouterSpec& s, GatingResult& r, int64_t row, const int32_t
   void* yp = r.y.ptr<char>() + size_t(row * k) * dtype_size(yt);
   for (int q = 0; q < (k + 7) / 8; ++q) {
     const int64_t rem = k - 8 * q;
-    const __m256i m = tail_mask(rem);
+    const __m256i m = simd::first_lanes(rem);
     const __m256i id = fin ? _mm256_set1_epi32(int(s.E)) : _mm256_load_si256(reinterpret_cast<const __m256i*>(ids + 8 * q));
     _mm256_maskstore_epi32(out + 8 * q, m, id);
     const __m256 w = _mm256_loadu_ps(vals + 8 * q);
@@ -231,7 +228,7 @@ RowResult route_row(const RouterSpec& s, GatingResult& r, int64_t row, RouterScr
     const int64_t rem = E - 8 * v;
     __m256 x = load8(xp, xt, 8 * v, rem);
     _mm256_store_ps(xr + 8 * v, x);
-    nonfinite = _mm256_fmadd_ps(rem >= 8 ? x : _mm256_and_ps(x, _mm256_castsi256_ps(tail_mask(rem))), zero, nonfinite);
+    nonfinite = _mm256_fmadd_ps(rem >= 8 ? x : _mm256_and_ps(x, _mm256_castsi256_ps(simd::first_lanes(rem))), zero, nonfinite);
     if (al) {
       uint64_t bytes = 0;
       std::memcpy(&bytes, al + 8 * v, size_t(std::min<int64_t>(rem, 8)));
@@ -281,7 +278,7 @@ RowResult route_row(const RouterSpec& s, GatingResult& r, int64_t row, RouterScr
       if (softmax) y = _mm256_mul_ps(y, vi);
       if (!s.bias.empty()) {
         const float* bp = s.bias.data() + 8 * v;
-        y = _mm256_add_ps(y, rem >= 8 ? _mm256_loadu_ps(bp) : _mm256_maskload_ps(bp, tail_mask(rem)));
+        y = _mm256_add_ps(y, rem >= 8 ? _mm256_loadu_ps(bp) : _mm256_maskload_ps(bp, simd::first_lanes(rem)));
       }
       y = _mm256_blendv_ps(y, ninf, _mm256_cmp_ps(_mm256_load_ps(xa + 8 * v), ninf, _CMP_EQ_OQ));
       _mm256_store_ps(key + 8 * v, y);
@@ -354,7 +351,7 @@ RowResult route_row(const RouterSpec& s, GatingResult& r, int64_t row, RouterScr
     __m256 e[2];
     float sum = 0;
     for (int q = 0; q < (k + 7) / 8; ++q) {
-      e[q] = _mm256_and_ps(exp2_ps(_mm256_fmsub_ps(_mm256_loadu_ps(kv + 8 * q), l2e, m0)), _mm256_castsi256_ps(tail_mask(k - 8 * q)));
+      e[q] = _mm256_and_ps(exp2_ps(_mm256_fmsub_ps(_mm256_loadu_ps(kv + 8 * q), l2e, m0)), _mm256_castsi256_ps(simd::first_lanes(k - 8 * q)));
       sum += hsum(e[q]);
     }
     const __m256 vi = _mm256_set1_ps(1.f / sum);
@@ -362,7 +359,7 @@ RowResult route_row(const RouterSpec& s, GatingResult& r, int64_t row, RouterScr
   } else {  // the chosen scores by a gather (ids in rank order), one multiply
     __m256 y[2];
     for (int q = 0; q < (k + 7) / 8; ++q) {
-      const __m256 m = _mm256_castsi256_ps(tail_mask(k - 8 * q));
+      const __m256 m = _mm256_castsi256_ps(simd::first_lanes(k - 8 * q));
       y[q] = _mm256_mask_i32gather_ps(zero, sc, _mm256_load_si256(reinterpret_cast<const __m256i*>(ids + 8 * q)), m, 4);
       _mm256_storeu_ps(vals + 8 * q, y[q]);
     }
