@@ -14,8 +14,6 @@ namespace ot::gemm::detail {
 
 namespace {
 
-// Lane mask of the first n (0..8) lanes.
-
 // n = 8: plain loads and stores; n < 8: only the first n elements are touched.
 inline __m256 load_f32(const float* p, int n, __m256i m) { return n == 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, m); }
 

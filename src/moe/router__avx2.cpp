@@ -39,7 +39,6 @@ alignas(64) constexpr auto kCompress = [] {
   return a;
 }();
 
-
 // 8 floats of a row from element i (lanes >= rem read as -inf).
 inline __m256 load8(const void* base, DType t, int64_t i, int64_t rem) {
   __m256 v;
