@@ -13,6 +13,7 @@
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "ot/workspace.h"
+#include "src/core/knobs.h"
 #include "src/moe/common.h"
 #include "src/moe/router_plan.h"
 
@@ -143,8 +144,14 @@ bool route_row_scalar(const RouterSpec& s, GatingResult& r, int64_t row, RouterS
   return true;
 }
 
+// Temporary (session 16 A/B of the AVX2 forms): 0 keeps the AVX2 row kernel where the 8-tokens-in-lanes one applies.
+static knobs::Knob g_router_t8("moe.router_t8", 1, 0, 1, "AVX2 routers: 1 = 8 tokens in lanes where it applies, 0 = the row kernel");
+// An AVX2 (not AVX-512) call takes route_rows_t8.
+static bool uses_t8(const RouterSpec& s) { return g_router_t8.get() && t8_applies(s); }
+
 bool route_fast(const RouterSpec& s, GatingResult& r) {
   const bool vec = s.k <= 16 && cpu::has(cpu::Isa::avx512), vec2 = !vec && s.k <= 16 && cpu::has(cpu::Isa::avx2);
+  const bool t8 = vec2 && uses_t8(s);
   // About 256 KiB of fp32 logits per task: each task's first rows start a new memory stream (not yet
   // prefetched) and pay the kernel's set-up; 16 / 64 KiB tasks were 20-25% / 7-8% slower at 2
   // threads (T 16384: 32 tasks, still enough to balance).
@@ -157,6 +164,7 @@ bool route_fast(const RouterSpec& s, GatingResult& r) {
     int64_t r0 = c0 * chunk, r1 = std::min(s.R, c1 * chunk);
     bool ok = true;
     if (vec) ok = route_rows_avx512(s, r, r0, r1, b);
+    else if (t8) ok = route_rows_t8(s, r, r0, r1, b);
     else if (vec2) ok = route_rows_avx2(s, r, r0, r1, b);
     else for (int64_t row = r0; row < r1; ++row) ok &= route_row_scalar(s, r, row, b);
     if (!ok) valid.store(false, std::memory_order_relaxed);
@@ -169,7 +177,7 @@ static GatingResult run(const char* op, RouterSpec& s, const TensorView& x, bool
   if (scope.active())  // the name strings cost ~0.5 us a call (a quarter of a T 1 call) when tracing is off
     scope.kernel(force_ref                                 ? "ref"
                  : s.k > 16 || !cpu::has(cpu::Isa::avx2)   ? "fp32_rows"
-                 : !cpu::has(cpu::Isa::avx512)             ? "avx2_rows"
+                 : !cpu::has(cpu::Isa::avx512)             ? (uses_t8(s) ? "avx2_t8" : "avx2_rows")
                  : t16_applies(s) || t16_sigmoid_applies(s) ? "avx512_t16"
                                                             : "avx512_rows")
         .args(x.shape_str())

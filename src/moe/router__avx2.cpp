@@ -16,82 +16,12 @@
 #include <cstring>
 #include <limits>
 
-#include "src/core/cvt_avx2.h"
-#include "src/moe/common.h"
-#include "src/moe/router_plan.h"
+#include "src/moe/router_simd__avx2.h"
 
 namespace ot::moe::impl {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr float kLog2e = 1.44269504088896341f;
 constexpr int kMaxCand = 64;
-// |row max| from which the softmax exps' offset fl(max log2 e) is off by more than 1 (see
-// router_simd__avx512.h, kExpOffsetLimit): such rows go to the scalar row.
-constexpr float kExpOffsetLimit = 16777216.f;  // 2^24
-
-// Lane l of entry m: the l-th set bit of m (the rest 0): a compress of 8 lanes by one vpermps.
-alignas(64) constexpr auto kCompress = [] {
-  std::array<uint8_t, 256 * 8> a{};
-  for (int m = 0; m < 256; ++m)
-    for (int b = 0, n = 0; b < 8; ++b)
-      if (m >> b & 1) a[size_t(8 * m + n++)] = uint8_t(b);
-  return a;
-}();
-
-// 8 floats of a row from element i (lanes >= rem read as -inf).
-inline __m256 load8(const void* base, DType t, int64_t i, int64_t rem) {
-  __m256 v;
-  if (rem >= 8) {
-    if (t == DType::f32) return _mm256_loadu_ps(static_cast<const float*>(base) + i);
-    return simd::half8_to_f32(static_cast<const uint16_t*>(base) + i, t == DType::bf16);
-  }
-  const __m256i m = simd::first_lanes(rem);
-  if (t == DType::f32) {
-    v = _mm256_maskload_ps(static_cast<const float*>(base) + i, m);
-  } else {
-    uint16_t h[8] = {};
-    std::memcpy(h, static_cast<const uint16_t*>(base) + i, size_t(rem) * 2);
-    v = simd::half8_to_f32(h, t == DType::bf16);
-  }
-  return _mm256_blendv_ps(_mm256_set1_ps(kNegInf), v, _mm256_castsi256_ps(m));
-}
-
-inline float hmax(__m256 v) {
-  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
-}
-inline float hsum(__m256 v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-}
-
-// 2^t: t clamped to [-252, 254] (beyond, 2^t is 0 or +inf in fp32 anyway), f = t - floor(t) in [0, 1),
-// the AVX-512 kernel's degree-5 minimax polynomial (about 1 ulp), scaled by 2^n in two halves (each a
-// normal power of 2: the result underflows to 0 and overflows to +inf as it should). -inf gives 0.
-inline __m256 exp2_ps(__m256 t) {
-  t = _mm256_max_ps(_mm256_min_ps(t, _mm256_set1_ps(254.f)), _mm256_set1_ps(-252.f));
-  const __m256 fl = _mm256_round_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(t, fl);
-  __m256 p = _mm256_set1_ps(1.8775747157633305e-3f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(8.989345282316208e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.582631379365921e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.24015362560749054f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931530833244324f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.9999999403953552f));
-  const __m256i n = _mm256_cvtps_epi32(fl), n1 = _mm256_srai_epi32(n, 1), n2 = _mm256_sub_epi32(n, n1);
-  const __m256i bias = _mm256_set1_epi32(127);
-  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-}
-// 1 / (1 + 2^(-x log2 e)); x = -inf (padding) gives 0.
-inline __m256 sigmoid_ps(__m256 x) {
-  const __m256 one = _mm256_set1_ps(1.f);
-  return _mm256_div_ps(one, _mm256_add_ps(one, exp2_ps(_mm256_mul_ps(x, _mm256_set1_ps(-kLog2e)))));
-}
 
 // The k-th largest of the g (<= 16) values in lo (lanes 0..7) and hi (8..15): the smallest value
 // that fewer than k of the others exceed.
@@ -157,41 +87,6 @@ template <bool Ties> int rank_candidates(const float* c, int n, int32_t* rank) {
     case 6: return rank_candidates<6, Ties>(c, n, rank);
     case 7: return rank_candidates<7, Ties>(c, n, rank);
     default: return rank_candidates<8, Ties>(c, n, rank);
-  }
-}
-
-// write_row (router.cpp) for k <= 16 by 8-lane stores: ids (E for finished rows), y in its dtype,
-// the v1 row_idx (j R + row). vals and ids hold whole vectors (lanes past k ignored).
-void write_row8(const RouterSpec& s, GatingResult& r, int64_t row, const int32_t* ids, const float* vals) {
-  const int64_t k = s.k;
-  const bool fin = s.finished && s.finished[row];
-  int32_t* out = r.expert_idx.ptr<int32_t>() + row * k;
-  int32_t* ri = s.row_idx ? r.row_idx.ptr<int32_t>() + row * k : nullptr;
-  const DType yt = r.y.dtype();
-  void* yp = r.y.ptr<char>() + size_t(row * k) * dtype_size(yt);
-  for (int q = 0; q < (k + 7) / 8; ++q) {
-    const int64_t rem = k - 8 * q;
-    const __m256i m = simd::first_lanes(rem);
-    const __m256i id = fin ? _mm256_set1_epi32(int(s.E)) : _mm256_load_si256(reinterpret_cast<const __m256i*>(ids + 8 * q));
-    _mm256_maskstore_epi32(out + 8 * q, m, id);
-    const __m256 w = _mm256_loadu_ps(vals + 8 * q);
-    if (yt == DType::f32) {
-      _mm256_maskstore_ps(static_cast<float*>(yp) + 8 * q, m, w);
-    } else {
-      const __m128i h = yt == DType::bf16 ? simd::f32_to_bf16x8(w) : simd::f32_to_f16x8(w);
-      uint16_t* yh = static_cast<uint16_t*>(yp) + 8 * q;
-      if (rem >= 8) {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(yh), h);
-      } else {
-        alignas(16) uint16_t t[8];
-        _mm_store_si128(reinterpret_cast<__m128i*>(t), h);
-        std::memcpy(yh, t, size_t(rem) * 2);
-      }
-    }
-    if (ri) {
-      const __m256i j = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * q));
-      _mm256_maskstore_epi32(ri + 8 * q, m, _mm256_add_epi32(_mm256_mullo_epi32(j, _mm256_set1_epi32(int32_t(s.R))), _mm256_set1_epi32(int32_t(row))));
-    }
   }
 }
 

@@ -94,6 +94,11 @@ void write_row(const RouterSpec& s, GatingResult& r, int64_t row, const int32_t*
 bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 // Rows [r0, r1) with AVX2 (k <= 16; router__avx2.cpp), likewise.
 bool route_rows_avx2(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
+// The calls route_rows_t8 (router_t8__avx2.cpp: 8 tokens in lanes, AVX2) handles: softmax routers
+// selecting on the logits (no bias, no group limit, no mask, no scores output), E a multiple of 8
+// up to 256, k <= 8, T >= 4. Rows it does not decide go to route_rows_avx2.
+bool t8_applies(const RouterSpec& s);
+bool route_rows_t8(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 bool route_rows_avx512_rowwise(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 // The calls route_rows_t16 handles: softmax routers selecting on the logits (no bias, no group
 // limit, no mask, no scores output), E a multiple of 16 up to 256, k <= 16, AVX512_VBMI/VBMI2.

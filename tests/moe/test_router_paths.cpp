@@ -5,6 +5,7 @@
 #include "helpers.h"
 
 #include "ot/cpu.h"
+#include "src/core/knobs.h"
 
 using namespace ot;
 using namespace ot::moe;
@@ -534,4 +535,55 @@ TEST(MoeRouterPaths, RowKernelEdges) {
     o.k = 6; o.norm_type = 1; o.allowed = allowed;
     expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::f16, what + " gating");
   }
+}
+
+// The AVX2 8-tokens-in-lanes kernel (router_t8__avx2.cpp: softmax routers selecting on the logits,
+// E a multiple of 8 up to 256, k <= 8, no mask / scores output), on every path and with the
+// moe.router_t8 knob at both values (0: the AVX2 row kernel): T 1 and 3 (the row kernel), 4 and 7
+// (one padded block), 8, 9 (a block and a row), 15, 513 (blocks, a tail, two threads' chunks); E of
+// 1, 2, 3, 16 and 32 vectors; k 1, 3, 8; random rows, rows of a few levels (ties within a row and
+// across the 8 tokens of a block: the lower expert wins), flat rows (more than 16 candidates: the
+// row kernel) and huge rows (|max| >= 2^24: the scalar row) mixed into blocks; finished rows; fp32
+// and bf16; v1 (row_idx), v2 renorm 0 / 1, gating softmax; NaN / +-Inf anywhere is an error.
+TEST(MoeRouterPaths, TokensInLanesAvx2) {
+  for (cpu::Isa isa : paths())
+    for (int64_t knob : {1, 0}) {
+      cpu::ScopedMaxIsa cap(isa);
+      knobs::set("moe.router_t8", knob);
+      for (DType t : {DType::f32, DType::bf16})
+        for (int64_t T : {1, 3, 4, 7, 8, 9, 15, 513})
+          for (int64_t E : {8, 16, 24, 128, 256})
+            for (int64_t k : {1, 3, 8})
+              for (int variant : {0, 1, 2}) {  // random; tied levels; flat, huge and tied rows among random ones
+                if ((T == 513 && (E != 128 || variant == 1)) || (variant > 0 && k == 3 && E > 24)) continue;
+                Tensor x = variant == 1 ? tied(t, T, E, uint32_t(T + E + k), 3) : randn(t, {T, E}, uint32_t(T * 3 + E + k), 2.f);
+                Tensor lv = tied(t, T, E, uint32_t(E * k), 4);
+                for (int64_t r = 0; variant == 2 && r < T; ++r)
+                  for (int64_t e = 0; e < E; ++e) {
+                    if (r % 8 == 2) set_from_double(x, r * E + e, 0.5);                                  // flat
+                    if (r % 8 == 5) set_from_double(x, r * E + e, 3e7 + 4.0 * double(e % 5));             // huge
+                    if (r % 8 == 6 || r % 8 == 7) set_from_double(x, r * E + e, get_as_double(lv, r * E + e));  // ties
+                  }
+                std::string what = std::string(cpu::isa_name(isa)) + " knob " + std::to_string(knob) + " " + dtype_name(t) + " T" +
+                                   std::to_string(T) + " E" + std::to_string(E) + " k" + std::to_string(k) + " variant " + std::to_string(variant);
+                Tensor fin = Tensor::zeros(DType::u8, {T});
+                for (int64_t r = 1; r < T; r += 5) fin.ptr<uint8_t>()[r] = 1;
+                expect_match(moe_gating_top_k_softmax(x, k, fin), ref::moe_gating_top_k_softmax(x, k, fin), t, what + " v1");
+                for (int renorm : {0, 1})
+                  expect_match(moe_gating_top_k_softmax_v2(x, k, fin, renorm, false), ref::moe_gating_top_k_softmax_v2(x, k, fin, renorm, false), t,
+                               what + " v2 renorm " + std::to_string(renorm));
+                GatingTopKOptions o;
+                o.k = k; o.routed_scaling_factor = 2.5f;
+                expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), t, what + " gating softmax");
+              }
+      for (float bad : {NAN, INFINITY, -INFINITY})
+        for (int64_t row : {0, 6, 9, 20}) {
+          Tensor x = randn(DType::f32, {21, 64}, 5);
+          x.ptr<float>()[row * 64 + (row * 37) % 64] = bad;
+          SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " knob " + std::to_string(knob) + " row " + std::to_string(row) + " value " + std::to_string(bad));
+          EXPECT_OT_ERROR(moe_gating_top_k_softmax(x, 8), "x");
+          EXPECT_OT_ERROR(moe_gating_top_k_softmax_v2(x, 4, {}, 1, false), "x");
+        }
+    }
+  knobs::set("moe.router_t8", knobs::find("moe.router_t8").default_value());
 }
