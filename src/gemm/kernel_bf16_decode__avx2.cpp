@@ -6,12 +6,14 @@
 // panels is computed in column passes of NV ymm (8 columns) each, k in chunks whose later passes
 // read the two panels from L1 (24 KiB of a 32 KiB L1). Widening as in kernel_avx2_bf16: k even =
 // lane << 16, k odd = the lane's high half; fp32 FMAs. Measured in docs/moe.md "Decode on AVX2,
-// session 15" (A pairs precomputed per chunk instead of widened per pass: no gain).
+// session 15" (A pairs precomputed per chunk instead of widened per pass: no gain). 3 rows run
+// chunk-major 16-column passes instead (passes_tile, docs/gemm.md "Decode on AVX2, session 16").
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 
+#include "src/core/cvt_avx2.h"
 #include "src/gemm/internal.h"
 
 namespace ot::gemm::detail {
@@ -76,6 +78,66 @@ void rows_tile(int mr, int64_t pairs, const uint16_t* a, int64_t lda, const uint
   else panels_tile<3, S == 2 ? 1 : 2, S>(pairs, a, lda, b, c, ldc);
 }
 
+// 3 rows (rows_tile's 3-row tile above is six 8-column passes a chunk, each widening the three A
+// pairs again: 8-10 GB/s on one thread where 1-2 rows reach 15-26). Chunk-major 16-column passes
+// instead, as kernel_avx2_bf16's tile (3 x 16 columns: 6 accumulators, 4 widened B vectors, A
+// broadcast from the chunk's rows widened to fp32 once): for each chunk of kPassPairs pair rows, the
+// three passes of panel 0, then of panel 1 (two streams a thread still). Each pass asks for its third
+// of the next chunk's lines, contiguous (a line a pair row; the later passes read the chunk from L1).
+constexpr int64_t kPassPairs = 32;  // 2 panels x 32 pair rows = 12 KiB, and the next chunk as much
+
+// c[R][16] (+)= af[R][2 * pairs] (row stride 2 * kPassPairs) x b's 16 columns; pf: the first of the
+// pairs lines to prefetch.
+template <int R>
+void pass16(int64_t pairs, const float* af, const uint16_t* b, float* c, int64_t ldc, bool load_c, const char* pf) {
+  const __m256i hi = _mm256_set1_epi32(int(0xffff0000u));  // k odd: one AND (hi_f32's two shifts share ports with the FMAs)
+  __m256 acc[R][2];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 2; ++j) acc[r][j] = load_c ? _mm256_loadu_ps(c + r * ldc + 8 * j) : _mm256_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    _mm_prefetch(pf + 64 * p, _MM_HINT_T0);
+    const __m256i v0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + p * 2 * kNR));
+    const __m256i v1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + p * 2 * kNR + 16));
+    const __m256 be0 = lo_f32(v0), bo0 = _mm256_castsi256_ps(_mm256_and_si256(v0, hi));
+    const __m256 be1 = lo_f32(v1), bo1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hi));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 ae = _mm256_broadcast_ss(af + r * 2 * kPassPairs + 2 * p), ao = _mm256_broadcast_ss(af + r * 2 * kPassPairs + 2 * p + 1);
+      acc[r][0] = _mm256_fmadd_ps(ao, bo0, _mm256_fmadd_ps(ae, be0, acc[r][0]));
+      acc[r][1] = _mm256_fmadd_ps(ao, bo1, _mm256_fmadd_ps(ae, be1, acc[r][1]));
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 2; ++j) _mm256_storeu_ps(c + r * ldc + 8 * j, acc[r][j]);
+}
+
+// tiles c[s] (row stride ldc) = A[R][2 * pairs] x panel b[s], s < S.
+template <int R, int S>
+void passes_tile(int64_t pairs, const uint16_t* a, int64_t lda, const uint16_t* const* b, float* const* c, int64_t ldc) {
+  alignas(32) float af[R * 2 * kPassPairs];
+  for (int64_t p0 = 0; p0 < pairs || p0 == 0; p0 += kPassPairs) {
+    const int64_t n = std::min(kPassPairs, pairs - p0);
+    for (int r = 0; r < R; ++r) {
+      const uint16_t* s = a + r * lda + 2 * p0;
+      float* d = af + r * 2 * kPassPairs;
+      int64_t k = 0;
+      for (; k + 8 <= 2 * n; k += 8) _mm256_store_ps(d + k, simd::bf16x8_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k))));
+      for (; k < 2 * n; ++k) {
+        const uint32_t u = uint32_t(s[k]) << 16;
+        std::memcpy(d + k, &u, 4);
+      }
+    }
+    for (int s = 0; s < S; ++s) {
+      // The stream's next chunk: in this panel, or at its end the next panel's first (the stream's next).
+      const char* next = reinterpret_cast<const char*>(b[s] + (p0 + n) * 2 * kNR);
+#pragma GCC unroll 3
+      for (int h = 0; h < 3; ++h) pass16<R>(n, af, b[s] + p0 * 2 * kNR + 32 * h, c[s] + 16 * h, ldc, p0 > 0, next + 64 * n * h);
+    }
+  }
+}
+
 }  // namespace
 
 // A unit's n whole panels (memory order) for mr rows (tiles overwritten): panel i beside i + n/2,
@@ -91,11 +153,13 @@ void kernel_decode_panels_avx2_bf16(int mr, int64_t kc, const void* a, int64_t l
   for (int i = 0; i < h; ++i) {
     const uint16_t* b[2] = {reinterpret_cast<const uint16_t*>(panels[i]), reinterpret_cast<const uint16_t*>(panels[i + h])};
     float* c[2] = {tiles[i], tiles[i + h]};
-    rows_tile<2>(mr, kc / 2, A, lda, b, c, ldc);
+    if (mr == 3) passes_tile<3, 2>(kc / 2, A, lda, b, c, ldc);
+    else rows_tile<2>(mr, kc / 2, A, lda, b, c, ldc);
   }
   if (n % 2) {
     const uint16_t* b[1] = {reinterpret_cast<const uint16_t*>(panels[n - 1])};
-    rows_tile<1>(mr, kc / 2, A, lda, b, &tiles[n - 1], ldc);
+    if (mr == 3) passes_tile<3, 1>(kc / 2, A, lda, b, &tiles[n - 1], ldc);
+    else rows_tile<1>(mr, kc / 2, A, lda, b, &tiles[n - 1], ldc);
   }
 }
 

@@ -3,8 +3,10 @@
 // layout for every row count it serves and the ones it hands on (1..4), even k lengths that split
 // unevenly between the streams (pair counts 0, 1, 15, 17, 383, 1024, 1025), padded A rows, and
 // accumulation onto C; the unit form (kernel_decode_panels_bf16 and the AVX2
-// kernel_decode_panels_avx2_bf16: n panels paired side by side, odd n); and through gemm() at decode sizes (M 1..5, odd K, N tails, units of several panels,
-// SwiGLU, weighted scatter-add; every value of the gemm.decode_rows knob) against ref::gemm; and 1-3 row groups inside prefill-sized grouped calls.
+// kernel_decode_panels_avx2_bf16: n panels paired side by side, odd n, rows 1..3 and 4..8 handed on);
+// and through gemm() at decode sizes (M 1..5, odd K, N tails, units of several panels, SwiGLU,
+// gathered A rows, weighted scatter-add; every value of the gemm.decode_rows knob) against
+// ref::gemm; and 1-3 row groups inside prefill-sized grouped calls.
 #include <cmath>
 #include <vector>
 
@@ -59,8 +61,9 @@ TEST(GemmDecode, KernelMatchesFp64DotOfThePanel) {
 
 TEST(GemmDecode, PanelsKernelMatchesFp64DotOfEachPanel) {
   // kernel_decode_panels_bf16 (AVX512-BF16) and kernel_decode_panels_avx2_bf16: n panels of one unit
-  // (pairs i, i + n/2 side by side, an odd last one alone), rows 1..3 and 4 handed on, tiles
-  // overwritten (no load_c); pair counts around the AVX2 kernel's 64-pair chunks.
+  // (pairs i, i + n/2 side by side, an odd last one alone), tiles overwritten (no load_c); rows
+  // 1..3 and 4..8 handed on to the 8-row kernel; pair counts around the
+  // AVX2 kernel's 64-pair chunks (1-2 rows) and 32-pair chunks (3 rows).
   using namespace ot::gemm::detail;
   using PanelsFn = void (*)(int, int64_t, const void*, int64_t, const char* const*, float* const*, int, int64_t);
   struct Form { const char* name; cpu::Isa isa; PanelsFn fn; };
@@ -69,9 +72,9 @@ TEST(GemmDecode, PanelsKernelMatchesFp64DotOfEachPanel) {
                            Form{"avx2", cpu::Isa::avx2, kernel_decode_panels_avx2_bf16}}) {
     if (!cpu::has(form.isa)) continue;
     ++ran;
-    for (int64_t pairs : {0, 1, 17, 63, 64, 65, 1025})
+    for (int64_t pairs : {0, 1, 17, 31, 32, 33, 63, 64, 65, 1025})
       for (int n : {0, 1, 2, 3, 5, 8, 9})
-        for (int mr = 1; mr <= 4; ++mr) {
+        for (int mr = 1; mr <= 8; ++mr) {
           SCOPED_TRACE(form.name);
           const int64_t kc = 2 * pairs, lda = kc + 6, ldc = 2 * kNR + 16, psz = kc * kNR;
           std::vector<uint16_t> b = random_bf16(size_t(n * psz) + 32, uint32_t(pairs * 16 + n * 5 + mr));
@@ -117,15 +120,17 @@ TEST(GemmDecode, DecodeSizesThroughGemmMatchReference) {
         for (int64_t N : {1, 49, 98, 2930})  // 2930: 62 panels, units of 8 (the paired streams) and a tail
           for (int variant = 0; variant < 2; ++variant) {
             if (N == 2930 && K != 33) continue;  // the wide case for the unit form only (kept fast)
-            // variant 0: plain rows, f32 C; 1: SwiGLU, row scale and scatter-add into f32 C.
+            // variant 0: plain rows, f32 C; 1: gathered A rows (as the MoE up GEMM), SwiGLU, row scale
+            // and scatter-add into f32 C (as the down GEMM).
             if (variant == 1 && N % 2) continue;
             const bool swiglu = variant == 1;
             const int64_t n_out = swiglu ? N / 2 : N, lda = K + 3, ldc = n_out + 5, c_rows = M + 3;
             Tensor a = random_tensor(DType::bf16, {M, lda}, uint32_t(M * 7 + K));
             Tensor b = random_tensor(DType::bf16, {N, K}, uint32_t(K * 3 + N));
             std::vector<float> scale = to_f32(random_tensor(DType::f32, {M}, uint32_t(N), 0.5f, 1.5f));
-            std::vector<int32_t> scatter(static_cast<size_t>(M));
+            std::vector<int32_t> scatter(static_cast<size_t>(M)), gather(static_cast<size_t>(M));
             for (auto& s : scatter) s = int32_t(rng() % uint32_t(c_rows));
+            for (size_t i = 0; i < gather.size(); ++i) gather[i] = int32_t((i * 5 + 2) % size_t(M));
             Tensor c0 = random_tensor(DType::f32, {c_rows, ldc}, uint32_t(M + N + K));
             Tensor cf = Tensor::copy_of(c0), cr = Tensor::copy_of(c0);
             Epilogue ep;
@@ -135,7 +140,7 @@ TEST(GemmDecode, DecodeSizesThroughGemmMatchReference) {
               ep.scatter_rows = scatter.data();
               ep.accumulate = true;
             }
-            AOperand ao{a.view().data, DType::bf16, lda, nullptr};
+            AOperand ao{a.view().data, DType::bf16, lda, swiglu ? gather.data() : nullptr};
             PackedB pb = prepack(b, BLayout::NK);
             ot::gemm::gemm(M, ao, pb, {cf.view().data, DType::f32, ldc}, ep);
             ref::gemm(M, ao, b, BLayout::NK, {cr.view().data, DType::f32, ldc}, ep);

@@ -113,7 +113,8 @@ TEST(Gemm, MixedDtypes) {
 }
 
 // Every activation x bias x row_scale x accumulate (beta = 1) x C dtype on each ISA's epilogue;
-// N = 98 (49 SwiGLU outputs): a partial 8- and 16-column vector at the end of each row.
+// N = 98 (49 SwiGLU outputs): a partial 8- and 16-column vector at the end of each row. M 33 (the
+// 8-row kernel) and 3 (a decode row block: the decode kernels' tiles, AVX2's 3-row form).
 TEST(Gemm, EveryEpilogue) {
   static const float dummy = 0;  // non-null marker: run_case swaps in the real arrays
   for (cpu::Isa isa : isa_paths()) {
@@ -121,17 +122,18 @@ TEST(Gemm, EveryEpilogue) {
     for (DType t : {DType::bf16, DType::f32})
       for (Act act : {Act::none, Act::relu, Act::gelu, Act::silu, Act::swiglu})
         for (int variant = 0; variant < 8; ++variant)
-          for (DType ct : {DType::f32, DType::bf16, DType::f16}) {
-            Epilogue ep;
-            ep.act = act;
-            ep.bias = variant & 1 ? &dummy : nullptr;
-            ep.row_scale = variant & 2 ? &dummy : nullptr;
-            ep.accumulate = variant & 4;
-            Case cs{33, 98, 70, t, t, ct, BLayout::NK, ep, (variant & 2) != 0};
-            double tol, err = run_case(cs, uint32_t(variant * 13 + int(act)), &tol);
-            EXPECT_LE(err, tol) << "isa=" << isa_str(isa) << " act=" << act_name(act) << " variant=" << variant << " " << dtype_name(t)
-                                << " c=" << dtype_name(ct);
-          }
+          for (DType ct : {DType::f32, DType::bf16, DType::f16})
+            for (int64_t M : {33, 3}) {
+              Epilogue ep;
+              ep.act = act;
+              ep.bias = variant & 1 ? &dummy : nullptr;
+              ep.row_scale = variant & 2 ? &dummy : nullptr;
+              ep.accumulate = variant & 4;
+              Case cs{M, 98, 70, t, t, ct, BLayout::NK, ep, (variant & 2) != 0};
+              double tol, err = run_case(cs, uint32_t(variant * 13 + int(act) + M), &tol);
+              EXPECT_LE(err, tol) << "isa=" << isa_str(isa) << " act=" << act_name(act) << " variant=" << variant << " " << dtype_name(t)
+                                  << " c=" << dtype_name(ct) << " M=" << M;
+            }
   }
 }
 
