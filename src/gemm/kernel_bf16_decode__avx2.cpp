@@ -69,13 +69,12 @@ void panels_tile(int64_t pairs, const uint16_t* a, int64_t lda, const uint16_t* 
   }
 }
 
-// The column pass width for mr rows and S streams: at most 12 accumulators (S * MR * NV) beside the
-// 2 * MR A registers and two widened B vectors.
+// 1-2 rows (3: passes_tile below). The column pass width for mr rows and S streams: at most 12
+// accumulators (S * MR * NV) beside the 2 * MR A registers and two widened B vectors.
 template <int S>
 void rows_tile(int mr, int64_t pairs, const uint16_t* a, int64_t lda, const uint16_t* const* b, float* const* c, int64_t ldc) {
   if (mr == 1) panels_tile<1, 6, S>(pairs, a, lda, b, c, ldc);
-  else if (mr == 2) panels_tile<2, S == 2 ? 2 : 3, S>(pairs, a, lda, b, c, ldc);
-  else panels_tile<3, S == 2 ? 1 : 2, S>(pairs, a, lda, b, c, ldc);
+  else panels_tile<2, S == 2 ? 2 : 3, S>(pairs, a, lda, b, c, ldc);
 }
 
 // 3 rows (rows_tile's 3-row tile above is six 8-column passes a chunk, each widening the three A
@@ -90,7 +89,7 @@ constexpr int64_t kPassPairs = 32;  // 2 panels x 32 pair rows = 12 KiB, and the
 // pairs lines to prefetch.
 template <int R>
 void pass16(int64_t pairs, const float* af, const uint16_t* b, float* c, int64_t ldc, bool load_c, const char* pf) {
-  const __m256i hi = _mm256_set1_epi32(int(0xffff0000u));  // k odd: one AND (hi_f32's two shifts share ports with the FMAs)
+  const __m256i hi = _mm256_set1_epi32(int(0xffff0000u));  // k odd: one AND instead of hi_f32's two shifts
   __m256 acc[R][2];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
