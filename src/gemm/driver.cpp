@@ -109,8 +109,9 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
   // Row tiles of balanced height (25 rows -> 7+6+6+6, not 8+8+8+1): a 1-3 row tile has too few
   // independent accumulator chains to hide the dot product's latency and runs at a fraction of
   // the 8-row tile's rate (MoE experts get ~32 +- 6 rows at Qwen3 T512: +8-13% on M = 25).
+  // (Not the AVX2 bf16 kernel: full_tiles, its groups of 4 rows are what run fast.)
   const int64_t ntile = (mc_pad + K.mr - 1) / K.mr;
-  const bool bal = !K.pad_rows;
+  const bool bal = !K.pad_rows && !K.full_tiles;
   // The vector epilogues need unit column stride.
   void (*const epilogue)(const EpiArgs&, const EpiBlock&) = job.epi.csc != 1 ? epilogue_scalar
                                                           : cpu::has(cpu::Isa::avx512) ? epilogue_avx512
@@ -189,7 +190,8 @@ Kernel select_kernel(Layout layout, int64_t M) {
     // 24 KiB B chunk (128 pairs x 96 bf16) fits a 32 KiB L1 with the A rows; row blocks of <= kDecodeRows
     // rows stream on the AVX2 decode kernel (two panels side by side).
     if (cpu::has(cpu::Isa::avx2))
-      return {kernel_avx2_bf16, 8, 256, false, M <= decode_rows() ? "avx2_bf16_decode" : "avx2_bf16", kernel_decode_panels_avx2_bf16};
+      return {kernel_avx2_bf16, 8, 256, false, M <= decode_rows() ? "avx2_bf16_decode" : "avx2_bf16", kernel_decode_panels_avx2_bf16,
+              nullptr, true};
     return {kernel_scalar_vnni, 8, 256, false, "scalar"};
   }
   if (cpu::has(cpu::Isa::avx512)) return {kernel_avx512_f32, 8, 384, false, "avx512_f32"};

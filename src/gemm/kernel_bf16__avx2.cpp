@@ -1,13 +1,18 @@
 // AVX2 bf16 micro-kernel on the vnni panel (machines without a bf16 dot product): bf16 weights stay
 // bf16 in memory and widen in registers. A ymm of a panel's pair row holds 8 columns x (k, k+1) as
 // 32-bit lanes; a bf16 is the high half of its fp32, so k even = lane << 16, k odd = lane & 0xffff0000
-// (exact). Products and sums are fp32 FMAs, as in the scalar kernel. Rows run in balanced groups of
-// <= 4 over 16-column passes (8 accumulators, 4 widened B vectors); a group's A rows are widened to
-// fp32 once per K chunk into an L1 buffer, so each pass broadcasts A from memory (a load, no ALU op):
-// widening A per pass cost 4 vector ops per row and k pair, more than the B widening, and held the
-// kernel near half the FMA peak. Each pass prefetches a third of the next B chunk into L2 (one line
-// per k pair): the chunk's first group otherwise waits on DRAM at every new line. A single row runs over the whole 48 columns (even / odd k in
-// separate accumulators, so twelve FMA chains hide the latency).
+// (exact). Products and sums are fp32 FMAs, as in the scalar kernel. Rows run in groups of <= 4 over
+// 16-column passes (8 accumulators, 4 widened B vectors); a group's A rows are widened to fp32 once
+// per K chunk into an L1 buffer, so each pass broadcasts A from memory (a load, no ALU op): widening
+// A per pass cost 4 vector ops per row and k pair, more than the B widening, and held the kernel
+// near half the FMA peak. A tile of 5-8 rows runs as a group of 4 and the rest (with full 8-row
+// tiles in the driver, 29 rows are 7 groups of 4 and 1 row, not 5 of 4 and 3 of 3): each
+// accumulator takes two dependent FMAs per k pair, so a 4-row group (8 chains, 16 FMAs) runs at the
+// FMA bound and a 3-row one at the latency bound, 3/4 of it (in L1: 4 rows 87% of one core's peak,
+// 3 rows 70%, 2 rows 49%, 1 row 61%; a 1-row tail costs a third of a 3-row group). Each pass
+// prefetches a third of the next B chunk into L2 (one line per k pair): the chunk's first group
+// otherwise waits on DRAM at every new line. A single row runs over the whole 48 columns (even / odd
+// k in separate accumulators, so twelve FMA chains hide the latency).
 #include <immintrin.h>
 
 #include <cstring>
@@ -125,7 +130,7 @@ void group_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, f
 void kernel_avx2_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
   auto A = static_cast<const uint16_t*>(a);
   auto B = static_cast<const uint16_t*>(b);
-  in_row_groups_of_4(mr, [&](auto R, int r) { group_bf16<decltype(R)::value>(kc, A + r * lda, lda, B, c + r * ldc, ldc, load_c); });
+  in_row_groups_of_4(mr, [&](auto R, int r) { group_bf16<decltype(R)::value>(kc, A + r * lda, lda, B, c + r * ldc, ldc, load_c); }, true);
 }
 
 }  // namespace ot::gemm::detail
