@@ -99,6 +99,9 @@ struct Kernel {
   // Row tiles of mr rows and one shorter last tile, instead of balanced heights (the AVX2 bf16
   // kernel: its 4-row groups are fast, its 3- and 2-row ones latency-bound; see kernel_avx2_bf16).
   bool full_tiles = false;
+  // When set: fn on A packed as fp32 (B still in its layout), which the driver then packs, except for
+  // decode row blocks (the AVX2 bf16 kernel broadcasts fp32 A rows instead of widening them per call).
+  KernelFn fn_f32a = nullptr;
 };
 constexpr int kDecodeRows = 3;  // the most rows the decode kernel serves
 // Row blocks of up to this many rows (0..kDecodeRows; knob gemm.decode_rows, default kDecodeRows)
@@ -145,6 +148,7 @@ void kernel_scalar_f32(int mr, int64_t kc, const void* a, int64_t lda, const voi
 void kernel_scalar_vnni(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx2_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+void kernel_avx2_bf16_f32a(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);  // fp32 A
 void kernel_avx2_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_bf16_cols(int mr, int j0, int nz, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
