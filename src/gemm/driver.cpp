@@ -74,18 +74,21 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
   const size_t elt = layout_elt(B.layout);
   int64_t m0 = mb * pl.mc, mc = std::min(pl.mc, job.M - m0);
   int64_t mc_pad = K.pad_rows ? (mc + K.mr - 1) / K.mr * K.mr : mc;
-  int64_t lda = lda_for(B.layout, B.Kp);
+  const bool dec = mc_pad <= pl.decode_rows && K.decode;
+  const bool f32a = K.fn_f32a && !dec;
+  const Layout al = f32a ? Layout::f32 : B.layout;  // A's packing
+  const size_t aelt = layout_elt(al);
+  int64_t lda = lda_for(al, B.Kp);
   Scratch& s = scratch();
-  char* abuf = s.a.get(size_t(mc_pad * lda) * elt + 64);
+  char* abuf = s.a.get(size_t(mc_pad * lda) * aelt + 64);
   if (s.packed_call != call || s.packed_job != &job || s.packed_mb != mb) {
-    pack_a(job.a, m0, mc, mc_pad, B.K, B.layout, abuf, lda);
+    pack_a(job.a, m0, mc, mc_pad, B.K, al, abuf, lda);
     s.packed_call = call, s.packed_job = &job, s.packed_mb = mb;
   }
   const int64_t ldt = pl.ppb * kNR;  // one output block's tile (gate + up panels for SwiGLU)
   // Decode (a row block of a few rows, in any call): the unit's panels stream first, up to 16 at a
   // time (two side by side, kernel_decode_panels), one tile per output block, then the epilogues run.
   const int64_t tsz = mc_pad * ldt;
-  const bool dec = mc_pad <= pl.decode_rows && K.decode;
   float* cbuf = reinterpret_cast<float*>(s.c.get(size_t(tsz * (dec ? ob1 - ob0 : 1)) * 4));
   if (dec) {
     constexpr int kMaxPanels = 16;
@@ -105,12 +108,13 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
   }
   // One micro-tile row block: no reuse of a B chunk across tiles, so stream whole panels.
   const int64_t kc = mc_pad <= K.mr ? std::max<int64_t>(B.Kp, 1) : K.kc;
-  const KernelFn fn = K.fn;
+  const KernelFn fn = f32a ? K.fn_f32a : K.fn;
   // Row tiles of balanced height (25 rows -> 7+6+6+6, not 8+8+8+1): a 1-3 row tile has too few
   // independent accumulator chains to hide the dot product's latency and runs at a fraction of
   // the 8-row tile's rate (MoE experts get ~32 +- 6 rows at Qwen3 T512: +8-13% on M = 25).
+  // (Not the AVX2 bf16 kernel: full_tiles, its groups of 4 rows are what run fast.)
   const int64_t ntile = (mc_pad + K.mr - 1) / K.mr;
-  const bool bal = !K.pad_rows;
+  const bool bal = !K.pad_rows && !K.full_tiles;
   // The vector epilogues need unit column stride.
   void (*const epilogue)(const EpiArgs&, const EpiBlock&) = job.epi.csc != 1 ? epilogue_scalar
                                                           : cpu::has(cpu::Isa::avx512) ? epilogue_avx512
@@ -144,7 +148,7 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
         const char* bp = panel + size_t(pc) * kNR * elt;
         for (int64_t it = 0, ir = 0; it < ntile; ++it) {
           int rows = bal ? int(mc_pad / ntile + (it < mc_pad % ntile)) : int(std::min<int64_t>(K.mr, mc_pad - ir));
-          const char* ap = abuf + size_t(ir * lda + pc) * elt;
+          const char* ap = abuf + size_t(ir * lda + pc) * aelt;
           float* ct = cbuf + ir * ldt + q * kNR;
           if (sub) K.cols(rows, j0, j1 - j0, kcur, ap, lda, bp, ct, ldt, pc > 0);
           else fn(rows, kcur, ap, lda, bp, ct, ldt, pc > 0);
@@ -189,7 +193,8 @@ Kernel select_kernel(Layout layout, int64_t M) {
     // 24 KiB B chunk (128 pairs x 96 bf16) fits a 32 KiB L1 with the A rows; row blocks of <= kDecodeRows
     // rows stream on the AVX2 decode kernel (two panels side by side).
     if (cpu::has(cpu::Isa::avx2))
-      return {kernel_avx2_bf16, 8, 256, false, M <= decode_rows() ? "avx2_bf16_decode" : "avx2_bf16", kernel_decode_panels_avx2_bf16};
+      return {kernel_avx2_bf16, 8, 256, false, M <= decode_rows() ? "avx2_bf16_decode" : "avx2_bf16", kernel_decode_panels_avx2_bf16,
+              nullptr, true, kernel_avx2_bf16_f32a};
     return {kernel_scalar_vnni, 8, 256, false, "scalar"};
   }
   if (cpu::has(cpu::Isa::avx512)) return {kernel_avx512_f32, 8, 384, false, "avx512_f32"};

@@ -96,6 +96,12 @@ struct Kernel {
   // at once (the driver passes a unit's panels, up to 16 a call), tiles[i] (row stride ldc) = A x panels[i].
   void (*decode)(int mr, int64_t kc, const void* a, int64_t lda, const char* const* panels, float* const* tiles, int n, int64_t ldc) = nullptr;
   KernelColsFn cols = nullptr;  // column subset of fn, when set (else fn computes the whole panel)
+  // Row tiles of mr rows and one shorter last tile, instead of balanced heights (the AVX2 bf16
+  // kernel: its 4-row groups are fast, its 3- and 2-row ones latency-bound; see kernel_avx2_bf16).
+  bool full_tiles = false;
+  // When set: fn on A packed as fp32 (B still in its layout), which the driver then packs, except for
+  // decode row blocks (the AVX2 bf16 kernel broadcasts fp32 A rows instead of widening them per call).
+  KernelFn fn_f32a = nullptr;
 };
 constexpr int kDecodeRows = 3;  // the most rows the decode kernel serves
 // Row blocks of up to this many rows (0..kDecodeRows; knob gemm.decode_rows, default kDecodeRows)
@@ -121,9 +127,10 @@ template <class F> inline void with_mr(int mr, F&& f) {
 }
 
 // The AVX2 kernels' row split (16 ymm registers hold at most 4 rows of accumulators): an mr-row
-// tile (mr <= 8) as at most two balanced groups of <= 4 rows (8 = 4 + 4, 5 = 3 + 2);
-// f(std::integral_constant<int, R>{}, first_row) for each group.
-template <class F> inline void in_row_groups_of_4(int mr, F&& f) {
+// tile (mr <= 8) as at most two balanced groups of <= 4 rows (8 = 4 + 4, 5 = 3 + 2), or with
+// fours_first a group of 4 and the rest (5 = 4 + 1); f(std::integral_constant<int, R>{}, first_row)
+// for each group.
+template <class F> inline void in_row_groups_of_4(int mr, F&& f, bool fours_first = false) {
   auto group = [&](int rows, int first) {
     switch (rows) {
       case 1: f(std::integral_constant<int, 1>{}, first); break;
@@ -132,7 +139,7 @@ template <class F> inline void in_row_groups_of_4(int mr, F&& f) {
       default: f(std::integral_constant<int, 4>{}, first); break;
     }
   };
-  const int r0 = mr <= 4 ? mr : (mr + 1) / 2;  // the second group has mr - r0 (<= r0) rows
+  const int r0 = mr <= 4 ? mr : fours_first ? 4 : (mr + 1) / 2;  // the second group has mr - r0 (<= r0) rows
   group(r0, 0);
   if (mr > r0) group(mr - r0, r0);
 }
@@ -141,6 +148,7 @@ void kernel_scalar_f32(int mr, int64_t kc, const void* a, int64_t lda, const voi
 void kernel_scalar_vnni(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx2_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+void kernel_avx2_bf16_f32a(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);  // fp32 A
 void kernel_avx2_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_bf16_cols(int mr, int j0, int nz, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);

@@ -1,16 +1,24 @@
 // AVX2 bf16 micro-kernel on the vnni panel (machines without a bf16 dot product): bf16 weights stay
 // bf16 in memory and widen in registers. A ymm of a panel's pair row holds 8 columns x (k, k+1) as
 // 32-bit lanes; a bf16 is the high half of its fp32, so k even = lane << 16, k odd = lane & 0xffff0000
-// (exact). Products and sums are fp32 FMAs, as in the scalar kernel. Rows run in balanced groups of
-// <= 4 over 16-column passes (8 accumulators, 4 widened B vectors); a group's A rows are widened to
-// fp32 once per K chunk into an L1 buffer, so each pass broadcasts A from memory (a load, no ALU op):
-// widening A per pass cost 4 vector ops per row and k pair, more than the B widening, and held the
-// kernel near half the FMA peak. Each pass prefetches a third of the next B chunk into L2 (one line
-// per k pair): the chunk's first group otherwise waits on DRAM at every new line. A single row runs over the whole 48 columns (even / odd k in
-// separate accumulators, so twelve FMA chains hide the latency).
+// (exact). Products and sums are fp32 FMAs, as in the scalar kernel. Rows run in groups of <= 4 over
+// 16-column passes (8 accumulators, 4 widened B vectors); each pass broadcasts A from fp32 rows in
+// memory (a load, no ALU op): widening A per pass cost 4 vector ops per row and k pair, more than
+// the B widening, and held the kernel near half the FMA peak. The driver packs A as fp32 once per
+// row block for kernel_avx2_bf16_f32a; kernel_avx2_bf16 (bf16 A, its other callers) widens a
+// group's A rows once per K chunk into an L1 buffer, ~5% of the kernel's time in L1 and more when
+// A comes from L2. A tile of 5-8 rows runs as a group of 4 and the rest (with full 8-row
+// tiles in the driver, 29 rows are 7 groups of 4 and 1 row, not 5 of 4 and 3 of 3): each
+// accumulator takes two dependent FMAs per k pair, so a 4-row group (8 chains, 16 FMAs) runs at the
+// FMA bound and a 3-row one at the latency bound, 3/4 of it (in L1: 4 rows 87% of one core's peak,
+// 3 rows 70%, 2 rows 49%, 1 row 61%; a 1-row tail costs a third of a 3-row group). Each pass
+// prefetches a third of the next B chunk into L2 (one line per k pair): the chunk's first group
+// otherwise waits on DRAM at every new line. A single row runs over the whole 48 columns (even / odd
+// k in separate accumulators, so twelve FMA chains hide the latency).
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "src/gemm/internal.h"
 
@@ -42,11 +50,11 @@ void widen_rows(int64_t kc, const uint16_t* a, int64_t lda, float* af) {
   }
 }
 
-// C[R][8*NV] (+)= A[R][kc] x B (af: the widened A rows; b, c at the sub-tile's first column; a pair
-// row is 2*kNR elements); pf: kc/2 cache lines to prefetch, one per k pair (prefetches never fault,
-// so running past the last panel is harmless).
+// C[R][8*NV] (+)= A[R][kc] x B (af: the fp32 A rows, row stride las; b, c at the sub-tile's first
+// column; a pair row is 2*kNR elements); pf: kc/2 cache lines to prefetch, one per k pair
+// (prefetches never fault, so running past the last panel is harmless).
 template <int R, int NV>
-void tile_bf16(int64_t kc, const float* af, const uint16_t* b, float* c, int64_t ldc, bool load_c, const char* pf) {
+void tile_bf16(int64_t kc, const float* af, int64_t las, const uint16_t* b, float* c, int64_t ldc, bool load_c, const char* pf) {
   const __m256i hi = hi_mask();
   __m256 acc[R][NV];
 #pragma GCC unroll 4
@@ -64,7 +72,7 @@ void tile_bf16(int64_t kc, const float* af, const uint16_t* b, float* c, int64_t
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const __m256 ae = _mm256_broadcast_ss(af + r * kKChunk + k), ao = _mm256_broadcast_ss(af + r * kKChunk + k + 1);
+      const __m256 ae = _mm256_broadcast_ss(af + r * las + k), ao = _mm256_broadcast_ss(af + r * las + k + 1);
 #pragma GCC unroll 6
       for (int j = 0; j < NV; ++j) acc[r][j] = _mm256_fmadd_ps(ao, bo[j], _mm256_fmadd_ps(ae, be[j], acc[r][j]));
     }
@@ -75,18 +83,24 @@ void tile_bf16(int64_t kc, const float* af, const uint16_t* b, float* c, int64_t
     for (int j = 0; j < NV; ++j) _mm256_storeu_ps(c + r * ldc + 8 * j, acc[r][j]);
 }
 
-// One row over the whole panel: even and odd k accumulate apart (12 independent chains).
-void row_bf16(int64_t kc, const uint16_t* a, const uint16_t* b, float* c, bool load_c) {
+// One row (bf16 or fp32) over the whole panel: even and odd k accumulate apart (12 independent chains).
+template <class TA>
+void row_bf16(int64_t kc, const TA* a, const uint16_t* b, float* c, bool load_c) {
   const __m256i hi = hi_mask();
   __m256 ev[6], od[6];
 #pragma GCC unroll 6
   for (int j = 0; j < 6; ++j) ev[j] = load_c ? _mm256_loadu_ps(c + 8 * j) : _mm256_setzero_ps(), od[j] = _mm256_setzero_ps();
   for (int64_t k = 0; k < kc; k += 2) {
     const uint16_t* bk = b + k * kNR;
-    int32_t pair;
-    std::memcpy(&pair, a + k, 4);
-    __m256i p = _mm256_set1_epi32(pair);
-    __m256 ae = lo_f32(p), ao = hi_f32(p, hi);
+    __m256 ae, ao;
+    if constexpr (std::is_same_v<TA, float>) {
+      ae = _mm256_broadcast_ss(a + k), ao = _mm256_broadcast_ss(a + k + 1);
+    } else {
+      int32_t pair;
+      std::memcpy(&pair, a + k, 4);
+      const __m256i p = _mm256_set1_epi32(pair);
+      ae = lo_f32(p), ao = hi_f32(p, hi);
+    }
 #pragma GCC unroll 6
     for (int j = 0; j < 6; ++j) {
       __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(bk + 16 * j));
@@ -98,34 +112,52 @@ void row_bf16(int64_t kc, const uint16_t* a, const uint16_t* b, float* c, bool l
   for (int j = 0; j < 6; ++j) _mm256_storeu_ps(c + 8 * j, _mm256_add_ps(ev[j], od[j]));
 }
 
-template <int R>
-void group_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
+// A (TA: bf16, or fp32 as kernel_avx2_bf16_f32a gets it) row stride lda elements.
+template <int R, class TA>
+void group_bf16(int64_t kc, const TA* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
+  constexpr bool f32a = std::is_same_v<TA, float>;
   if constexpr (R == 1) {
     row_bf16(kc, a, b, c, load_c);
   } else {
-    alignas(32) float af[R * kKChunk];
+    alignas(32) float wide[f32a ? 1 : R * kKChunk];
     // The tile's fp32 accumulators go through C between chunks: the same sums in the same order.
     int64_t k0 = 0;
     do {  // at least once: kc = 0 still writes (or keeps) the tile
       const int64_t n = kc - k0 < kKChunk ? kc - k0 : kKChunk;
-      widen_rows<R>((n + 1) & ~int64_t(1), a + k0, lda, af);  // whole pairs, as the pair loop reads them
+      const float* af;
+      int64_t las;
+      if constexpr (f32a) {
+        af = a + k0, las = lda;
+      } else {
+        widen_rows<R>((n + 1) & ~int64_t(1), a + k0, lda, wide);  // whole pairs, as the pair loop reads them
+        af = wide, las = kKChunk;
+      }
       // The next chunk (of this panel, or the next panel's first: a unit's panels are adjacent) is
       // n pairs x 192 bytes = 3n/2 lines, n/2 per pass.
       const char* next = reinterpret_cast<const char*>(b + (k0 + n) * kNR);
 #pragma GCC unroll 3
       for (int h = 0; h < 3; ++h)
-        tile_bf16<R, 2>(n, af, b + k0 * kNR + 32 * h, c + 16 * h, ldc, load_c || k0 > 0, next + h * n * 32);
+        tile_bf16<R, 2>(n, af, las, b + k0 * kNR + 32 * h, c + 16 * h, ldc, load_c || k0 > 0, next + h * n * 32);
       k0 += kKChunk;
     } while (k0 < kc);
   }
 }
 
+template <class TA>
+void kernel(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
+  auto A = static_cast<const TA*>(a);
+  auto B = static_cast<const uint16_t*>(b);
+  in_row_groups_of_4(mr, [&](auto R, int r) { group_bf16<decltype(R)::value>(kc, A + r * lda, lda, B, c + r * ldc, ldc, load_c); }, true);
+}
+
 }  // namespace
 
 void kernel_avx2_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
-  auto A = static_cast<const uint16_t*>(a);
-  auto B = static_cast<const uint16_t*>(b);
-  in_row_groups_of_4(mr, [&](auto R, int r) { group_bf16<decltype(R)::value>(kc, A + r * lda, lda, B, c + r * ldc, ldc, load_c); });
+  kernel<uint16_t>(mr, kc, a, lda, b, c, ldc, load_c);
+}
+
+void kernel_avx2_bf16_f32a(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
+  kernel<float>(mr, kc, a, lda, b, c, ldc, load_c);
 }
 
 }  // namespace ot::gemm::detail
