@@ -21,6 +21,9 @@ void step(const void*, bool, void*, bool, const float*, const float*, const floa
 namespace avx512 {
 void step(const void*, bool, void*, bool, const float*, const float*, const float*, float, float, float, int64_t, int64_t, float*, float*);
 }
+namespace avx2 {
+void step(const void*, bool, void*, bool, const float*, const float*, const float*, float, float, float, int64_t, int64_t, float*, float*);
+}
 }  // namespace detail
 using namespace detail;
 
@@ -157,11 +160,11 @@ RecurrentOut recurrent_gated_delta_rule(const TensorView& q, const TensorView& k
   const float* A_log = fused_gate ? opt.A_log.ptr<float>() : nullptr;
   const float* dt_bias = fused_gate ? opt.dt_bias.ptr<float>() : nullptr;
   bool ref = cpu::force_ref();
-  StepFn fast = cpu::has(cpu::Isa::avx512) ? &avx512::step : &generic::step;
+  StepFn fast = cpu::has(cpu::Isa::avx512) ? &avx512::step : cpu::has(cpu::Isa::avx2) ? &avx2::step : &generic::step;
   double state_bytes = 0;
   for (int64_t n = 0; n < N; ++n)
     if (s.len[size_t(n)] > 0) state_bytes += 2.0 * double(HV * DK * DV) * double(cache ? dtype_size(C.dt) : 4);
-  if (scope.active()) scope.args(shape_args(q, v, l)).kernel(ref ? "ref" : (fast == &avx512::step ? "avx512" : "generic"));
+  if (scope.active()) scope.args(shape_args(q, v, l)).kernel(ref ? "ref" : fast == &avx512::step ? "avx512" : fast == &avx2::step ? "avx2" : "generic");
   scope.bytes(state_bytes);
   int64_t group = HV / HK, SS = DK * DV;
 

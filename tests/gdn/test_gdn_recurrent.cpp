@@ -2,6 +2,8 @@
 // accepted-token counts, bf16 state, fused gates, and chunk prefill followed by decode.
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "gdn_test_util.h"
 #include "ot/cpu.h"
 #include "ot/error.h"
@@ -164,4 +166,44 @@ TEST(GdnRecurrent, Bf16StateAndFusedGates) {
   EXPECT_LT(rel_err(f16.o, f32.o), 2e-2);
   EXPECT_LT(rel_err(cache16, cache32), 1e-2);
   EXPECT_GT(rel_err(cache16, cache32), 0.0);
+}
+
+// The vector step kernels take whole 32-column tiles (DV % 32 == 0) with a state to read: DK 33 (an
+// odd row left after the row pairs), DV 64 (two tiles: the next tile's prefetch), fp32 state through
+// initial / final state and bf16 state through a cache, at every ISA this machine has.
+TEST(GdnRecurrent, TiledStepAtEveryIsaMatchesReference) {
+  using ot::cpu::Isa;
+  Shape s;
+  s.B = 2, s.T = 3, s.HK = 1, s.HV = 2, s.DK = 33, s.DV = 64;
+  Inputs in = make_inputs(s, DType::f32, 90);
+  std::mt19937 rng(91);
+  Tensor S0 = rand_tensor(rng, DType::f32, {2, 2, 33, 64}, -0.5f, 0.5f);
+  Tensor cache32 = rand_tensor(rng, DType::f32, {3, 2, 33, 64}, -0.5f, 0.5f);
+  Tensor slots = i32_tensor({2, 0});
+  auto decode_bf16 = [&] {
+    Tensor cache = Tensor::empty(DType::bf16, cache32.shape());
+    ot::copy_into(cache32, cache);
+    gdn::RecurrentOptions ro;
+    ro.state_cache = cache;
+    ro.state_indices = slots;
+    auto one = [](const Tensor& x) { return x.view().narrow(1, 0, 1); };
+    gdn::RecurrentOut d = gdn::recurrent_gated_delta_rule(one(in.q), one(in.k), one(in.v), one(in.g), one(in.beta), ro);
+    return std::make_pair(Tensor::copy_of(d.o), cache);
+  };
+  gdn::ChunkFwd truth = recurrence_truth(in, false, S0);
+  std::pair<Tensor, Tensor> ref16;
+  {
+    ot::cpu::ScopedForceRef force(true);
+    ref16 = decode_bf16();
+  }
+  for (Isa cap : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+    if (cap != Isa::scalar && !ot::cpu::has(cap)) continue;
+    ot::cpu::ScopedMaxIsa limit(cap);
+    gdn::RecurrentOut f = gdn::recurrent_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, recurrent_opts(false, S0));
+    EXPECT_LT(rel_err(f.o, truth.o), 1e-5) << ot::cpu::isa_name(cap);
+    EXPECT_LT(rel_err(f.final_state, truth.final_state), 1e-5) << ot::cpu::isa_name(cap);
+    std::pair<Tensor, Tensor> got = decode_bf16();
+    EXPECT_LT(rel_err(got.first, ref16.first), 1e-2) << ot::cpu::isa_name(cap);
+    EXPECT_LT(rel_err(got.second, ref16.second), 1e-2) << ot::cpu::isa_name(cap);
+  }
 }

@@ -200,7 +200,7 @@ int run_decode(const BenchOptions& opt) {
       r.ms = t.fast_ms;
       r.ref_ms = t.ref_ms;
       set_bandwidth(r, bytes / (t.fast_ms * 1e6), t);
-      r.kernel = cpu::has(cpu::Isa::avx512) ? "avx512" : "generic";
+      r.kernel = kernel_of_call(fast);
       r.extra["state_bytes"] = bytes;
       double cpu = cpu_ms_median(fast, reps);
       double stream = stream_cpu_ms(size_t(B * HV * DK * DV) * dtype_size(sdt) / 4, reps);
