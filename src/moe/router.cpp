@@ -1,8 +1,9 @@
 // Routers, fast path: rows split over threads; each row in fp32 through the AVX-512 kernels
 // (router_t16__avx512.cpp, router_t16_sigmoid__avx512.cpp: 16 rows at a time, where they apply;
-// router__avx512.cpp) when the ISA allows and k <= 16, else the AVX2 row kernel (router__avx2.cpp)
-// when the ISA allows and k <= 16, else the scalar row below, whose top-k is an insertion into a k-long sorted
-// buffer (strict '>' keeps the lower expert id on ties).
+// router__avx512.cpp) when the ISA allows and k <= 16, else with AVX2 the 8-tokens-in-lanes kernels
+// (router_t8__avx2.cpp, router_t8_sigmoid__avx2.cpp: 8 rows at a time, where they apply) or the
+// row kernel (router__avx2.cpp) for k <= 16, else the scalar row below, whose top-k is an insertion
+// into a k-long sorted buffer (strict '>' keeps the lower expert id on ties).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -147,7 +148,7 @@ bool route_row_scalar(const RouterSpec& s, GatingResult& r, int64_t row, RouterS
 // Temporary (session 16 A/B of the AVX2 forms): 0 keeps the AVX2 row kernel where the 8-tokens-in-lanes one applies.
 static knobs::Knob g_router_t8("moe.router_t8", 1, 0, 1, "AVX2 routers: 1 = 8 tokens in lanes where it applies, 0 = the row kernel");
 // An AVX2 (not AVX-512) call takes route_rows_t8.
-static bool uses_t8(const RouterSpec& s) { return g_router_t8.get() && t8_applies(s); }
+static bool uses_t8(const RouterSpec& s) { return g_router_t8.get() && (t8_applies(s) || t8_sigmoid_applies(s)); }
 
 bool route_fast(const RouterSpec& s, GatingResult& r) {
   const bool vec = s.k <= 16 && cpu::has(cpu::Isa::avx512), vec2 = !vec && s.k <= 16 && cpu::has(cpu::Isa::avx2);
@@ -164,7 +165,7 @@ bool route_fast(const RouterSpec& s, GatingResult& r) {
     int64_t r0 = c0 * chunk, r1 = std::min(s.R, c1 * chunk);
     bool ok = true;
     if (vec) ok = route_rows_avx512(s, r, r0, r1, b);
-    else if (t8) ok = route_rows_t8(s, r, r0, r1, b);
+    else if (t8) ok = s.sigmoid ? route_rows_t8_sigmoid(s, r, r0, r1, b) : route_rows_t8(s, r, r0, r1, b);
     else if (vec2) ok = route_rows_avx2(s, r, r0, r1, b);
     else for (int64_t row = r0; row < r1; ++row) ok &= route_row_scalar(s, r, row, b);
     if (!ok) valid.store(false, std::memory_order_relaxed);

@@ -99,6 +99,11 @@ bool route_rows_avx2(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r
 // up to 256, k <= 8, T >= 4. Rows it does not decide go to route_rows_avx2.
 bool t8_applies(const RouterSpec& s);
 bool route_rows_t8(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
+// The same layout for gating_top_k with sigmoid scores (router_t8_sigmoid__avx2.cpp): any bias,
+// group limit (groups of whole vectors, at most 16 groups), scores output; no mask; E a multiple of
+// 8 up to 256, k <= 8, T >= 4.
+bool t8_sigmoid_applies(const RouterSpec& s);
+bool route_rows_t8_sigmoid(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 bool route_rows_avx512_rowwise(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 // The calls route_rows_t16 handles: softmax routers selecting on the logits (no bias, no group
 // limit, no mask, no scores output), E a multiple of 16 up to 256, k <= 16, AVX512_VBMI/VBMI2.

@@ -15,83 +15,10 @@
 // a last partial block runs on zero-padded copies of its rows (the padding is never written out).
 #include <algorithm>
 
-#include "src/moe/router_net.h"
-#include "src/moe/router_simd__avx2.h"
+#include "src/moe/router_t8__avx2.h"
 
 namespace ot::moe::impl {
 namespace {
-
-#define OT_T8_AI __attribute__((always_inline))
-
-constexpr int kSlots = 16;  // candidates a row the block takes (more: the row kernel)
-// Rows of a partial block from which it pays (T 1: the padded block was 1.6x the row kernel's time).
-constexpr int kMinRows = 4;
-
-// 8x8 transpose: v[j] lane i <- v[i] lane j (24 shuffles).
-OT_T8_AI inline void transpose8(__m256* v) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {  // u[4i + c], 128-bit half h: rows 4i..4i+3 of column c + 4h
-    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-  }
-  for (int c = 0; c < 4; ++c) {
-    v[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
-    v[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
-  }
-}
-
-template <const net::Net& N, class F, size_t... I> OT_T8_AI inline void run_net(F&& f, std::index_sequence<I...>) { (f(N.a[I], N.b[I]), ...); }
-// v[0, 16) sorted descending per lane (the first Live outputs).
-template <int Live> OT_T8_AI inline void sort_lanes(__m256* v) {
-  run_net<net::NetOf<Live>::net>([&](int a, int b) OT_T8_AI {
-    const __m256 hi = _mm256_max_ps(v[a], v[b]);
-    v[b] = _mm256_min_ps(v[a], v[b]);
-    v[a] = hi;
-  }, std::make_index_sequence<net::NetOf<Live>::net.n>{});
-}
-
-// Lane i <- the sum of p[i]'s 8 lanes.
-OT_T8_AI inline __m256 reduce8_add(const __m256* p) {
-  const __m256 q0 = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));  // rows 0-3: lanes 0-3 + 4-7
-  const __m256 q1 = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31));
-}
-
-// Slots [0, n) (slot j lane i: row i's j-th candidate, in expert order) inserted per lane into the
-// K sorted (value, id) registers kv / ki (best first). The candidate is compared with every level's
-// old value at once (g_l: it goes above level l; monotone in l), levels below its place shift down
-// by one: no chain through the levels, and strict '>' keeps an equal earlier (lower-id) entry first.
-template <int K> void insert_slots(const __m256* V, const __m256* I, int n, __m256* kv, __m256* ki) {
-  for (int j = 0; j < n; ++j) {
-    const __m256 x = V[j], id = I[j];
-    __m256 g[K];
-    for (int l = 0; l < K; ++l) g[l] = _mm256_cmp_ps(x, kv[l], _CMP_GT_OQ);
-    for (int l = K - 1; l > 0; --l) {
-      kv[l] = _mm256_blendv_ps(kv[l], _mm256_blendv_ps(x, kv[l - 1], g[l - 1]), g[l]);
-      ki[l] = _mm256_blendv_ps(ki[l], _mm256_blendv_ps(id, ki[l - 1], g[l - 1]), g[l]);
-    }
-    kv[0] = _mm256_blendv_ps(kv[0], x, g[0]);
-    ki[0] = _mm256_blendv_ps(ki[0], id, g[0]);
-  }
-}
-void insert_slots(int k, const __m256* V, const __m256* I, int n, __m256* kv, __m256* ki) {
-  switch (k) {
-    case 1: return insert_slots<1>(V, I, n, kv, ki);
-    case 2: return insert_slots<2>(V, I, n, kv, ki);
-    case 3: return insert_slots<3>(V, I, n, kv, ki);
-    case 4: return insert_slots<4>(V, I, n, kv, ki);
-    case 5: return insert_slots<5>(V, I, n, kv, ki);
-    case 6: return insert_slots<6>(V, I, n, kv, ki);
-    case 7: return insert_slots<7>(V, I, n, kv, ki);
-    default: return insert_slots<8>(V, I, n, kv, ki);
-  }
-}
 
 // One block of 8 rows from rb (the first `rows` real; x: rows of E fp32 floats, `ld` apart; pf:
 // prefetch the 8 rows after them).
@@ -157,34 +84,13 @@ bool t8_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows, const 
         const __m256 e = exp2_offset(_mm256_fmsub_ps(xv, l2e, ml));
         if (v & 1) s1 = _mm256_add_ps(s1, e); else s0 = _mm256_add_ps(s0, e);
       }
-      const unsigned m = unsigned(_mm256_movemask_ps(_mm256_cmp_ps(xv, th, _CMP_GE_OQ)));
-      const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(kCompress.data() + 8 * m)));
-      _mm256_storeu_ps(cvi + n, _mm256_permutevar8x32_ps(xv, q));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(cii + n), _mm256_add_epi32(q, _mm256_set1_epi32(8 * v)));
-      n += __builtin_popcount(m);
+      n += compress8(xv, th, 8 * v, cvi + n, cii + n);
     }
     psum[i] = _mm256_add_ps(s0, s1);
-    if (n > kSlots) {
-      redo |= 1u << i;
-      n = 0;
-    }
-    _mm256_storeu_ps(cvi + n, ninf);
-    _mm256_storeu_ps(cvi + n + 8, ninf);
-    nmax = std::max(nmax, n);
-  }
-  // Slots: V[j] / I[j] lane i = row i's j-th candidate (ids as float bits).
-  __m256 V[16], I[16];
-  for (int h = 0; h < (nmax > 8 ? 2 : 1); ++h) {
-    for (int i = 0; i < 8; ++i) {
-      V[8 * h + i] = _mm256_load_ps(cv + ld2 * i + 8 * h);
-      I[8 * h + i] = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ci + ld2 * i + 8 * h)));
-    }
-    transpose8(V + 8 * h);
-    transpose8(I + 8 * h);
+    end_slots(cvi, n, i, redo, nmax);
   }
   __m256 kv[8], ki[8];
-  for (int l = 0; l < 8; ++l) kv[l] = ki[l] = ninf;
-  insert_slots(k, V, I, nmax, kv, ki);
+  top_slots(cv, ci, ld2, nmax, k, kv, ki);
   // Weights: exps of the k chosen offset by the row max (scaled by 1 / the row's sum) or by the
   // largest chosen (scaled by 1 / their sum).
   const __m256 mul = _mm256_set1_ps(s.select == Select::gating ? s.scale : 1.f);
@@ -197,44 +103,7 @@ bool t8_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows, const 
   }
   const __m256 scale = _mm256_div_ps(mul, softmax ? reduce8_add(psum) : esum);
   for (int l = 0; l < k; ++l) kv[l] = _mm256_mul_ps(kv[l], scale);
-  transpose8(kv);
-  transpose8(ki);
-  for (int i = 0; i < rows; ++i) {
-    if (redo >> i & 1) continue;
-    alignas(32) int32_t ids[8];
-    alignas(32) float w[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(ids), _mm256_castps_si256(ki[i]));
-    _mm256_store_ps(w, kv[i]);
-    write_row8(s, r, rb + i, ids, w);
-  }
-  bool ok = true;
-  for (unsigned m = redo; m; m &= m - 1) ok &= route_rows_avx2(s, r, rb + __builtin_ctz(m), rb + __builtin_ctz(m) + 1, b);  // last: it uses b.xr
-  return ok;
-}
-
-// Rows [r0, r1) in blocks of 8; rows not of fp32 and a last partial block of kMinRows or more
-// through fp32 copies in b.xr (the padding rows zero); a shorter one by the row kernel.
-template <int NV> bool t8_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
-  constexpr int64_t E = 8 * NV;
-  const DType xt = s.x.dtype;
-  bool ok = true;
-  for (int64_t rb = r0; rb < r1; rb += 8) {
-    const int rows = int(std::min<int64_t>(8, r1 - rb));
-    if (rows < kMinRows) {  // a padded block would cost more than these rows one at a time
-      ok &= route_rows_avx2(s, r, rb, r1, b);
-      break;
-    }
-    if (xt == DType::f32 && rows == 8) {
-      ok &= t8_block<NV>(s, r, rb, rows, s.x.ptr<float>() + rb * E, E, rb + 16 <= s.R, b);
-      continue;
-    }
-    float* c = b.xr;
-    for (int i = 0; i < 8; ++i)
-      for (int v = 0; v < NV; ++v)
-        _mm256_storeu_ps(c + i * E + 8 * v, i < rows ? load8(s.x.data, xt, (rb + i) * E + 8 * v, 8) : _mm256_setzero_ps());
-    ok &= t8_block<NV>(s, r, rb, rows, c, E, false, b);
-  }
-  return ok;
+  return write_block(s, r, rb, rows, redo, kv, ki, b);
 }
 
 }  // namespace
@@ -244,16 +113,10 @@ bool t8_applies(const RouterSpec& s) {
 }
 
 bool route_rows_t8(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
-  switch (s.E / 8) {
-#define OT_T8_CASE(NV) \
-  case NV: return t8_rows<NV>(s, r, r0, r1, b);
-    OT_T8_CASE(1) OT_T8_CASE(2) OT_T8_CASE(3) OT_T8_CASE(4) OT_T8_CASE(5) OT_T8_CASE(6) OT_T8_CASE(7) OT_T8_CASE(8)
-    OT_T8_CASE(9) OT_T8_CASE(10) OT_T8_CASE(11) OT_T8_CASE(12) OT_T8_CASE(13) OT_T8_CASE(14) OT_T8_CASE(15) OT_T8_CASE(16)
-    OT_T8_CASE(17) OT_T8_CASE(18) OT_T8_CASE(19) OT_T8_CASE(20) OT_T8_CASE(21) OT_T8_CASE(22) OT_T8_CASE(23) OT_T8_CASE(24)
-    OT_T8_CASE(25) OT_T8_CASE(26) OT_T8_CASE(27) OT_T8_CASE(28) OT_T8_CASE(29) OT_T8_CASE(30) OT_T8_CASE(31) OT_T8_CASE(32)
-#undef OT_T8_CASE
-  }
-  return route_rows_avx2(s, r, r0, r1, b);  // not reached: t8_applies takes E 8..256
+  return with_nv(s.E / 8, [&](auto nv) {
+    constexpr int NV = decltype(nv)::value;
+    return t8_blocks<NV>(s, r, r0, r1, b, [&](int64_t rb, int rows, const float* x, bool pf) { return t8_block<NV>(s, r, rb, rows, x, 8 * NV, pf, b); });
+  });
 }
 
 }  // namespace ot::moe::impl

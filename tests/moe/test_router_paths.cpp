@@ -537,8 +537,9 @@ TEST(MoeRouterPaths, RowKernelEdges) {
   }
 }
 
-// The AVX2 8-tokens-in-lanes kernel (router_t8__avx2.cpp: softmax routers selecting on the logits,
-// E a multiple of 8 up to 256, k <= 8, no mask / scores output), on every path and with the
+// The AVX2 8-tokens-in-lanes kernels (router_t8__avx2.cpp: softmax routers selecting on the logits,
+// E a multiple of 8 up to 256, k <= 8, no mask / scores output; router_t8_sigmoid__avx2.cpp: sigmoid
+// gating, below), on every path and with the
 // moe.router_t8 knob at both values (0: the AVX2 row kernel): T 1 and 3 (the row kernel), 4 and 7
 // (one padded block), 8, 9 (a block and a row), 15, 513 (blocks, a tail, two threads' chunks); E of
 // 1, 2, 3, 16 and 32 vectors; k 1, 3, 8; random rows, rows of a few levels (ties within a row and
@@ -576,6 +577,36 @@ TEST(MoeRouterPaths, TokensInLanesAvx2) {
                 o.k = k; o.routed_scaling_factor = 2.5f;
                 expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), t, what + " gating softmax");
               }
+      // Sigmoid gating (router_t8_sigmoid__avx2.cpp): no groups, or 4 / 8 groups of whole vectors
+      // (E 64: groups of one vector; 256: of 4 or 8), k_group 1 / half / all, both group scores,
+      // without bias (keys: the logits or, top-2 groups, the sigmoids), with a random bias and with
+      // a tied one (one level a group), the scores output; random, tied, and flat / huge rows.
+      int run = 0;
+      for (int64_t T : {1, 4, 7, 9, 513})
+        for (auto [E, G] : {std::pair<int64_t, int64_t>{8, 1}, {64, 1}, {64, 8}, {256, 8}, {256, 4}})
+          for (int64_t kg : {int64_t(1), G / 2, G})
+            for (int mode : {0, 1})
+              for (int variant : {0, 1, 2}) {  // no bias; random bias; tied rows and a bias of a level a group
+                if (kg < 1 || (G == 1 && (kg != 1 || mode == 1)) || (T == 513 && (E != 256 || G != 8 || kg != 4))) continue;
+                const DType t = ++run % 3 == 0 ? DType::bf16 : DType::f32;
+                GatingTopKOptions o;
+                o.norm_type = 1; o.group_count = G; o.k_group = kg; o.group_select_mode = mode;
+                o.k = std::min<int64_t>(run % 4 == 0 ? 1 : run % 4 == 1 ? 5 : 8, kg * (E / G));
+                o.routed_scaling_factor = 2.5f; o.out_flag = run % 2 == 0;
+                Tensor x = variant == 2 ? tied(t, T, E, uint32_t(run), 3) : randn(t, {T, E}, uint32_t(run), 2.f);
+                for (int64_t r = 0; variant == 0 && r < T; ++r)
+                  for (int64_t e = 0; e < E; ++e) {
+                    if (r % 8 == 3) set_from_double(x, r * E + e, 0.5);                                        // flat
+                    if (r % 8 == 6) set_from_double(x, r * E + e, (e * 7) % 3 == 0 ? 1e30 : -1e30);  // saturated sigmoids
+                  }
+                Tensor bias = randn(DType::f32, {E}, uint32_t(run + 1), 0.2f);
+                for (int64_t e = 0; variant == 2 && e < E; ++e) bias.ptr<float>()[e] = float((e / (E / G)) % 2);
+                if (variant > 0) o.bias = bias;
+                std::string what = std::string(cpu::isa_name(isa)) + " knob " + std::to_string(knob) + " sigmoid " + dtype_name(t) + " T" +
+                                   std::to_string(T) + " E" + std::to_string(E) + " G" + std::to_string(G) + " kg" + std::to_string(kg) +
+                                   " k" + std::to_string(o.k) + " mode " + std::to_string(mode) + " variant " + std::to_string(variant);
+                expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), t, what);
+              }
       for (float bad : {NAN, INFINITY, -INFINITY})
         for (int64_t row : {0, 6, 9, 20}) {
           Tensor x = randn(DType::f32, {21, 64}, 5);
@@ -583,6 +614,9 @@ TEST(MoeRouterPaths, TokensInLanesAvx2) {
           SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " knob " + std::to_string(knob) + " row " + std::to_string(row) + " value " + std::to_string(bad));
           EXPECT_OT_ERROR(moe_gating_top_k_softmax(x, 8), "x");
           EXPECT_OT_ERROR(moe_gating_top_k_softmax_v2(x, 4, {}, 1, false), "x");
+          GatingTopKOptions o;
+          o.k = 8; o.norm_type = 1; o.group_count = 8; o.k_group = 4; o.group_select_mode = 1;
+          EXPECT_OT_ERROR(moe_gating_top_k(x, o), "x");
         }
     }
   knobs::set("moe.router_t8", knobs::find("moe.router_t8").default_value());

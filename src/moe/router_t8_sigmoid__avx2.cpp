@@ -1,0 +1,175 @@
+// Routers, AVX2 with 8 tokens in the lanes, for gating_top_k with sigmoid scores (any bias, the
+// group limit over groups of whole vectors, at most 16 groups, the scores output; no mask; E a
+// multiple of 8 up to 256, k <= 8). Per block of 8 rows:
+// - pass 1, row-wise: sigmoids (stored: the weights are the chosen ones), the selection keys (the
+//   logits, or sigmoid + bias: select_on_logits), finiteness, and per group the lane-wise largest and
+//   second largest key (or, without a group limit, 16 column maxima);
+// - group scores for 8 rows at once: each group's 8 lane-wise (largest, second) vectors transposed
+//   and merged per lane (max; or the multiset's top 2, summed: the row kernel's value exactly); the
+//   k_group best groups per lane by counting (ties to the lower group, keep_groups' order);
+// - pass 2, row-wise: keys of the groups not kept set to -inf, 16 column maxima of the rest;
+// - the threshold network, candidates, per-lane insertion and row stores of router_t8__avx2.h; the
+//   weights are the chosen sigmoids (gathered, summed in the scalar row's order) times
+//   scale / (sum + eps).
+// Rows it does not decide (more than 16 candidates; a -inf threshold) go to the row kernel.
+#include <algorithm>
+
+#include "src/moe/router_t8__avx2.h"
+
+namespace ot::moe::impl {
+namespace {
+
+constexpr int kMaxGroups = 16;
+
+// Lane i <- the group score of row i from a[i] / a2[i], row i's lane-wise largest and second
+// largest keys of the group (overwritten): the largest of its 8 lanes, with Top2 plus the second
+// largest of the multiset of a and a2.
+template <bool Top2> OT_T8_AI inline __m256 group_score8(__m256* a, __m256* a2) {
+  transpose8(a);
+  if constexpr (Top2) transpose8(a2);
+  for (int w = 4; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) {
+      if constexpr (Top2) a2[j] = _mm256_max_ps(_mm256_min_ps(a[j], a[j + w]), _mm256_max_ps(a2[j], a2[j + w]));
+      a[j] = _mm256_max_ps(a[j], a[j + w]);
+    }
+  return Top2 ? _mm256_add_ps(a[0], a2[0]) : a[0];
+}
+
+template <int NV>
+bool t8_sigmoid_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows, const float* x, bool pf, RouterScratch& b) {
+  constexpr int E = 8 * NV;
+  const int k = int(s.k);
+  const bool on_x = select_on_logits(s), groups = limits_groups(s), top2 = s.group_mode == 1, bias = !s.bias.empty();
+  const int G = groups ? int(s.groups) : 1, gv = NV / G;  // groups, vectors a group
+  const __m256 ninf = _mm256_set1_ps(kNegInf), zero = _mm256_setzero_ps();
+  float* S = b.sc;   // [8, ld]: the sigmoids
+  float* K = b.key;  // [8, ld]: the selection keys
+  const int64_t ld = b.stride;
+  // Pass 1.
+  __m256 cm[16], nonfinite = zero;
+  __m256 A[kMaxGroups][8], A2[kMaxGroups][8];
+  for (int i = 0; i < 8; ++i) {
+    const float* p = x + i * E;
+    if (pf)
+      for (int o = 0; o < NV * 32; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + 8 * E) + o, _MM_HINT_T0);
+    __m256 c0 = ninf, c1 = ninf, nf = zero, a = ninf, a2 = ninf;
+    for (int v = 0; v < NV; ++v) {
+      const __m256 xv = _mm256_loadu_ps(p + 8 * v);
+      nf = _mm256_fmadd_ps(xv, zero, nf);
+      const __m256 sg = sigmoid_ps(xv);
+      _mm256_store_ps(S + i * ld + 8 * v, sg);
+      const __m256 key = on_x ? xv : bias ? _mm256_add_ps(sg, _mm256_loadu_ps(s.bias.data() + 8 * v)) : sg;
+      _mm256_store_ps(K + i * ld + 8 * v, key);
+      if (groups) {
+        a2 = _mm256_max_ps(a2, _mm256_min_ps(a, key));
+        a = _mm256_max_ps(a, key);
+        if ((v + 1) % gv == 0) {
+          A[v / gv][i] = a;
+          A2[v / gv][i] = a2;
+          a = a2 = ninf;
+        }
+      } else if (v & 1) {
+        c1 = _mm256_max_ps(c1, key);
+      } else {
+        c0 = _mm256_max_ps(c0, key);
+      }
+    }
+    nonfinite = _mm256_add_ps(nonfinite, nf);
+    cm[i] = c0;
+    cm[8 + i] = c1;
+  }
+  if (_mm256_movemask_ps(_mm256_cmp_ps(nonfinite, nonfinite, _CMP_UNORD_Q))) return false;
+  if (groups) {
+    // Group scores per lane, the kept groups by rank (#{h < g: score_h >= score_g} + #{h > g: score_h > score_g} < k_group).
+    __m256 gs[kMaxGroups];
+    for (int g = 0; g < G; ++g) gs[g] = top2 ? group_score8<true>(A[g], A2[g]) : group_score8<false>(A[g], A2[g]);
+    unsigned keep[kMaxGroups];  // bit i: row i keeps group g
+    for (int g = 0; g < G; ++g) {
+      __m256i rank = _mm256_setzero_si256();
+      for (int h = 0; h < G; ++h)
+        if (h != g)
+          rank = _mm256_sub_epi32(rank, _mm256_castps_si256(h < g ? _mm256_cmp_ps(gs[h], gs[g], _CMP_GE_OQ) : _mm256_cmp_ps(gs[h], gs[g], _CMP_GT_OQ)));
+      keep[g] = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(s.k_group)), rank))));
+    }
+    // Pass 2: keys outside the kept groups -inf; 16 column maxima of the rest.
+    for (int i = 0; i < 8; ++i) {
+      __m256 c0 = ninf, c1 = ninf;
+      float* kp = K + i * ld;
+      for (int g = 0; g < G; ++g) {
+        const __m256 on = _mm256_castsi256_ps(_mm256_set1_epi32(-int(keep[g] >> i & 1)));
+        for (int v = g * gv; v < (g + 1) * gv; ++v) {
+          const __m256 key = _mm256_blendv_ps(ninf, _mm256_load_ps(kp + 8 * v), on);
+          _mm256_store_ps(kp + 8 * v, key);
+          if (v & 1) c1 = _mm256_max_ps(c1, key); else c0 = _mm256_max_ps(c0, key);
+        }
+      }
+      cm[i] = c0;
+      cm[8 + i] = c1;
+    }
+  }
+  transpose8(cm);
+  transpose8(cm + 8);
+  sort_lanes<8>(cm);
+  alignas(32) float tha[8];
+  _mm256_store_ps(tha, cm[k - 1]);
+  const unsigned real = (1u << rows) - 1;
+  // -inf thresholds (fewer than k finite column maxima: -inf keys may be chosen): the row kernel.
+  unsigned redo = unsigned(_mm256_movemask_ps(_mm256_cmp_ps(cm[k - 1], ninf, _CMP_EQ_OQ))) & real;
+  // Pass 3: the candidates.
+  constexpr int ld2 = std::max(E, 32);
+  alignas(32) float cv[8 * ld2];
+  alignas(32) int32_t ci[8 * ld2];
+  int nmax = 0;
+  for (int i = 0; i < 8; ++i) {
+    float* cvi = cv + ld2 * i;
+    int32_t* cii = ci + ld2 * i;
+    if (!(real >> i & 1) || (redo >> i & 1)) {
+      _mm256_store_ps(cvi, ninf);
+      _mm256_store_ps(cvi + 8, ninf);
+      continue;
+    }
+    const float* kp = K + i * ld;
+    const __m256 th = _mm256_set1_ps(tha[i]);
+    int n = 0;
+#pragma GCC unroll 32
+    for (int v = 0; v < NV; ++v) n += compress8(_mm256_load_ps(kp + 8 * v), th, 8 * v, cvi + n, cii + n);
+    end_slots(cvi, n, i, redo, nmax);
+  }
+  __m256 kv[8], ki[8];
+  top_slots(cv, ci, ld2, nmax, k, kv, ki);
+  // Weights: the chosen sigmoids (gathered; padding rows read their own zero logits' sigmoids),
+  // summed in order as the scalar row does, times scale / (sum + eps).
+  const __m256i rowoff = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(int32_t(ld)));
+  const __m256i safe = _mm256_set1_epi32(0);
+  __m256 sum = zero;
+  for (int l = 0; l < 8; ++l) {
+    if (l >= k) { kv[l] = zero; continue; }
+    // Lanes of redo rows may hold -inf slots' ids: read expert 0 there (their row is rewritten).
+    const __m256i id = _mm256_blendv_epi8(_mm256_castps_si256(ki[l]), safe, _mm256_castps_si256(_mm256_cmp_ps(kv[l], ninf, _CMP_EQ_OQ)));
+    kv[l] = _mm256_i32gather_ps(S, _mm256_add_epi32(rowoff, id), 4);
+    sum = _mm256_add_ps(sum, kv[l]);
+  }
+  const __m256 mul = _mm256_div_ps(_mm256_set1_ps(s.scale), _mm256_add_ps(sum, _mm256_set1_ps(s.eps)));
+  for (int l = 0; l < k; ++l) kv[l] = _mm256_mul_ps(kv[l], mul);
+  if (s.scores)
+    for (int i = 0; i < rows; ++i)
+      if (!(redo >> i & 1))
+        for (int v = 0; v < NV; ++v) _mm256_storeu_ps(r.scores.ptr<float>() + (rb + i) * E + 8 * v, _mm256_load_ps(S + i * ld + 8 * v));
+  return write_block(s, r, rb, rows, redo, kv, ki, b);
+}
+
+}  // namespace
+
+bool t8_sigmoid_applies(const RouterSpec& s) {
+  return s.R >= kMinRows && s.select == Select::gating && s.sigmoid && s.k <= 8 && !s.allowed && s.E % 8 == 0 && s.E <= 256 &&
+         (!limits_groups(s) || ((s.E / s.groups) % 8 == 0 && s.groups <= kMaxGroups));
+}
+
+bool route_rows_t8_sigmoid(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+  return with_nv(s.E / 8, [&](auto nv) {
+    constexpr int NV = decltype(nv)::value;
+    return t8_blocks<NV>(s, r, r0, r1, b, [&](int64_t rb, int rows, const float* x, bool pf) { return t8_sigmoid_block<NV>(s, r, rb, rows, x, pf, b); });
+  });
+}
+
+}  // namespace ot::moe::impl
