@@ -77,6 +77,20 @@ TEST(GdnChunkFwd, Fp16AndStrongGates) {
   run_case({s, DType::f32, true, -20.f, {}, true}, 6);  // decays down to e^-20 per token
 }
 
+// The chunk kernels are built once per ISA (chunk_kernels.inc): each build this machine can run,
+// on a varlen batch with l2norm, strong gates, an initial state and a chunk tail.
+TEST(GdnChunkFwd, EveryIsaBuildOfTheChunkKernels) {
+  using ot::cpu::Isa;
+  for (Isa cap : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+    if (cap != Isa::scalar && !ot::cpu::has(cap)) continue;
+    ot::cpu::ScopedMaxIsa limit(cap);
+    SCOPED_TRACE(ot::cpu::isa_name(cap));
+    Shape p;
+    p.B = 1, p.T = 150, p.HK = 1, p.HV = 2, p.DK = 24, p.DV = 40, p.packed = true;
+    run_case({p, DType::f32, true, -4.f, {0, 70, 71, 150}, true}, 23);
+  }
+}
+
 TEST(GdnChunkFwd, EveryLayout) {
   for (Layout l : {Layout::BTHD, Layout::BHTD}) {
     Shape s;
