@@ -549,6 +549,7 @@ TEST(MoeRouterPaths, RowKernelEdges) {
 TEST(MoeRouterPaths, TokensInLanesAvx2) {
   for (cpu::Isa isa : paths())
     for (int64_t knob : {1, 0}) {
+      if (knob == 0 && isa != cpu::Isa::avx2) continue;  // the knob only picks between the AVX2 forms
       cpu::ScopedMaxIsa cap(isa);
       knobs::set("moe.router_t8", knob);
       for (DType t : {DType::f32, DType::bf16})
