@@ -76,7 +76,7 @@ bool t8_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows, const 
     const float* p = x + i * ld;
     const __m256 th = _mm256_set1_ps(tha[i]), ml = _mm256_set1_ps(mxa[i] * kLog2e);
     __m256 s0 = zero, s1 = zero;
-    int n = 0;
+    uint32_t any = 0;
 #pragma GCC unroll 32
     for (int v = 0; v < NV; ++v) {
       const __m256 xv = _mm256_loadu_ps(p + 8 * v);
@@ -84,10 +84,10 @@ bool t8_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows, const 
         const __m256 e = exp2_offset(_mm256_fmsub_ps(xv, l2e, ml));
         if (v & 1) s1 = _mm256_add_ps(s1, e); else s0 = _mm256_add_ps(s0, e);
       }
-      n += compress8(xv, th, 8 * v, cvi + n, cii + n);
+      any |= has_candidate(xv, th, v);
     }
     psum[i] = _mm256_add_ps(s0, s1);
-    end_slots(cvi, n, i, redo, nmax);
+    end_slots(cvi, compress_row(p, any, th, cvi, cii), i, redo, nmax);
   }
   __m256 kv[8], ki[8];
   top_slots(cv, ci, ld2, nmax, k, kv, ki);

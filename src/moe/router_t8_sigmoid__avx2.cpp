@@ -130,10 +130,10 @@ bool t8_sigmoid_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows
     }
     const float* kp = K + i * ld;
     const __m256 th = _mm256_set1_ps(tha[i]);
-    int n = 0;
+    uint32_t any = 0;
 #pragma GCC unroll 32
-    for (int v = 0; v < NV; ++v) n += compress8(_mm256_load_ps(kp + 8 * v), th, 8 * v, cvi + n, cii + n);
-    end_slots(cvi, n, i, redo, nmax);
+    for (int v = 0; v < NV; ++v) any |= has_candidate(_mm256_load_ps(kp + 8 * v), th, v);
+    end_slots(cvi, compress_row(kp, any, th, cvi, cii), i, redo, nmax);
   }
   __m256 kv[8], ki[8];
   top_slots(cv, ci, ld2, nmax, k, kv, ki);
