@@ -6,32 +6,10 @@
 #include <cstring>
 
 #include "src/core/cvt_avx2.h"
+#include "src/core/transpose_avx2.h"
 #include "src/gemm/backward_forms.h"
 
 namespace ot::gemm::detail {
-
-namespace {
-
-// In-register transpose of 8 rows of 8 dwords: unpack 32, shuffle 64, then swap 128-bit lanes.
-inline void transpose8(__m256 r[8]) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int g = 0; g < 2; ++g) {  // rows 4g..4g+3: u[4g+q] holds column q (lane 0) and 4+q (lane 1) of them
-    u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-    u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-    u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-    u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-  }
-  for (int q = 0; q < 4; ++q) {
-    r[q] = _mm256_permute2f128_ps(u[q], u[4 + q], 0x20);
-    r[4 + q] = _mm256_permute2f128_ps(u[q], u[4 + q], 0x31);
-  }
-}
-
-}  // namespace
 
 void transpose_dwords_avx2(const char* src, int64_t ld_bytes, int rows, int64_t P, uint32_t* dst, int64_t pf_bytes) {
   for (int64_t p0 = 0; p0 < P; p0 += 8) {
@@ -46,7 +24,7 @@ void transpose_dwords_avx2(const char* src, int64_t ld_bytes, int rows, int64_t 
         if (pf) _mm_prefetch(s + pf_bytes, _MM_HINT_T1);
         r[i] = np == 8 ? _mm256_loadu_ps(reinterpret_cast<const float*>(s)) : _mm256_maskload_ps(reinterpret_cast<const float*>(s), m);
       }
-      if (j0 < rows) transpose8(r);
+      if (j0 < rows) simd::transpose8x8(r);
       for (int q = 0; q < np; ++q) _mm256_storeu_ps(reinterpret_cast<float*>(dst + (p0 + q) * kNR + j0), r[q]);
     }
   }

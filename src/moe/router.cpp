@@ -145,7 +145,8 @@ bool route_row_scalar(const RouterSpec& s, GatingResult& r, int64_t row, RouterS
   return true;
 }
 
-// Temporary (session 16 A/B of the AVX2 forms): 0 keeps the AVX2 row kernel where the 8-tokens-in-lanes one applies.
+// 0 keeps the AVX2 row kernel where the 8-tokens-in-lanes one applies: the tests run both forms on
+// the same shapes, and `ot bench moe_routing --ab moe.router_t8=0,1` compares them.
 static knobs::Knob g_router_t8("moe.router_t8", 1, 0, 1, "AVX2 routers: 1 = 8 tokens in lanes where it applies, 0 = the row kernel");
 // An AVX2 (not AVX-512) call takes route_rows_t8.
 static bool uses_t8(const RouterSpec& s) { return g_router_t8.get() && (t8_applies(s) || t8_sigmoid_applies(s)); }

@@ -46,8 +46,8 @@ bool t8_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows, const 
     cm[8 + i] = c1;
   }
   if (_mm256_movemask_ps(_mm256_cmp_ps(nonfinite, nonfinite, _CMP_UNORD_Q))) return false;
-  transpose8(cm);
-  transpose8(cm + 8);
+  simd::transpose8x8(cm);
+  simd::transpose8x8(cm + 8);
   sort_lanes<8>(cm);
   alignas(32) float mxa[8], tha[8];
   _mm256_store_ps(mxa, cm[0]);
@@ -68,11 +68,7 @@ bool t8_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows, const 
     psum[i] = _mm256_set1_ps(1.f);  // (rows not decided here)
     float* cvi = cv + ld2 * i;
     int32_t* cii = ci + ld2 * i;
-    if (!(real >> i & 1) || (redo >> i & 1)) {
-      _mm256_store_ps(cvi, ninf);
-      _mm256_store_ps(cvi + 8, ninf);
-      continue;
-    }
+    if (skip_row(i, real, redo, cvi)) continue;
     const float* p = x + i * ld;
     const __m256 th = _mm256_set1_ps(tha[i]), ml = _mm256_set1_ps(mxa[i] * kLog2e);
     __m256 s0 = zero, s1 = zero;

@@ -1,13 +1,14 @@
 // The 8-tokens-in-lanes AVX2 router kernels' shared pieces (router_t8__avx2.cpp: softmax routers;
-// router_t8_sigmoid__avx2.cpp: gating_top_k sigmoid with bias and groups): 8x8 transposes, the
-// vertical sorting network, the candidates' compress into slots, their per-lane top-k insertion,
-// the block's row stores, the loop over blocks. Only for translation units built with the AVX2
-// flags; internal to each (anonymous namespace).
+// router_t8_sigmoid__avx2.cpp: gating_top_k sigmoid with bias and groups): the vertical sorting
+// network, the candidates' compress into slots, their per-lane top-k insertion, the block's row
+// stores, the loop over blocks. Only for translation units built with the AVX2 flags; internal to
+// each (anonymous namespace).
 #pragma once
 #include <algorithm>
 #include <type_traits>
 #include <utility>
 
+#include "src/core/transpose_avx2.h"
 #include "src/moe/router_net.h"
 #include "src/moe/router_simd__avx2.h"
 
@@ -19,25 +20,6 @@ namespace {
 constexpr int kSlots = 16;  // candidates a row the block takes (more: the row kernel)
 // Rows of a partial block from which it pays (T 1: the padded block was 1.6x the row kernel's time).
 constexpr int kMinRows = 4;
-
-// 8x8 transpose: v[j] lane i <- v[i] lane j (24 shuffles).
-OT_T8_AI inline void transpose8(__m256* v) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {  // u[4i + c], 128-bit half h: rows 4i..4i+3 of column c + 4h
-    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-  }
-  for (int c = 0; c < 4; ++c) {
-    v[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
-    v[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
-  }
-}
 
 template <const net::Net& N, class F, size_t... I> OT_T8_AI inline void run_net(F&& f, std::index_sequence<I...>) { (f(N.a[I], N.b[I]), ...); }
 // v[0, 16) sorted descending per lane (the first Live outputs).
@@ -111,6 +93,15 @@ OT_T8_AI inline int compress_row(const float* p, uint32_t any, __m256 th, float*
   }
   return n;
 }
+// A row the block does not decide (a padding row, or one in redo, for the row kernel): no slots
+// (16 -inf), and true.
+OT_T8_AI inline bool skip_row(int i, unsigned real, unsigned redo, float* cvi) {
+  if ((real >> i & 1) && !(redo >> i & 1)) return false;
+  const __m256 ninf = _mm256_set1_ps(kNegInf);
+  _mm256_store_ps(cvi, ninf);
+  _mm256_store_ps(cvi + 8, ninf);
+  return true;
+}
 // Row i's n candidates done: more than kSlots go to the row kernel (redo), else 16 -inf past them.
 OT_T8_AI inline void end_slots(float* cvi, int n, int i, unsigned& redo, int& nmax) {
   if (n > kSlots) {
@@ -132,8 +123,8 @@ OT_T8_AI inline void top_slots(const float* cv, const int32_t* ci, int ld2, int 
       V[8 * h + i] = _mm256_load_ps(cv + ld2 * i + 8 * h);
       I[8 * h + i] = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ci + ld2 * i + 8 * h)));
     }
-    transpose8(V + 8 * h);
-    transpose8(I + 8 * h);
+    simd::transpose8x8(V + 8 * h);
+    simd::transpose8x8(I + 8 * h);
   }
   for (int l = 0; l < 8; ++l) kv[l] = ki[l] = _mm256_set1_ps(kNegInf);
   insert_slots(k, V, I, nmax, kv, ki);
@@ -142,8 +133,8 @@ OT_T8_AI inline void top_slots(const float* cv, const int32_t* ci, int ld2, int 
 // written for its real rows but those in redo, which the row kernel does (last: it uses b.xr).
 OT_T8_AI inline bool write_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows, unsigned redo, __m256* w, __m256* ki,
                                  RouterScratch& b) {
-  transpose8(w);
-  transpose8(ki);
+  simd::transpose8x8(w);
+  simd::transpose8x8(ki);
   for (int i = 0; i < rows; ++i) {
     if (redo >> i & 1) continue;
     alignas(32) int32_t ids[8];

@@ -25,8 +25,8 @@ constexpr int kMaxGroups = 16;
 // largest keys of the group (overwritten): the largest of its 8 lanes, with Top2 plus the second
 // largest of the multiset of a and a2.
 template <bool Top2> OT_T8_AI inline __m256 group_score8(__m256* a, __m256* a2) {
-  transpose8(a);
-  if constexpr (Top2) transpose8(a2);
+  simd::transpose8x8(a);
+  if constexpr (Top2) simd::transpose8x8(a2);
   for (int w = 4; w >= 1; w /= 2)
     for (int j = 0; j < w; ++j) {
       if constexpr (Top2) a2[j] = _mm256_max_ps(_mm256_min_ps(a[j], a[j + w]), _mm256_max_ps(a2[j], a2[j + w]));
@@ -107,8 +107,8 @@ bool t8_sigmoid_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows
       cm[8 + i] = c1;
     }
   }
-  transpose8(cm);
-  transpose8(cm + 8);
+  simd::transpose8x8(cm);
+  simd::transpose8x8(cm + 8);
   sort_lanes<8>(cm);
   alignas(32) float tha[8];
   _mm256_store_ps(tha, cm[k - 1]);
@@ -123,11 +123,7 @@ bool t8_sigmoid_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows
   for (int i = 0; i < 8; ++i) {
     float* cvi = cv + ld2 * i;
     int32_t* cii = ci + ld2 * i;
-    if (!(real >> i & 1) || (redo >> i & 1)) {
-      _mm256_store_ps(cvi, ninf);
-      _mm256_store_ps(cvi + 8, ninf);
-      continue;
-    }
+    if (skip_row(i, real, redo, cvi)) continue;
     const float* kp = K + i * ld;
     const __m256 th = _mm256_set1_ps(tha[i]);
     uint32_t any = 0;
