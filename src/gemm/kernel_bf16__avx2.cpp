@@ -20,35 +20,15 @@
 #include <cstring>
 #include <type_traits>
 
+#include "src/gemm/bf16_widen_avx2.h"
 #include "src/gemm/internal.h"
 
 namespace ot::gemm::detail {
 
 namespace {
 
-// (Built per call, not as a global: a namespace-scope initializer here would run AVX2 code at load.)
-inline __m256i hi_mask() { return _mm256_set1_epi32(int(0xffff0000u)); }
-inline __m256 lo_f32(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
-inline __m256 hi_f32(__m256i v, __m256i mask) { return _mm256_castsi256_ps(_mm256_and_si256(v, mask)); }
-
 // A K chunk: a group's widened A rows (kKChunk floats each, 4 KiB) stay in L1 beside the B chunk.
 constexpr int64_t kKChunk = 256;
-
-// af[r][0..kc) = A row r widened to fp32 (kc even; exact).
-template <int R>
-void widen_rows(int64_t kc, const uint16_t* a, int64_t lda, float* af) {
-  for (int r = 0; r < R; ++r) {
-    const uint16_t* s = a + r * lda;
-    float* d = af + r * kKChunk;
-    int64_t k = 0;
-    for (; k + 8 <= kc; k += 8)
-      _mm256_storeu_ps(d + k, lo_f32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k)))));
-    for (; k < kc; ++k) {
-      const uint32_t u = uint32_t(s[k]) << 16;
-      std::memcpy(d + k, &u, 4);
-    }
-  }
-}
 
 // C[R][8*NV] (+)= A[R][kc] x B (af: the fp32 A rows, row stride las; b, c at the sub-tile's first
 // column; a pair row is 2*kNR elements); pf: kc/2 cache lines to prefetch, one per k pair
@@ -129,7 +109,7 @@ void group_bf16(int64_t kc, const TA* a, int64_t lda, const uint16_t* b, float* 
       if constexpr (f32a) {
         af = a + k0, las = lda;
       } else {
-        widen_rows<R>((n + 1) & ~int64_t(1), a + k0, lda, wide);  // whole pairs, as the pair loop reads them
+        widen_rows(R, (n + 1) & ~int64_t(1), a + k0, lda, wide, kKChunk);  // whole pairs, as the pair loop reads them
         af = wide, las = kKChunk;
       }
       // The next chunk (of this panel, or the next panel's first: a unit's panels are adjacent) is

@@ -13,7 +13,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "src/core/cvt_avx2.h"
+#include "src/gemm/bf16_widen_avx2.h"
 #include "src/gemm/internal.h"
 
 namespace ot::gemm::detail {
@@ -22,8 +22,8 @@ namespace {
 
 constexpr int64_t kChunkPairs = 64;  // 64 pair rows = 12 KiB of a panel
 
-inline __m256 lo_f32(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
-inline __m256 hi_f32(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16)); }
+// k odd by two shifts, no mask register: panels_tile's 12 accumulators, A pairs and widened B take all 16.
+inline __m256 hi_f32_shifts(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16)); }
 
 // tiles c[s] (row stride ldc) = A[MR][2 * pairs] x panel b[s], s < S; passes of NV ymm columns.
 template <int MR, int NV, int S>
@@ -51,13 +51,13 @@ void panels_tile(int64_t pairs, const uint16_t* a, int64_t lda, const uint16_t* 
           int32_t pair;
           std::memcpy(&pair, a + r * lda + 2 * p, 4);
           const __m256i v = _mm256_set1_epi32(pair);
-          ae[r] = lo_f32(v), ao[r] = hi_f32(v);
+          ae[r] = lo_f32(v), ao[r] = hi_f32_shifts(v);
         }
 #pragma GCC unroll 16
         for (int s = 0; s < S; ++s)
           for (int j = 0; j < NV; ++j) {
             const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(b[s] + p * 2 * kNR + 2 * col + 16 * j));
-            const __m256 be = lo_f32(v), bo = hi_f32(v);
+            const __m256 be = lo_f32(v), bo = hi_f32_shifts(v);
             for (int r = 0; r < MR; ++r) acc[s][r][j] = _mm256_fmadd_ps(ao[r], bo, _mm256_fmadd_ps(ae[r], be, acc[s][r][j]));
           }
       }
@@ -89,7 +89,7 @@ constexpr int64_t kPassPairs = 32;  // 2 panels x 32 pair rows = 12 KiB, and the
 // pairs lines to prefetch.
 template <int R>
 void pass16(int64_t pairs, const float* af, const uint16_t* b, float* c, int64_t ldc, bool load_c, const char* pf) {
-  const __m256i hi = _mm256_set1_epi32(int(0xffff0000u));  // k odd: one AND instead of hi_f32's two shifts
+  const __m256i hi = hi_mask();  // k odd: one AND (6 accumulators leave a register for the mask)
   __m256 acc[R][2];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
@@ -98,8 +98,8 @@ void pass16(int64_t pairs, const float* af, const uint16_t* b, float* c, int64_t
     _mm_prefetch(pf + 64 * p, _MM_HINT_T0);
     const __m256i v0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + p * 2 * kNR));
     const __m256i v1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + p * 2 * kNR + 16));
-    const __m256 be0 = lo_f32(v0), bo0 = _mm256_castsi256_ps(_mm256_and_si256(v0, hi));
-    const __m256 be1 = lo_f32(v1), bo1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hi));
+    const __m256 be0 = lo_f32(v0), bo0 = hi_f32(v0, hi);
+    const __m256 be1 = lo_f32(v1), bo1 = hi_f32(v1, hi);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m256 ae = _mm256_broadcast_ss(af + r * 2 * kPassPairs + 2 * p), ao = _mm256_broadcast_ss(af + r * 2 * kPassPairs + 2 * p + 1);
@@ -118,16 +118,7 @@ void passes_tile(int64_t pairs, const uint16_t* a, int64_t lda, const uint16_t* 
   alignas(32) float af[R * 2 * kPassPairs];
   for (int64_t p0 = 0; p0 < pairs || p0 == 0; p0 += kPassPairs) {
     const int64_t n = std::min(kPassPairs, pairs - p0);
-    for (int r = 0; r < R; ++r) {
-      const uint16_t* s = a + r * lda + 2 * p0;
-      float* d = af + r * 2 * kPassPairs;
-      int64_t k = 0;
-      for (; k + 8 <= 2 * n; k += 8) _mm256_store_ps(d + k, simd::bf16x8_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k))));
-      for (; k < 2 * n; ++k) {
-        const uint32_t u = uint32_t(s[k]) << 16;
-        std::memcpy(d + k, &u, 4);
-      }
-    }
+    widen_rows(R, 2 * n, a + 2 * p0, lda, af, 2 * kPassPairs);
     for (int s = 0; s < S; ++s) {
       // The stream's next chunk: in this panel, or at its end the next panel's first (the stream's next).
       const char* next = reinterpret_cast<const char*>(b[s] + (p0 + n) * 2 * kNR);
