@@ -244,6 +244,7 @@ void run_nt_form(const NtJob* jobs, int64_t count, WForm f) {
 
 void detail::store_tile(const float* tile, int64_t ldt, int rows, int width, void* c, DType cdt, int64_t ldc, bool acc) {
   if (cpu::has(cpu::Isa::avx512)) { store_tile_avx512(tile, ldt, rows, width, c, cdt, ldc, acc); return; }
+  if (cpu::has(cpu::Isa::avx2)) { store_tile_avx2(tile, ldt, rows, width, c, cdt, ldc, acc); return; }
   for (int r = 0; r < rows; ++r)
     for (int j = 0; j < width; ++j) {
       const float v = tile[r * ldt + j];

@@ -22,7 +22,7 @@ inline int64_t pad_pairs(Layout l, int64_t K) { return l == Layout::f32 ? K : (K
 inline int64_t panels_of(int64_t N) { return (N + kNR - 1) / kNR; }
 inline Kernel thin_kernel(Layout l) { return select_kernel(l, 1); }  // M = 1: never the AMX tiles
 
-// store_tile_avx512 below, or its scalar equivalent below AVX-512.
+// store_tile_avx512 / store_tile_avx2 below, or their scalar equivalent.
 void store_tile(const float* tile, int64_t ldt, int rows, int width, void* c, DType c_dtype, int64_t ldc, bool accumulate);
 
 // dst[p * 48 + j] = row j's dword p, for j < rows (<= 48) and p < P; rows j >= `rows` get zeros.
@@ -53,5 +53,7 @@ void pack_cols_vnni_avx512(const uint16_t* src, int64_t ld, int64_t K, int64_t M
 // (no read-for-ownership of the gradient memory); the rest with masked stores.
 void store_tile_avx512(const float* tile, int64_t ldt, int rows, int width, void* c, DType c_dtype, int64_t ldc, bool accumulate);
 void store_fence_avx512();
+// store_tile_avx512 on AVX2 (backward_forms__avx2.cpp); ends with a store fence when it streamed.
+void store_tile_avx2(const float* tile, int64_t ldt, int rows, int width, void* c, DType c_dtype, int64_t ldc, bool accumulate);
 
 }  // namespace ot::gemm::detail

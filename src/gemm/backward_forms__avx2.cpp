@@ -1,6 +1,6 @@
 // AVX2 pieces of the backward forms (machines without AVX-512): the dword transpose that packs
-// W^T panels, as 8x8 blocks on ymm (transpose_dwords_avx512's 16x16 on zmm), and the two-row
-// vnni interleave of the NN form.
+// W^T panels, as 8x8 blocks on ymm (transpose_dwords_avx512's 16x16 on zmm), the two-row
+// vnni interleave of the NN form, and the tile store of the TN form (store_tile_avx512 on ymm).
 #include <immintrin.h>
 
 #include <cstring>
@@ -51,6 +51,55 @@ void pack_rows_vnni_avx2(const uint16_t* src, int64_t ld, int64_t K, int width, 
       _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * c + 8), _mm_unpackhi_epi16(a, b));
     }
   }
+}
+
+void store_tile_avx2(const float* tile, int64_t ldt, int rows, int width, void* c, DType c_dtype, int64_t ldc, bool accumulate) {
+  const bool bf = c_dtype == DType::bf16;
+  const int line = bf ? 32 : 16;  // elements per 64-byte line
+  bool streamed = false;
+  for (int r = 0; r < rows; ++r) {
+    const float* t = tile + r * ldt;
+    char* d = static_cast<char*>(c) + (r * ldc) * (bf ? 2 : 4);
+    int j = 0;
+    if (!accumulate && (reinterpret_cast<uintptr_t>(d) & 63) == 0) {  // whole lines: no read-for-ownership
+      for (; j + line <= width; j += line) {
+        for (int h = 0; h < 2; ++h) {
+          const float* s = t + j + h * line / 2;
+          __m256i v;
+          if (bf) v = _mm256_set_m128i(simd::f32_to_bf16x8(_mm256_loadu_ps(s + 8)), simd::f32_to_bf16x8(_mm256_loadu_ps(s)));
+          else v = _mm256_castps_si256(_mm256_loadu_ps(s));
+          _mm256_stream_si256(reinterpret_cast<__m256i*>(d + (j + h * line / 2) * (bf ? 2 : 4)), v);
+        }
+        streamed = true;
+      }
+    }
+    if (bf) {
+      uint16_t* dp = reinterpret_cast<uint16_t*>(d);
+      for (; j < width; j += 8) {
+        const int n = width - j < 8 ? width - j : 8;
+        __m256 v = _mm256_maskload_ps(t + j, simd::first_lanes(n));
+        if (n == 8) {
+          if (accumulate) v = _mm256_add_ps(v, simd::half8_to_f32(dp + j, true));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(dp + j), simd::f32_to_bf16x8(v));
+        } else {  // no 16-bit masked stores on AVX2: the tail through a buffer
+          alignas(16) uint16_t buf[8] = {};
+          std::memcpy(buf, dp + j, size_t(n) * 2);
+          if (accumulate) v = _mm256_add_ps(v, simd::half8_to_f32(buf, true));
+          _mm_store_si128(reinterpret_cast<__m128i*>(buf), simd::f32_to_bf16x8(v));
+          std::memcpy(dp + j, buf, size_t(n) * 2);
+        }
+      }
+    } else {
+      float* dp = reinterpret_cast<float*>(d);
+      for (; j < width; j += 8) {
+        const __m256i mk = simd::first_lanes(width - j);
+        __m256 v = _mm256_maskload_ps(t + j, mk);
+        if (accumulate) v = _mm256_add_ps(v, _mm256_maskload_ps(dp + j, mk));
+        _mm256_maskstore_ps(dp + j, mk, v);
+      }
+    }
+  }
+  if (streamed) _mm_sfence();  // the streamed lines are globally visible before the caller's join
 }
 
 }  // namespace ot::gemm::detail
