@@ -16,6 +16,7 @@
 #include "ot/moe.h"
 #include "ot/moe_bwd.h"
 #include "ot/numeric.h"
+#include "ot/output_pool.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "src/moe/bwd_common.h"
@@ -116,6 +117,11 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
   g.d_gate = given ? bo.d_gate_out : Tensor::empty(gdt, {E, H, I});
   g.d_up = given ? bo.d_up_out : Tensor::empty(gdt, {E, H, I});
   g.d_down = given ? bo.d_down_out : Tensor::empty(gdt, {E, I, H});
+  // Fresh gradients (2.4 GB fp32 at qwen3 T512) fault in once per page as the TN stores reach
+  // them: 2 MiB pages take 1/512 of the faults (cpu-clock: 4 KiB faults were ~30 % of the backward
+  // on the AVX2 VM; A/B in docs/moe_bwd.md, session 17).
+  if (!given)
+    for (const Tensor* t : {&g.d_gate, &g.d_up, &g.d_down}) advise_huge_pages(*t);
   // Rows in expert order (x and dy gathered where each expert's chain reads them); the routed
   // experts' backward (dx rows in fp32).
   float* dxs = static_cast<float*>(bwd::scratch(5, size_t(A * H) * 4));
