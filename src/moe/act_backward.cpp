@@ -1,5 +1,6 @@
 // act_backward: dz = act'(z) * dy row by row in fp32 (the GEMM epilogue's activations), and the
-// SwiGLU passes of the MoE training path (AVX-512 in act_backward__avx512.cpp, scalar here).
+// SwiGLU passes of the MoE training path (AVX-512 in act_backward__avx512.cpp, AVX2 in
+// act_backward__avx2.cpp, scalar here).
 #include <initializer_list>
 #include <vector>
 
@@ -18,12 +19,12 @@ namespace bwd {
 
 namespace {
 
-
-bool vectorised(std::initializer_list<DType> ts) {
-  if (!cpu::has(cpu::Isa::avx512)) return false;
+// The vector form of the SwiGLU passes for these storage dtypes on this CPU (AVX-512 first).
+enum class Vec { none, avx2, avx512 };
+Vec vector_form(std::initializer_list<DType> ts) {
   for (DType t : ts)
-    if (t != DType::f32 && t != DType::bf16) return false;
-  return true;
+    if (t != DType::f32 && t != DType::bf16) return Vec::none;
+  return cpu::has(cpu::Isa::avx512) ? Vec::avx512 : cpu::has(cpu::Isa::avx2) ? Vec::avx2 : Vec::none;
 }
 
 void swiglu_forward_rows(const SwigluFwd& p, int64_t m0, int64_t m1) {
@@ -61,16 +62,28 @@ void swiglu_backward_rows(const SwigluBwd& p, int64_t m0, int64_t m1) {
   }
 }
 
+void swiglu_forward_rows(Vec v, const SwigluFwd& p, int64_t m0, int64_t m1) {
+  if (v == Vec::avx512) swiglu_forward_rows_avx512(p, m0, m1);
+  else if (v == Vec::avx2) swiglu_forward_rows_avx2(p, m0, m1);
+  else swiglu_forward_rows(p, m0, m1);
+}
+
+void swiglu_backward_rows(Vec v, const SwigluBwd& p, int64_t m0, int64_t m1) {
+  if (v == Vec::avx512) swiglu_backward_rows_avx512(p, m0, m1);
+  else if (v == Vec::avx2) swiglu_backward_rows_avx2(p, m0, m1);
+  else swiglu_backward_rows(p, m0, m1);
+}
+
 }  // namespace
 
 void swiglu_forward(const SwigluFwd& p, int64_t M) {
-  const bool v = vectorised({p.zt, p.zo ? p.zot : DType::f32, p.at});
-  parallel_rows(M, 2 * p.N * 8, [&](int64_t m0, int64_t m1) { v ? swiglu_forward_rows_avx512(p, m0, m1) : swiglu_forward_rows(p, m0, m1); });
+  const Vec v = vector_form({p.zt, p.zo ? p.zot : DType::f32, p.at});
+  parallel_rows(M, 2 * p.N * 8, [&](int64_t m0, int64_t m1) { swiglu_forward_rows(v, p, m0, m1); });
 }
 
 void swiglu_backward(const SwigluBwd& p, int64_t M) {
-  const bool v = vectorised({p.zt, p.dyt, p.dzt});
-  parallel_rows(M, 2 * p.N * 8, [&](int64_t m0, int64_t m1) { v ? swiglu_backward_rows_avx512(p, m0, m1) : swiglu_backward_rows(p, m0, m1); });
+  const Vec v = vector_form({p.zt, p.dyt, p.dzt});
+  parallel_rows(M, 2 * p.N * 8, [&](int64_t m0, int64_t m1) { swiglu_backward_rows(v, p, m0, m1); });
 }
 
 // Rows [m0, m1) of z (any float dtype, row stride ldz) and dy -> dz (dtype of dz), fp32 math.
@@ -82,7 +95,7 @@ void act_backward_rows(gemm::Act act, int64_t m0, int64_t m1, int64_t N, const v
     p.z = row_at(z, zt, ldz, m0); p.zt = zt; p.ldz = ldz;
     p.dy = row_at(dy, dyt, lddy, m0); p.dyt = dyt; p.lddy = lddy;
     p.dz = row_at(dz, dzt, lddz, m0); p.dzt = dzt; p.lddz = lddz;
-    return vectorised({zt, dyt, dzt}) ? swiglu_backward_rows_avx512(p, 0, m1 - m0) : swiglu_backward_rows(p, 0, m1 - m0);
+    return swiglu_backward_rows(vector_form({zt, dyt, dzt}), p, 0, m1 - m0);
   }
   std::vector<float> zr(static_cast<size_t>(N)), dyr(static_cast<size_t>(N)), dzr(static_cast<size_t>(N));
   for (int64_t m = m0; m < m1; ++m) {

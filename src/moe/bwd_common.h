@@ -75,11 +75,13 @@ struct SwigluBwd {
   float* dot = nullptr;
   void* aw = nullptr; int64_t ldaw = 0;
 };
-// Over all rows [0, M) in parallel; AVX-512 when every dtype is f32 or bf16, else scalar.
+// Over all rows [0, M) in parallel; AVX-512, else AVX2, when every dtype is f32 or bf16, else scalar.
 void swiglu_forward(const SwigluFwd& p, int64_t M);
 void swiglu_backward(const SwigluBwd& p, int64_t M);
 void swiglu_forward_rows_avx512(const SwigluFwd& p, int64_t m0, int64_t m1);
 void swiglu_backward_rows_avx512(const SwigluBwd& p, int64_t m0, int64_t m1);
+void swiglu_forward_rows_avx2(const SwigluFwd& p, int64_t m0, int64_t m1);  // act_backward__avx2.cpp
+void swiglu_backward_rows_avx2(const SwigluBwd& p, int64_t m0, int64_t m1);
 }  // namespace ot::moe::bwd
 
 namespace ot::moe::bwd {

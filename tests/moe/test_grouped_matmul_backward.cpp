@@ -222,6 +222,25 @@ TEST(ActBackward, FastMatchesReferenceAndFd) {
   }
 }
 
+// The SwiGLU pass's vector forms (AVX-512, AVX2) and the scalar one at every ISA level up to the
+// detected one: widths below, at and past the vector lengths (tails of 1..7 and 1..15 columns),
+// fp32 and bf16 storage, against the reference.
+TEST(ActBackward, SwigluFormsAcrossIsasWidthsAndDtypes) {
+  for (int i = 0; i <= int(cpu::detected_isa()); ++i) {
+    cpu::ScopedMaxIsa cap{cpu::Isa(i)};
+    for (DType dt : {DType::f32, DType::bf16})
+      for (int64_t no : {3, 8, 19, 40}) {
+        const int64_t M = 3;
+        Tensor z = randn(dt, {M, 2 * no}, uint64_t(50 + no)), dy = randn(dt, {M, no}, uint64_t(60 + no));
+        Tensor a = Tensor::empty(dt, {M, 2 * no}), b = Tensor::empty(dt, {M, 2 * no});
+        act_backward(Act::swiglu, z, dy, a);
+        ref::act_backward(Act::swiglu, z, dy, b);
+        // bf16 dz: both round once, fp32 math against fp64 can fall on either side of a tie
+        EXPECT_LT(rel_err(a, b), dt == DType::bf16 ? 8e-3 : 1e-6) << cpu::isa_name(cpu::Isa(i)) << " " << dtype_name(dt) << " N " << no;
+      }
+  }
+}
+
 TEST(GmmBwdErrors, BadInputNamesTheArgument) {
   Tensor x = randn(DType::f32, {6, 4}, 1), w = randn(DType::f32, {2, 4, 3}, 2), dy = randn(DType::f32, {6, 3}, 3);
   auto arg_of = [&](const TensorView& dyv, const TensorView& xv, const TensorView& wv, const TensorView& gl, GroupedMatmulBackwardOptions o) {
