@@ -135,13 +135,40 @@ OT_T8_AI inline bool write_block(const RouterSpec& s, GatingResult& r, int64_t r
                                  RouterScratch& b) {
   simd::transpose8x8(w);
   simd::transpose8x8(ki);
-  for (int i = 0; i < rows; ++i) {
-    if (redo >> i & 1) continue;
-    alignas(32) int32_t ids[8];
-    alignas(32) float wr[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(ids), _mm256_castps_si256(ki[i]));
-    _mm256_store_ps(wr, w[i]);
-    write_row8(s, r, rb + i, ids, wr);
+  const int64_t k = s.k;
+  if (r.y.dtype() == DType::f32) {
+    // Whole 8-lane stores (write_row8 a row was ~130 instructions of ~1000 a row at E 128, k 8):
+    // with k < 8 row i's store runs into the next rows, which are written after it (here, or by
+    // the row kernel: redo); a store that would pass the block's last row is masked (another
+    // thread's rows or the end of the outputs follow).
+    float* y = r.y.ptr<float>() + rb * k;
+    int32_t* out = r.expert_idx.ptr<int32_t>() + rb * k;
+    int32_t* ri = s.row_idx ? r.row_idx.ptr<int32_t>() + rb * k : nullptr;
+    const __m256i jr = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(int32_t(s.R)));  // v1: j R + row
+    const __m256i mk = simd::first_lanes(k), ide = _mm256_set1_epi32(int32_t(s.E));
+    for (int i = 0; i < rows; ++i) {
+      if (redo >> i & 1) continue;
+      const __m256i id = s.finished && s.finished[rb + i] ? ide : _mm256_castps_si256(ki[i]);
+      const __m256i rv = _mm256_add_epi32(jr, _mm256_set1_epi32(int32_t(rb + i)));
+      if ((rows - i) * k >= 8) {
+        _mm256_storeu_ps(y + i * k, w[i]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * k), id);
+        if (ri) _mm256_storeu_si256(reinterpret_cast<__m256i*>(ri + i * k), rv);
+      } else {
+        _mm256_maskstore_ps(y + i * k, mk, w[i]);
+        _mm256_maskstore_epi32(out + i * k, mk, id);
+        if (ri) _mm256_maskstore_epi32(ri + i * k, mk, rv);
+      }
+    }
+  } else {
+    for (int i = 0; i < rows; ++i) {
+      if (redo >> i & 1) continue;
+      alignas(32) int32_t ids[8];
+      alignas(32) float wr[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(ids), _mm256_castps_si256(ki[i]));
+      _mm256_store_ps(wr, w[i]);
+      write_row8(s, r, rb + i, ids, wr);
+    }
   }
   bool ok = true;
   for (unsigned m = redo; m; m &= m - 1) ok &= route_rows_avx2(s, r, rb + __builtin_ctz(m), rb + __builtin_ctz(m) + 1, b);  // last: it uses b.xr
