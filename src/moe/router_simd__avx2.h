@@ -83,15 +83,25 @@ inline __m256 exp2_ps(__m256 t) {
   const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
   return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
 }
-// 2^t for the softmax exps offset by the row max (t <= ~1: fl(max log2 e) may round down by half
-// an ulp, kExpOffsetLimit): t clamped below at -126, so one scale by 2^n, a normal power of 2, does
-// (an exp below 2^-126 counts as 2^-126: under 1e-37 of a sum >= 1). 12 ops a vector, exp2_ps 17.
+// 2^t times a constant (753.2, 1 / the polynomial's leading coefficient) for the softmax exps offset by the row max (t <= ~1: fl(max log2 e) may round
+// down by half an ulp, kExpOffsetLimit; the constant factor cancels in the softmax's ratios: use it
+// for the sums and the weights alike). t clamped below at -126 (an exp below 2^-126 counts as
+// 2^-126: under 1e-37 of a sum >= 1); n = round(t) by the magic-number add (t + 1.5 2^23 + 127 in
+// [2^23, 2^24) rounds to an integer: its low mantissa bits are n + 127, `slli 23` of them is 2^n);
+// 2^f, f = t - n in [-0.5, 0.5], by a degree-5 minimax polynomial (relative error 7.5e-8) divided by
+// its leading coefficient (monic: the first step is an add, no register copy). 11 ops a vector
+// (the floor form with roundps, cvtps2dq and its own bias add: 13).
 inline __m256 exp2_offset(__m256 t) {
+  const __m256 magic = _mm256_set1_ps(12583039.f);  // 1.5 2^23 + 127
   t = _mm256_max_ps(t, _mm256_set1_ps(-126.f));
-  const __m256 fl = _mm256_round_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m256 p = exp2_poly(_mm256_sub_ps(t, fl));
-  const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(_mm256_add_ps(fl, _mm256_set1_ps(127.f))), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  const __m256 y = _mm256_add_ps(t, magic);
+  const __m256 f = _mm256_sub_ps(t, _mm256_sub_ps(y, magic));
+  __m256 q = _mm256_add_ps(f, _mm256_set1_ps(7.2877351819961362f));
+  q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(41.808646172809651f));
+  q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(180.93752180790146f));
+  q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(522.08670970993553f));
+  q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(753.21219297885680f));
+  return _mm256_mul_ps(q, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(y), 23)));
 }
 // 1 / (1 + 2^(-x log2 e)); x = -inf (padding) gives 0.
 inline __m256 sigmoid_ps(__m256 x) {

@@ -7,8 +7,8 @@
 //   network: lane i of output 0 is row i's max, of output k-1 its threshold (the k-th largest
 //   maximum of disjoint expert sets: k distinct experts reach it);
 // - the exp sums are reduced by one transposing hadd tree;
-// - the candidates (>= the threshold, at most 16 a row, in expert order) are transposed into slots
-//   and inserted per lane into k sorted (value, id) registers; strict '>' over slots in expert order
+// - the candidates (>= the threshold, at most 16 a row, in expert order: a bitmask) go to slot-major
+//   slots and are inserted per lane into k sorted (value, id) registers; strict '>' over slots in expert order
 //   keeps the lower expert id first on ties, the scalar row's order;
 // - the k chosen weights are k vertical exps, transposed back to rows.
 // Rows it does not decide (more than 16 candidates; |max| >= kExpOffsetLimit) go to the row kernel;
@@ -56,23 +56,17 @@ bool t8_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows, const 
   const __m256 big = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), mx), _mm256_set1_ps(kExpOffsetLimit), _CMP_GE_OQ);
   const unsigned real = (1u << rows) - 1;
   unsigned redo = unsigned(_mm256_movemask_ps(big)) & real;  // rows for the row kernel
-  // Pass 2: exps and their sums (softmax over all experts), the candidates >= the threshold
-  // compressed in expert order to the values cv and ids ci (whole 8-lane stores, and 16 -inf past
-  // the candidates: a row's slots are max(E, 32) apart).
-  constexpr int ld2 = std::max(8 * NV, 32);
-  alignas(32) float cv[8 * ld2];
-  alignas(32) int32_t ci[8 * ld2];
+  // Pass 2: exps and their sums (softmax over all experts), the candidates >= the threshold as a
+  // bitmask, then into the slots.
+  Slots sl;
   __m256 psum[8];
-  int nmax = 0;
   for (int i = 0; i < 8; ++i) {
     psum[i] = _mm256_set1_ps(1.f);  // (rows not decided here)
-    float* cvi = cv + ld2 * i;
-    int32_t* cii = ci + ld2 * i;
-    if (skip_row(i, real, redo, cvi)) continue;
+    if (!decided(i, real, redo)) continue;
     const float* p = x + i * ld;
     const __m256 th = _mm256_set1_ps(tha[i]), ml = _mm256_set1_ps(mxa[i] * kLog2e);
     __m256 s0 = zero, s1 = zero;
-    uint32_t any = 0;
+    Cands<NV> c;
 #pragma GCC unroll 32
     for (int v = 0; v < NV; ++v) {
       const __m256 xv = _mm256_loadu_ps(p + 8 * v);
@@ -80,13 +74,13 @@ bool t8_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows, const 
         const __m256 e = exp2_offset(_mm256_fmsub_ps(xv, l2e, ml));
         if (v & 1) s1 = _mm256_add_ps(s1, e); else s0 = _mm256_add_ps(s0, e);
       }
-      any |= has_candidate(xv, th, v);
+      c.add(v, xv, th);
     }
     psum[i] = _mm256_add_ps(s0, s1);
-    end_slots(cvi, compress_row(p, any, th, cvi, cii), i, redo, nmax);
+    c.to_slots(p, i, redo, sl);
   }
   __m256 kv[8], ki[8];
-  top_slots(cv, ci, ld2, nmax, k, kv, ki);
+  top_slots(sl, k, kv, ki);
   // Weights: exps of the k chosen offset by the row max (scaled by 1 / the row's sum) or by the
   // largest chosen (scaled by 1 / their sum).
   const __m256 mul = _mm256_set1_ps(s.select == Select::gating ? s.scale : 1.f);

@@ -1,6 +1,6 @@
 // The 8-tokens-in-lanes AVX2 router kernels' shared pieces (router_t8__avx2.cpp: softmax routers;
 // router_t8_sigmoid__avx2.cpp: gating_top_k sigmoid with bias and groups): the vertical sorting
-// network, the candidates' compress into slots, their per-lane top-k insertion, the block's row
+// network, the candidates (a bitmask) into slots, their per-lane top-k insertion, the block's row
 // stores, the loop over blocks. Only for translation units built with the AVX2 flags; internal to
 // each (anonymous namespace).
 #pragma once
@@ -38,13 +38,25 @@ OT_T8_AI inline __m256 reduce8_add(const __m256* p) {
   return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31));
 }
 
-// Slots [0, n) (slot j lane i: row i's j-th candidate, in expert order) inserted per lane into the
+// A block's candidate slots, slot-major: lane i of slot j is row i's j-th candidate (expert order),
+// so the insertion loads them without a transpose. Values past a row's candidates stay -inf (never
+// inserted: the ids there are never read).
+struct Slots {
+  alignas(32) float v[kSlots * 8];
+  alignas(32) int32_t id[kSlots * 8];
+  int nmax = 0;  // the most candidates of a decided row
+  OT_T8_AI Slots() {
+    for (int j = 0; j < kSlots; ++j) _mm256_store_ps(v + 8 * j, _mm256_set1_ps(kNegInf));
+  }
+};
+
+// Slots [0, n) (V / I + 8 j, lane i: row i's j-th candidate, in expert order) inserted per lane into the
 // K sorted (value, id) registers kv / ki (best first). The candidate is compared with every level's
 // old value at once (g_l: it goes above level l; monotone in l), levels below its place shift down
 // by one: no chain through the levels, and strict '>' keeps an equal earlier (lower-id) entry first.
-template <int K> void insert_slots(const __m256* V, const __m256* I, int n, __m256* kv, __m256* ki) {
+template <int K> void insert_slots(const float* V, const int32_t* I, int n, __m256* kv, __m256* ki) {
   for (int j = 0; j < n; ++j) {
-    const __m256 x = V[j], id = I[j];
+    const __m256 x = _mm256_load_ps(V + 8 * j), id = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(I + 8 * j)));
     __m256 g[K];
     for (int l = 0; l < K; ++l) g[l] = _mm256_cmp_ps(x, kv[l], _CMP_GT_OQ);
     for (int l = K - 1; l > 0; --l) {
@@ -55,7 +67,7 @@ template <int K> void insert_slots(const __m256* V, const __m256* I, int n, __m2
     ki[0] = _mm256_blendv_ps(ki[0], id, g[0]);
   }
 }
-void insert_slots(int k, const __m256* V, const __m256* I, int n, __m256* kv, __m256* ki) {
+void insert_slots(int k, const float* V, const int32_t* I, int n, __m256* kv, __m256* ki) {
   switch (k) {
     case 1: return insert_slots<1>(V, I, n, kv, ki);
     case 2: return insert_slots<2>(V, I, n, kv, ki);
@@ -68,66 +80,54 @@ void insert_slots(int k, const __m256* V, const __m256* I, int n, __m256* kv, __
   }
 }
 
-// Candidates of one vector (keys xv >= th, ids e0..e0+7) compressed to values cv and ids ci in
-// expert order (8-lane stores); returns their count.
-OT_T8_AI inline int compress8(__m256 xv, __m256 th, int e0, float* cv, int32_t* ci) {
-  const unsigned m = unsigned(_mm256_movemask_ps(_mm256_cmp_ps(xv, th, _CMP_GE_OQ)));
-  const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(kCompress.data() + 8 * m)));
-  _mm256_storeu_ps(cv, _mm256_permutevar8x32_ps(xv, q));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(ci), _mm256_add_epi32(q, _mm256_set1_epi32(e0)));
-  return __builtin_popcount(m);
-}
-// Bit v of a row's candidate-vector mask: vector xv has a key >= th.
-OT_T8_AI inline uint32_t has_candidate(__m256 xv, __m256 th, int v) {
-  return uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(xv, th, _CMP_GE_OQ)) != 0) << v;
-}
-// The candidates of a row's keys p (its vectors with one: bits of `any`) by compress8; returns
-// their count. Only those vectors (about half at E 128, k 8): compressing every vector branch-free
-// was slower (--ab, 1 thread, three runs, b/a: softmax E 128 k 8 T 1024 0.92-0.93, T 16384
-// 0.92-0.97; sigmoid E 256 g8/4 T 1024 0.92-0.96, T 16384 0.95-1.01).
-OT_T8_AI inline int compress_row(const float* p, uint32_t any, __m256 th, float* cv, int32_t* ci) {
-  int n = 0;
-  for (; any; any &= any - 1) {
-    const int v = __builtin_ctz(any);
-    n += compress8(_mm256_loadu_ps(p + 8 * v), th, 8 * v, cv + n, ci + n);
+// A row's candidates (keys >= its threshold) as a bitmask in expert order, NV vectors of keys: the
+// compare masks of 4 vectors packed to bytes (packs interleave the 128-bit halves: dwords c0lo c1lo
+// c2lo c3lo c0hi ...; one vpermd restores the order), one movemask -> 32 bits. Replaces a movemask
+// and test a vector and the compress table (session 16): the slots are filled per set bit.
+template <int NV> struct Cands {
+  static constexpr int kWords = (NV + 7) / 8;
+  uint64_t m[kWords] = {};
+  __m256 c[4];
+  // Vector v's compare (call with v = 0, 1, .. NV - 1 in an unrolled loop: the packing folds).
+  OT_T8_AI void add(int v, __m256 key, __m256 th) {
+    c[v & 3] = _mm256_cmp_ps(key, th, _CMP_GE_OQ);
+    if ((v & 3) != 3 && v != NV - 1) return;
+    for (int j = (v & 3) + 1; j < 4; ++j) c[j] = _mm256_setzero_ps();
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(_mm256_castps_si256(c[0]), _mm256_castps_si256(c[1])),
+                                         _mm256_packs_epi32(_mm256_castps_si256(c[2]), _mm256_castps_si256(c[3])));
+    const uint32_t b = uint32_t(_mm256_movemask_epi8(_mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))));
+    m[v / 8] |= uint64_t(b) << (32 * ((v / 4) & 1));
   }
-  return n;
-}
-// A row the block does not decide (a padding row, or one in redo, for the row kernel): no slots
-// (16 -inf), and true.
-OT_T8_AI inline bool skip_row(int i, unsigned real, unsigned redo, float* cvi) {
-  if ((real >> i & 1) && !(redo >> i & 1)) return false;
-  const __m256 ninf = _mm256_set1_ps(kNegInf);
-  _mm256_store_ps(cvi, ninf);
-  _mm256_store_ps(cvi + 8, ninf);
-  return true;
-}
-// Row i's n candidates done: more than kSlots go to the row kernel (redo), else 16 -inf past them.
-OT_T8_AI inline void end_slots(float* cvi, int n, int i, unsigned& redo, int& nmax) {
-  if (n > kSlots) {
-    redo |= 1u << i;
-    n = 0;
+  OT_T8_AI int count() const {
+    int n = 0;
+    for (int w = 0; w < kWords; ++w) n += __builtin_popcountll(m[w]);
+    return n;
   }
-  const __m256 ninf = _mm256_set1_ps(kNegInf);
-  _mm256_storeu_ps(cvi + n, ninf);
-  _mm256_storeu_ps(cvi + n + 8, ninf);
-  nmax = std::max(nmax, n);
-}
-// The 8 rows' candidate slots (row i's at cv / ci + ld2 i, nmax of them at most) -> per lane the
-// top k (value, id) pairs, best first, ties to the lower id (kv / ki[l], ids as float bits).
-OT_T8_AI inline void top_slots(const float* cv, const int32_t* ci, int ld2, int nmax, int k, __m256* kv, __m256* ki) {
-  // Slots: V[j] / I[j] lane i = row i's j-th candidate (ids as float bits).
-  __m256 V[16], I[16];
-  for (int h = 0; h < (nmax > 8 ? 2 : 1); ++h) {
-    for (int i = 0; i < 8; ++i) {
-      V[8 * h + i] = _mm256_load_ps(cv + ld2 * i + 8 * h);
-      I[8 * h + i] = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ci + ld2 * i + 8 * h)));
+  // Row i's candidates (keys p) into the slots; more than kSlots: the row kernel's (redo).
+  OT_T8_AI void to_slots(const float* p, int i, unsigned& redo, Slots& s) const {
+    const int n = count();
+    if (n > kSlots) {
+      redo |= 1u << i;
+      return;
     }
-    simd::transpose8x8(V + 8 * h);
-    simd::transpose8x8(I + 8 * h);
+    float* v = s.v + i;
+    int32_t* id = s.id + i;
+    for (int w = 0; w < kWords; ++w)
+      for (uint64_t b = m[w]; b; b &= b - 1, v += 8, id += 8) {
+        const int e = 64 * w + __builtin_ctzll(b);
+        *v = p[e];
+        *id = e;
+      }
+    s.nmax = std::max(s.nmax, n);
   }
+};
+// A row the block decides: real, and not in redo (for the row kernel).
+OT_T8_AI inline bool decided(int i, unsigned real, unsigned redo) { return (real >> i & 1) && !(redo >> i & 1); }
+// The block's slots -> per lane the top k (value, id) pairs, best first, ties to the lower id
+// (kv / ki[l], ids as float bits).
+OT_T8_AI inline void top_slots(const Slots& s, int k, __m256* kv, __m256* ki) {
   for (int l = 0; l < 8; ++l) kv[l] = ki[l] = _mm256_set1_ps(kNegInf);
-  insert_slots(k, V, I, nmax, kv, ki);
+  insert_slots(k, s.v, s.id, s.nmax, kv, ki);
 }
 // The block's outputs: weights w[l] and ids ki[l] (lane i: row i; l < k) transposed back to rows and
 // written for its real rows but those in redo, which the row kernel does (last: it uses b.xr).
@@ -135,13 +135,40 @@ OT_T8_AI inline bool write_block(const RouterSpec& s, GatingResult& r, int64_t r
                                  RouterScratch& b) {
   simd::transpose8x8(w);
   simd::transpose8x8(ki);
-  for (int i = 0; i < rows; ++i) {
-    if (redo >> i & 1) continue;
-    alignas(32) int32_t ids[8];
-    alignas(32) float wr[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(ids), _mm256_castps_si256(ki[i]));
-    _mm256_store_ps(wr, w[i]);
-    write_row8(s, r, rb + i, ids, wr);
+  const int64_t k = s.k;
+  if (r.y.dtype() == DType::f32) {
+    // Whole 8-lane stores (write_row8 a row was ~130 instructions of ~1000 a row at E 128, k 8):
+    // with k < 8 row i's store runs into the next rows, which are written after it (here, or by
+    // the row kernel: redo); a store that would pass the block's last row is masked (another
+    // thread's rows or the end of the outputs follow).
+    float* y = r.y.ptr<float>() + rb * k;
+    int32_t* out = r.expert_idx.ptr<int32_t>() + rb * k;
+    int32_t* ri = s.row_idx ? r.row_idx.ptr<int32_t>() + rb * k : nullptr;
+    const __m256i jr = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(int32_t(s.R)));  // v1: j R + row
+    const __m256i mk = simd::first_lanes(k), ide = _mm256_set1_epi32(int32_t(s.E));
+    for (int i = 0; i < rows; ++i) {
+      if (redo >> i & 1) continue;
+      const __m256i id = s.finished && s.finished[rb + i] ? ide : _mm256_castps_si256(ki[i]);
+      const __m256i rv = _mm256_add_epi32(jr, _mm256_set1_epi32(int32_t(rb + i)));
+      if ((rows - i) * k >= 8) {
+        _mm256_storeu_ps(y + i * k, w[i]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * k), id);
+        if (ri) _mm256_storeu_si256(reinterpret_cast<__m256i*>(ri + i * k), rv);
+      } else {
+        _mm256_maskstore_ps(y + i * k, mk, w[i]);
+        _mm256_maskstore_epi32(out + i * k, mk, id);
+        if (ri) _mm256_maskstore_epi32(ri + i * k, mk, rv);
+      }
+    }
+  } else {
+    for (int i = 0; i < rows; ++i) {
+      if (redo >> i & 1) continue;
+      alignas(32) int32_t ids[8];
+      alignas(32) float wr[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(ids), _mm256_castps_si256(ki[i]));
+      _mm256_store_ps(wr, w[i]);
+      write_row8(s, r, rb + i, ids, wr);
+    }
   }
   bool ok = true;
   for (unsigned m = redo; m; m &= m - 1) ok &= route_rows_avx2(s, r, rb + __builtin_ctz(m), rb + __builtin_ctz(m) + 1, b);  // last: it uses b.xr

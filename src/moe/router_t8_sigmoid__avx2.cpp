@@ -116,23 +116,18 @@ bool t8_sigmoid_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows
   // -inf thresholds (fewer than k finite column maxima: -inf keys may be chosen): the row kernel.
   unsigned redo = unsigned(_mm256_movemask_ps(_mm256_cmp_ps(cm[k - 1], ninf, _CMP_EQ_OQ))) & real;
   // Pass 3: the candidates.
-  constexpr int ld2 = std::max(E, 32);
-  alignas(32) float cv[8 * ld2];
-  alignas(32) int32_t ci[8 * ld2];
-  int nmax = 0;
+  Slots sl;
   for (int i = 0; i < 8; ++i) {
-    float* cvi = cv + ld2 * i;
-    int32_t* cii = ci + ld2 * i;
-    if (skip_row(i, real, redo, cvi)) continue;
+    if (!decided(i, real, redo)) continue;
     const float* kp = K + i * ld;
     const __m256 th = _mm256_set1_ps(tha[i]);
-    uint32_t any = 0;
+    Cands<NV> c;
 #pragma GCC unroll 32
-    for (int v = 0; v < NV; ++v) any |= has_candidate(_mm256_load_ps(kp + 8 * v), th, v);
-    end_slots(cvi, compress_row(kp, any, th, cvi, cii), i, redo, nmax);
+    for (int v = 0; v < NV; ++v) c.add(v, _mm256_load_ps(kp + 8 * v), th);
+    c.to_slots(kp, i, redo, sl);
   }
   __m256 kv[8], ki[8];
-  top_slots(cv, ci, ld2, nmax, k, kv, ki);
+  top_slots(sl, k, kv, ki);
   // Weights: the chosen sigmoids (gathered; padding rows read their own zero logits' sigmoids),
   // summed in order as the scalar row does, times scale / (sum + eps).
   const __m256i rowoff = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(int32_t(ld)));

@@ -537,6 +537,43 @@ TEST(MoeRouterPaths, RowKernelEdges) {
   }
 }
 
+// The t8 kernels' candidate bitmask at its edges: rows of exactly 14..17 candidates (a tie at 1.0
+// with every other logit below it: 8 of the tied experts in experts 0-7, one byte of the mask and 8
+// distinct column maxima, so the threshold is 1.0 for any k <= 8; the rest spread over the row):
+// up to 16 the block decides them (ties to the lower expert, across mask bytes and words), 17 go to
+// the row kernel. Two blocks a call; E 64 (one mask word), 128, 256 (four words); both AVX2 forms.
+TEST(MoeRouterPaths, TokensInLanesCandidateBoundary) {
+  for (cpu::Isa isa : paths())
+    for (int64_t knob : {1, 0}) {
+      if (knob == 0 && isa != cpu::Isa::avx2) continue;
+      cpu::ScopedMaxIsa cap(isa);
+      knobs::set("moe.router_t8", knob);
+      for (int64_t E : {64, 128, 256})
+        for (int64_t k : {1, 3, 8}) {
+          const int64_t T = 16;
+          Tensor x = randn(DType::f32, {T, E}, uint32_t(E + k), 0.1f);
+          std::mt19937 g(uint32_t(E * k));
+          for (int64_t r = 0; r < T; ++r) {
+            float* row = x.ptr<float>() + r * E;
+            for (int64_t e = 0; e < E; ++e) row[e] -= 3.f;
+            const int64_t n = 14 + r % 4;
+            for (int64_t e = 0; e < 8; ++e) row[e] = 1.f;
+            for (int64_t c = 8; c < n;) {
+              const int64_t e = 8 + int64_t(g() % uint32_t(E - 8));
+              if (row[e] != 1.f) row[e] = 1.f, ++c;
+            }
+          }
+          std::string what = std::string(cpu::isa_name(isa)) + " knob " + std::to_string(knob) + " E" + std::to_string(E) + " k" + std::to_string(k);
+          expect_match(moe_gating_top_k_softmax(x, k), ref::moe_gating_top_k_softmax(x, k), DType::f32, what + " v1");
+          expect_match(moe_gating_top_k_softmax_v2(x, k, {}, 1, false), ref::moe_gating_top_k_softmax_v2(x, k, {}, 1, false), DType::f32, what + " v2");
+          GatingTopKOptions o;
+          o.k = k; o.norm_type = 1; o.routed_scaling_factor = 2.5f;
+          expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), DType::f32, what + " sigmoid");
+        }
+    }
+  knobs::set("moe.router_t8", knobs::find("moe.router_t8").default_value());
+}
+
 // The AVX2 8-tokens-in-lanes kernels (router_t8__avx2.cpp: softmax routers selecting on the logits,
 // E a multiple of 8 up to 256, k <= 8, no mask / scores output; router_t8_sigmoid__avx2.cpp: sigmoid
 // gating, below), on every path and with the
