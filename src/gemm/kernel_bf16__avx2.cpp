@@ -8,8 +8,8 @@
 // row block for kernel_avx2_bf16_f32a; kernel_avx2_bf16 (bf16 A, its other callers) widens a
 // group's A rows once per K chunk into an L1 buffer, ~5% of the kernel's time in L1 and more when
 // A comes from L2. A tile of 5-6 rows is one group (docs/gemm.md "Decode 4-8 rows on AVX2,
-// session 17"), of 7-8 rows a group of 4 and the rest (with full 8-row tiles in the driver, 29
-// rows are 7 groups of 4 and 1 row, not 5 of 4 and 3 of 3): each
+// session 17"), of 7-8 rows a group of 4 and the rest over each K chunk in turn (with full 8-row
+// tiles in the driver, 29 rows are 7 groups of 4 and 1 row, not 5 of 4 and 3 of 3): each
 // accumulator takes two dependent FMAs per k pair, so a 4-row group (8 chains, 16 FMAs) runs at the
 // FMA bound and a 3-row one at the latency bound, 3/4 of it (in L1: 4 rows 87% of one core's peak,
 // 3 rows 70%, 2 rows 49%, 1 row 61%; a 1-row tail costs a third of a 3-row group). Each pass
@@ -172,8 +172,15 @@ void kernel(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float
     });
     return;
   }
-  // 7-8 rows: a group of 4 and one of 3-4 (5 + 2 or 6 + 2 would add a latency-bound 2-row group).
-  in_row_groups_of_4(mr, [&](auto R, int r) { group_bf16<decltype(R)::value>(kc, A + r * lda, lda, B, c + r * ldc, ldc, load_c); }, true);
+  // 7-8 rows: a group of 4 and one of 3-4 (5 + 2 or 6 + 2 would add a latency-bound 2-row group),
+  // chunk by chunk, so the second group reads each B chunk from L1 where it ran over the whole
+  // panel again (a decode tile's panel is 0.4-1.4 MB: from L3, as a second stream).
+  for (int64_t k0 = 0; k0 < kc || k0 == 0; k0 += kKChunk) {
+    const int64_t n = kc - k0 < kKChunk ? kc - k0 : kKChunk;
+    group_bf16<4>(n, A + k0, lda, B + k0 * kNR, c, ldc, load_c || k0 > 0);
+    if (mr == 7) group_bf16<3>(n, A + 4 * lda + k0, lda, B + k0 * kNR, c + 4 * ldc, ldc, load_c || k0 > 0);
+    else group_bf16<4>(n, A + 4 * lda + k0, lda, B + k0 * kNR, c + 4 * ldc, ldc, load_c || k0 > 0);
+  }
 }
 
 }  // namespace
