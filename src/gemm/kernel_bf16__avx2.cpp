@@ -2,12 +2,13 @@
 // bf16 in memory and widen in registers. A ymm of a panel's pair row holds 8 columns x (k, k+1) as
 // 32-bit lanes; a bf16 is the high half of its fp32, so k even = lane << 16, k odd = lane & 0xffff0000
 // (exact). Products and sums are fp32 FMAs, as in the scalar kernel. Rows run in groups of <= 4 over
-// 16-column passes (8 accumulators, 4 widened B vectors); each pass broadcasts A from fp32 rows in
-// memory (a load, no ALU op): widening A per pass cost 4 vector ops per row and k pair, more than
-// the B widening, and held the kernel near half the FMA peak. The driver packs A as fp32 once per
+// 16-column passes (8 accumulators, 4 widened B vectors), or of 5-6 (tile6_bf16: 12 accumulators);
+// each pass broadcasts A from fp32 rows in memory (a load, no ALU op): widening A per pass cost 4
+// vector ops per row and k pair, more than the B widening, and held the kernel near half the FMA peak. The driver packs A as fp32 once per
 // row block for kernel_avx2_bf16_f32a; kernel_avx2_bf16 (bf16 A, its other callers) widens a
 // group's A rows once per K chunk into an L1 buffer, ~5% of the kernel's time in L1 and more when
-// A comes from L2. A tile of 5-8 rows runs as a group of 4 and the rest (with full 8-row
+// A comes from L2. A tile of 5-6 rows is one group (docs/gemm.md "Decode 4-8 rows on AVX2,
+// session 17"), of 7-8 rows a group of 4 and the rest over each K chunk in turn (with full 8-row
 // tiles in the driver, 29 rows are 7 groups of 4 and 1 row, not 5 of 4 and 3 of 3): each
 // accumulator takes two dependent FMAs per k pair, so a 4-row group (8 chains, 16 FMAs) runs at the
 // FMA bound and a 3-row one at the latency bound, 3/4 of it (in L1: 4 rows 87% of one core's peak,
@@ -63,6 +64,42 @@ void tile_bf16(int64_t kc, const float* af, int64_t las, const uint16_t* b, floa
     for (int j = 0; j < NV; ++j) _mm256_storeu_ps(c + r * ldc + 8 * j, acc[r][j]);
 }
 
+// 5-6 rows x 16 columns (12 accumulators): the k-even half, then the k-odd half with B loaded again
+// from L1, so 12 accumulators + 2 widened B + one A broadcast + the mask fit 16 ymm (tile_bf16's
+// layout would need 18). Each broadcast still feeds two FMAs and each accumulator takes two
+// dependent FMAs per pair (12 chains: the FMA bound, where 4 + 2 rows ran a latency-bound 2-row
+// group over the panel a second time). Same arguments as tile_bf16. Not inlined: inlined into
+// group_bf16, GCC kept the accumulators on the stack.
+template <int R>
+__attribute__((noinline)) void tile6_bf16(int64_t kc, const float* af, int64_t las, const uint16_t* b, float* c, int64_t ldc, bool load_c, const char* pf) {
+  const __m256i hi = hi_mask();
+  __m256 acc[R][2];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 2; ++j) acc[r][j] = load_c ? _mm256_loadu_ps(c + r * ldc + 8 * j) : _mm256_setzero_ps();
+  for (int64_t k = 0; k < kc; k += 2) {
+    const __m256i* bk = reinterpret_cast<const __m256i*>(b + k * kNR);
+    _mm_prefetch(pf + k * 32, _MM_HINT_T1);
+#pragma GCC unroll 2
+    for (int odd = 0; odd < 2; ++odd) {
+      const __m256i v0 = _mm256_load_si256(bk), v1 = _mm256_load_si256(bk + 1);
+      const __m256 w0 = odd ? hi_f32(v0, hi) : lo_f32(v0), w1 = odd ? hi_f32(v1, hi) : lo_f32(v1);
+#pragma GCC unroll 6
+      for (int r = 0; r < R; ++r) {
+        const __m256 a = _mm256_broadcast_ss(af + r * las + k + odd);
+        acc[r][0] = _mm256_fmadd_ps(a, w0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(a, w1, acc[r][1]);
+        // Keeps each broadcast next to its FMAs and the odd half's B loads after the even half's:
+        // GCC otherwise hoists all six broadcasts (or keeps v0, v1 live) and spills accumulators.
+        __asm__ volatile("" : "+x"(acc[r][0]), "+x"(acc[r][1])::"memory");
+      }
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 2; ++j) _mm256_storeu_ps(c + r * ldc + 8 * j, acc[r][j]);
+}
+
 // One row (bf16 or fp32) over the whole panel: even and odd k accumulate apart (12 independent chains).
 template <class TA>
 void row_bf16(int64_t kc, const TA* a, const uint16_t* b, float* c, bool load_c) {
@@ -116,8 +153,10 @@ void group_bf16(int64_t kc, const TA* a, int64_t lda, const uint16_t* b, float* 
       // n pairs x 192 bytes = 3n/2 lines, n/2 per pass.
       const char* next = reinterpret_cast<const char*>(b + (k0 + n) * kNR);
 #pragma GCC unroll 3
-      for (int h = 0; h < 3; ++h)
-        tile_bf16<R, 2>(n, af, las, b + k0 * kNR + 32 * h, c + 16 * h, ldc, load_c || k0 > 0, next + h * n * 32);
+      for (int h = 0; h < 3; ++h) {
+        if constexpr (R <= 4) tile_bf16<R, 2>(n, af, las, b + k0 * kNR + 32 * h, c + 16 * h, ldc, load_c || k0 > 0, next + h * n * 32);
+        else tile6_bf16<R>(n, af, las, b + k0 * kNR + 32 * h, c + 16 * h, ldc, load_c || k0 > 0, next + h * n * 32);
+      }
       k0 += kKChunk;
     } while (k0 < kc);
   }
@@ -127,7 +166,21 @@ template <class TA>
 void kernel(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
   auto A = static_cast<const TA*>(a);
   auto B = static_cast<const uint16_t*>(b);
-  in_row_groups_of_4(mr, [&](auto R, int r) { group_bf16<decltype(R)::value>(kc, A + r * lda, lda, B, c + r * ldc, ldc, load_c); }, true);
+  if (mr <= 6) {  // one group
+    with_mr(mr, [&](auto R) {
+      if constexpr (decltype(R)::value <= 6) group_bf16<decltype(R)::value>(kc, A, lda, B, c, ldc, load_c);
+    });
+    return;
+  }
+  // 7-8 rows: a group of 4 and one of 3-4 (5 + 2 or 6 + 2 would add a latency-bound 2-row group),
+  // chunk by chunk, so the second group reads each B chunk from L1 where it ran over the whole
+  // panel again (a decode tile's panel is 0.4-1.4 MB: from L3, as a second stream).
+  for (int64_t k0 = 0; k0 < kc || k0 == 0; k0 += kKChunk) {
+    const int64_t n = kc - k0 < kKChunk ? kc - k0 : kKChunk;
+    group_bf16<4>(n, A + k0, lda, B + k0 * kNR, c, ldc, load_c || k0 > 0);
+    if (mr == 7) group_bf16<3>(n, A + 4 * lda + k0, lda, B + k0 * kNR, c + 4 * ldc, ldc, load_c || k0 > 0);
+    else group_bf16<4>(n, A + 4 * lda + k0, lda, B + k0 * kNR, c + 4 * ldc, ldc, load_c || k0 > 0);
+  }
 }
 
 }  // namespace

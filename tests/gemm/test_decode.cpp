@@ -4,7 +4,7 @@
 // unevenly between the streams (pair counts 0, 1, 15, 17, 383, 1024, 1025), padded A rows, and
 // accumulation onto C; the unit form (kernel_decode_panels_bf16 and the AVX2
 // kernel_decode_panels_avx2_bf16: n panels paired side by side, odd n, rows 1..3 and 4..8 handed on);
-// and through gemm() at decode sizes (M 1..5, odd K, N tails, units of several panels, SwiGLU,
+// and through gemm() at decode sizes (M 1..8, odd K, N tails, units of several panels, SwiGLU,
 // gathered A rows, weighted scatter-add; every value of the gemm.decode_rows knob) against
 // ref::gemm; and 1-3 row groups inside prefill-sized grouped calls.
 #include <cmath>
@@ -57,6 +57,42 @@ TEST(GemmDecode, KernelMatchesFp64DotOfThePanel) {
         for (int r = 0; r < mr; ++r)  // columns past the tile untouched
           for (int j = kNR; j < ldc; ++j) EXPECT_EQ(c[size_t(r * ldc + j)], c0[size_t(r * ldc + j)]);
       }
+}
+
+// The AVX2 bf16 tile kernel (kernel_avx2_bf16, bf16 A; kernel_avx2_bf16_f32a, fp32 A) as a decode-
+// sized row block runs it: one tile of 1..8 rows over a whole panel (1-4 rows: one group, 5-6: the
+// 12-accumulator group, 7-8: two groups), pair counts around its 128-pair K chunks, with and without
+// accumulation onto C, against an fp64 dot product of the panel.
+TEST(GemmDecode, Avx2TileKernelMatchesFp64DotOfThePanel) {
+  if (!cpu::has(cpu::Isa::avx2)) GTEST_SKIP() << "no AVX2";
+  using namespace ot::gemm::detail;
+  for (bool f32a : {false, true})
+    for (int64_t pairs : {0, 1, 17, 127, 128, 129, 300, 1025})
+      for (int mr = 1; mr <= 8; ++mr)
+        for (bool load_c : {false, true}) {
+          const int64_t kc = 2 * pairs, lda = kc + 6, ldc = kNR + 16;
+          std::vector<uint16_t> b = random_bf16(size_t(kc) * kNR + 32, uint32_t(pairs * 8 + mr));
+          uint16_t* bp = b.data() + (64 - reinterpret_cast<uintptr_t>(b.data()) % 64) / 2 % 32;
+          std::vector<uint16_t> a = random_bf16(size_t(mr * lda), uint32_t(pairs + 100 * mr));
+          std::vector<float> af(a.size());
+          for (size_t i = 0; i < a.size(); ++i) af[i] = bf16_to_f32(a[i]);
+          std::vector<float> c(size_t(mr * ldc)), c0(c.size());
+          for (size_t i = 0; i < c.size(); ++i) c0[i] = c[i] = float(i % 7) - 3.f;
+          if (f32a) kernel_avx2_bf16_f32a(mr, kc, af.data(), lda, bp, c.data(), ldc, load_c);
+          else kernel_avx2_bf16(mr, kc, a.data(), lda, bp, c.data(), ldc, load_c);
+          double maxerr = 0, maxref = 1e-30;
+          for (int r = 0; r < mr; ++r)
+            for (int j = 0; j < kNR; ++j) {
+              double sum = load_c ? c0[size_t(r * ldc + j)] : 0.0;
+              for (int64_t k = 0; k < kc; ++k)
+                sum += double(af[size_t(r * lda + k)]) * double(bf16_to_f32(bp[(k / 2) * 2 * kNR + 2 * j + (k & 1)]));
+              maxerr = std::max(maxerr, std::fabs(sum - double(c[size_t(r * ldc + j)])));
+              maxref = std::max(maxref, std::fabs(sum));
+            }
+          EXPECT_LE(maxerr / maxref, 1e-5) << "f32a=" << f32a << " pairs=" << pairs << " mr=" << mr << " load_c=" << load_c;
+          for (int r = 0; r < mr; ++r)  // columns past the tile untouched
+            for (int j = kNR; j < ldc; ++j) EXPECT_EQ(c[size_t(r * ldc + j)], c0[size_t(r * ldc + j)]) << "mr=" << mr << " r=" << r;
+        }
 }
 
 TEST(GemmDecode, PanelsKernelMatchesFp64DotOfEachPanel) {
@@ -115,7 +151,7 @@ TEST(GemmDecode, DecodeSizesThroughGemmMatchReference) {
   for (int drows = 0; drows <= detail::kDecodeRows; ++drows) {  // this machine's ISA only: the other paths' decode sizes are covered by test_gemm.cpp
     knobs::set("gemm.decode_rows", drows);
     const cpu::Isa isa = cpu::detected_isa();
-    for (int64_t M : {1, 2, 3, 4, 5})
+    for (int64_t M = 1; M <= 8; ++M)  // 4-8: decode-sized blocks on the 8-row kernel (AVX2: 5-6 one group, 7-8 two)
       for (int64_t K : {1, 33, 2049})
         for (int64_t N : {1, 49, 98, 2930})  // 2930: 62 panels, units of 8 (the paired streams) and a tail
           for (int variant = 0; variant < 2; ++variant) {
