@@ -3,8 +3,9 @@
 // With bf16 operands on AVX512_BF16 (the MoE backward), units = (job, 96 rows of M, whole rows of
 // C) run a 6 x 64 vdpbf16ps kernel that streams its accumulators straight to C
 // (tn_kernel__avx512bf16.cpp). Otherwise units = (job, 128 rows, 4 panels) run the engine's
-// micro-kernel over the whole K into an L1 tile that is then streamed to C. Gradients are
-// write-once: streaming stores, no read-for-ownership.
+// micro-kernel over the whole K into an L1 tile that is then streamed to C (the AVX2 bf16 kernel
+// on A^T packed once as fp32: tn_form__avx2.cpp). Gradients are write-once: streaming stores, no
+// read-for-ownership.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -69,26 +70,32 @@ struct TnPlan {
   int64_t Kp = 0, np = 0, nmb = 0, nub = 0;
   size_t a_off = 0, b_off = 0;
   bool a_shared = false;  // A^T is the previous job's (same A): not packed again
+  bool f32a = false;      // tile path on a kernel with an fp32-A entry (AVX2 bf16): A^T packed as fp32
   size_t panel_bytes() const { return size_t(Kp) * size_t(nr) * layout_elt(l); }
+  size_t a_elt() const { return f32a ? 4 : layout_elt(l); }
 };
 
 // Job j reads the same A as the previous job p (e.g. x^T for both dW_gate and dW_up) in the same
 // packed layout, so it can use p's packed A^T.
 bool same_a(const TnJob& p, const TnPlan& pp, const TnJob& j, const TnPlan& pl) {
-  return pp.nmb > 0 && p.a == j.a && p.lda == j.lda && p.K == j.K && p.M == j.M && p.a_dtype == j.a_dtype && pp.l == pl.l && pp.Kp == pl.Kp;
+  return pp.nmb > 0 && p.a == j.a && p.lda == j.lda && p.K == j.K && p.M == j.M && p.a_dtype == j.a_dtype && pp.l == pl.l && pp.Kp == pl.Kp && pp.f32a == pl.f32a;
 }
 
-// A^T [M][Kp] row-major in the kernel dtype (column k of row m = A[k][m]).
+// A^T [M][Kp] row-major in the kernel's A dtype (column k of row m = A[k][m]).
 void pack_at(const TnJob& j, const TnPlan& pl, char* dst) {
-  const size_t elt = layout_elt(pl.l);
-  if (pl.l == Layout::bf16_vnni && cpu::has(cpu::Isa::avx512)) {  // both operands bf16: bits moved
+  const size_t elt = pl.a_elt();
+  if (pl.f32a && j.a_dtype == DType::bf16) {  // f32a: only the AVX2 kernel has it
+    pack_cols_f32_avx2(static_cast<const uint16_t*>(j.a), j.lda, j.K, j.M, reinterpret_cast<float*>(dst), pl.Kp, pl.Kp);
+    return;
+  }
+  if (!pl.f32a && pl.l == Layout::bf16_vnni && cpu::has(cpu::Isa::avx512)) {  // both operands bf16: bits moved
     pack_cols_vnni_avx512(static_cast<const uint16_t*>(j.a), j.lda, j.K, j.M, reinterpret_cast<uint16_t*>(dst), pl.Kp);
     return;
   }
   for (int64_t m0 = 0; m0 < j.M; m0 += 64) {  // a 64-row block of A^T stays in L1 while k sweeps
     const int64_t m1 = std::min(j.M, m0 + 64);
     for (int64_t k = 0; k < j.K; ++k) {
-      if (pl.l == Layout::f32) {
+      if (elt == 4) {
         float* d = reinterpret_cast<float*>(dst) + k;
         for (int64_t m = m0; m < m1; ++m) d[m * pl.Kp] = elem(j.a, j.a_dtype, k * j.lda + m);
       } else {
@@ -131,7 +138,8 @@ void pack_tn_b(const TnJob& j, const TnPlan& pl, char* dst) {
 // for the streaming stores, also in bf16).
 void tn_unit(const TnJob& j, const TnPlan& pl, const char* base, int64_t u) {
   const Kernel kern = thin_kernel(pl.l);
-  const size_t elt = layout_elt(pl.l), celt = dtype_size(j.c_dtype);
+  const KernelFn fn = pl.f32a ? kern.fn_f32a : kern.fn;
+  const size_t elt = pl.a_elt(), celt = dtype_size(j.c_dtype);
   const int64_t mb = u / pl.nub, ub = u % pl.nub;
   const int64_t m0 = mb * kMB, mc = std::min(kMB, j.M - m0);
   const int64_t p0 = ub * kPB, p1 = std::min(pl.np, p0 + kPB), n0 = p0 * kNR;
@@ -143,7 +151,7 @@ void tn_unit(const TnJob& j, const TnPlan& pl, const char* base, int64_t u) {
   for (int64_t ir = 0; ir < mc; ir += kern.mr) {
     const int rows = int(std::min<int64_t>(kern.mr, mc - ir));
     const char* a = base + pl.a_off + size_t((m0 + ir) * lda) * elt;
-    for (int64_t p = p0; p < p1; ++p) kern.fn(rows, pl.Kp, a, lda, base + pl.b_off + size_t(p) * pbytes, tile + (p - p0) * kNR, ldt, false);
+    for (int64_t p = p0; p < p1; ++p) fn(rows, pl.Kp, a, lda, base + pl.b_off + size_t(p) * pbytes, tile + (p - p0) * kNR, ldt, false);
     store_tile(tile, ldt, rows, width, static_cast<char*>(j.c) + size_t((m0 + ir) * j.ldc + n0) * celt, j.c_dtype, j.ldc, j.accumulate);
   }
 }
@@ -197,6 +205,7 @@ void grouped_gemm_tn(const TnJob* jobs, int64_t count) {
     pl.l = layout_for(j.a_dtype, j.b_dtype);
     pl.Kp = pad_pairs(pl.l, j.K);
     pl.direct = pl.l == Layout::bf16_vnni && j.a_dtype == DType::bf16 && j.b_dtype == DType::bf16 && cpu::has(cpu::Isa::avx512_bf16);
+    pl.f32a = !pl.direct && thin_kernel(pl.l).fn_f32a;
     if (pl.direct) {
       pl.nr = kTnNR;
       pl.mb = kDirectMB;
@@ -206,7 +215,7 @@ void grouped_gemm_tn(const TnJob* jobs, int64_t count) {
     const bool live = j.M > 0 && j.N > 0;
     pl.nmb = live ? (j.M + pl.mb - 1) / pl.mb : 0;
     pl.nub = (pl.np + pl.pb - 1) / pl.pb;
-    const size_t elt = layout_elt(pl.l), kp = size_t(pl.Kp);
+    const size_t elt = pl.a_elt(), kp = size_t(pl.Kp);
     pl.a_shared = live && i > 0 && same_a(jobs[i - 1], plans[size_t(i) - 1], j, pl);
     pl.a_off = pl.a_shared ? plans[size_t(i) - 1].a_off : bytes;
     if (live && !pl.a_shared) bytes += (size_t(j.M) * kp * elt + 63) / 64 * 64;

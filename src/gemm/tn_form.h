@@ -1,5 +1,5 @@
 // Internals of the TN form (grouped_gemm_tn: tn_form.cpp, tn_form__avx512.cpp,
-// tn_kernel__avx512bf16.cpp).
+// tn_kernel__avx512bf16.cpp, tn_form__avx2.cpp).
 #pragma once
 #include <cstdint>
 
@@ -19,5 +19,9 @@ inline constexpr int kTnMR = 6;
 // below bf16's normal range flushed to zero).
 void tn_rows_bf16_avx512bf16(int nrows, int64_t Kp, const uint16_t* a, int64_t lda, const uint16_t* b, size_t panel_elems, int64_t np, void* c,
                              DType c_dtype, int64_t ldc, int64_t N, bool accumulate);
+
+// A^T as fp32 (tn_form__avx2.cpp): src [K][M] bf16 (row k at src + k * ld) -> dst [M][kp] fp32 (row
+// stride ldd >= kp), column k of row m = src[k][m], columns K .. kp - 1 zero.
+void pack_cols_f32_avx2(const uint16_t* src, int64_t ld, int64_t K, int64_t M, float* dst, int64_t ldd, int64_t kp);
 
 }  // namespace ot::gemm::detail
