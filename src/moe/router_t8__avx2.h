@@ -50,21 +50,37 @@ struct Slots {
   }
 };
 
-// Slots [0, n) (V / I + 8 j, lane i: row i's j-th candidate, in expert order) inserted per lane into the
-// K sorted (value, id) registers kv / ki (best first). The candidate is compared with every level's
-// old value at once (g_l: it goes above level l; monotone in l), levels below its place shift down
-// by one: no chain through the levels, and strict '>' keeps an equal earlier (lower-id) entry first.
-template <int K> void insert_slots(const float* V, const int32_t* I, int n, __m256* kv, __m256* ki) {
+// m ? b : a (_mm256_blendv_ps) into a's register, in a form GCC (12) cannot rewrite as
+// (m < 0 ? b : a): when one mask feeds two blends it materializes that compare (a vpcmpgtd a mask,
+// 7 a slot in insert_slots at k 8), and the in-place form needs no register copy.
+OT_T8_AI inline __m256 blendv(__m256 a, __m256 b, __m256 m) {
+  asm("vblendvps %2, %1, %0, %0" : "+x"(a) : "xm"(b), "x"(m));
+  return a;
+}
+// Slots [0, n) (V / I + 8 j, lane i: row i's j-th candidate, in expert order) inserted per lane into
+// K sorted (value, id) pairs, best first, from -inf (kv / ki[l], l < K). With g_l = x > kv[l] (old
+// values; monotone in l: g_{l-1} implies g_l; each compare serves two levels) level l takes the
+// candidate where g_l, the level above where g_{l-1}: max(kv[l], min(x, kv[l-1])) and two in-place
+// blends of its id. No chain through the levels, and strict '>' keeps an equal earlier (lower-id)
+// entry first. The pairs stay in registers (locals; through the pointers they were loaded and stored each slot).
+template <int K> OT_T8_AI inline void insert_slots(const float* V, const int32_t* I, int n, __m256* kvo, __m256* kio) {
+  __m256 kv[K], ki[K];
+  for (int l = 0; l < K; ++l) kv[l] = ki[l] = _mm256_set1_ps(kNegInf);
   for (int j = 0; j < n; ++j) {
     const __m256 x = _mm256_load_ps(V + 8 * j), id = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(I + 8 * j)));
-    __m256 g[K];
-    for (int l = 0; l < K; ++l) g[l] = _mm256_cmp_ps(x, kv[l], _CMP_GT_OQ);
+    __m256 g = _mm256_cmp_ps(x, kv[K - 1], _CMP_GT_OQ);
     for (int l = K - 1; l > 0; --l) {
-      kv[l] = _mm256_blendv_ps(kv[l], _mm256_blendv_ps(x, kv[l - 1], g[l - 1]), g[l]);
-      ki[l] = _mm256_blendv_ps(ki[l], _mm256_blendv_ps(id, ki[l - 1], g[l - 1]), g[l]);
+      const __m256 up = _mm256_cmp_ps(x, kv[l - 1], _CMP_GT_OQ);
+      ki[l] = blendv(blendv(ki[l], id, g), ki[l - 1], up);
+      kv[l] = _mm256_max_ps(kv[l], _mm256_min_ps(x, kv[l - 1]));
+      g = up;
     }
-    kv[0] = _mm256_blendv_ps(kv[0], x, g[0]);
-    ki[0] = _mm256_blendv_ps(ki[0], id, g[0]);
+    ki[0] = blendv(ki[0], id, g);
+    kv[0] = _mm256_max_ps(kv[0], x);
+  }
+  for (int l = 0; l < K; ++l) {
+    kvo[l] = kv[l];
+    kio[l] = ki[l];
   }
 }
 void insert_slots(int k, const float* V, const int32_t* I, int n, __m256* kv, __m256* ki) {
@@ -126,7 +142,7 @@ OT_T8_AI inline bool decided(int i, unsigned real, unsigned redo) { return (real
 // The block's slots -> per lane the top k (value, id) pairs, best first, ties to the lower id
 // (kv / ki[l], ids as float bits).
 OT_T8_AI inline void top_slots(const Slots& s, int k, __m256* kv, __m256* ki) {
-  for (int l = 0; l < 8; ++l) kv[l] = ki[l] = _mm256_set1_ps(kNegInf);
+  for (int l = 0; l < 8; ++l) kv[l] = ki[l] = _mm256_set1_ps(kNegInf);  // (levels past k)
   insert_slots(k, s.v, s.id, s.nmax, kv, ki);
 }
 // The block's outputs: weights w[l] and ids ki[l] (lane i: row i; l < k) transposed back to rows and
