@@ -83,17 +83,18 @@ inline __m256 exp2_ps(__m256 t) {
   const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
   return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
 }
-// 2^t times a constant (753.2, 1 / the polynomial's leading coefficient) for the softmax exps offset by the row max (t <= ~1: fl(max log2 e) may round
-// down by half an ulp, kExpOffsetLimit; the constant factor cancels in the softmax's ratios: use it
-// for the sums and the weights alike). t clamped below at -126 (an exp below 2^-126 counts as
-// 2^-126: under 1e-37 of a sum >= 1); n = round(t) by the magic-number add (t + 1.5 2^23 + 127 in
-// [2^23, 2^24) rounds to an integer: its low mantissa bits are n + 127, `slli 23` of them is 2^n);
-// 2^f, f = t - n in [-0.5, 0.5], by a degree-5 minimax polynomial (relative error 7.5e-8) divided by
-// its leading coefficient (monic: the first step is an add, no register copy). 11 ops a vector
-// (the floor form with roundps, cvtps2dq and its own bias add: 13).
-inline __m256 exp2_offset(__m256 t) {
+// 2^t by round-to-nearest for t in [-126, 128], in two parts, 2^t = kExp2Lead q scale: n = round(t)
+// by the magic-number add (t + 1.5 2^23 + 127 in [2^23, 2^24) rounds to an integer: its low mantissa
+// bits are n + 127, `slli 23` of them is scale = 2^n; n = 128 gives +inf); q = 2^f / kExp2Lead,
+// f = t - n in [-0.5, 0.5], by a degree-5 minimax polynomial (relative error 7.5e-8) divided by its
+// leading coefficient kExp2Lead (monic: the first step is an add, no register copy). vs the floor
+// form (roundps, cvtps2dq and a bias add; exp2_ps): 2 ops fewer.
+constexpr float kExp2Lead = 1.3276472167819943e-3f;
+struct Exp2Parts {
+  __m256 q, scale;
+};
+inline Exp2Parts exp2_parts(__m256 t) {
   const __m256 magic = _mm256_set1_ps(12583039.f);  // 1.5 2^23 + 127
-  t = _mm256_max_ps(t, _mm256_set1_ps(-126.f));
   const __m256 y = _mm256_add_ps(t, magic);
   const __m256 f = _mm256_sub_ps(t, _mm256_sub_ps(y, magic));
   __m256 q = _mm256_add_ps(f, _mm256_set1_ps(7.2877351819961362f));
@@ -101,12 +102,24 @@ inline __m256 exp2_offset(__m256 t) {
   q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(180.93752180790146f));
   q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(522.08670970993553f));
   q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(753.21219297885680f));
-  return _mm256_mul_ps(q, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(y), 23)));
+  return {q, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(y), 23))};
 }
-// 1 / (1 + 2^(-x log2 e)); x = -inf (padding) gives 0.
+// 2^t / kExp2Lead for the softmax exps offset by the row max (t <= ~1: fl(max log2 e) may round
+// down by half an ulp, kExpOffsetLimit; the constant factor cancels in the softmax's ratios: use it
+// for the sums and the weights alike). t clamped below at -126 (an exp below 2^-126 counts as
+// 2^-126: under 1e-37 of a sum >= 1). 11 ops a vector.
+inline __m256 exp2_offset(__m256 t) {
+  const Exp2Parts e = exp2_parts(_mm256_max_ps(t, _mm256_set1_ps(-126.f)));
+  return _mm256_mul_ps(e.q, e.scale);
+}
+// 1 / (1 + 2^(-x log2 e)) with 2^t from exp2_parts, t clamped to [-126, 128]: x > 87.3 gives 1
+// (as it rounds anyway), x < -88.38 gives 0 (true: below 4.2e-39, denormal; -inf, the padding, too).
+// 16 ops a vector (by exp2_ps: 22).
 inline __m256 sigmoid_ps(__m256 x) {
   const __m256 one = _mm256_set1_ps(1.f);
-  return _mm256_div_ps(one, _mm256_add_ps(one, exp2_ps(_mm256_mul_ps(x, _mm256_set1_ps(-kLog2e)))));
+  const __m256 t = _mm256_max_ps(_mm256_min_ps(_mm256_mul_ps(x, _mm256_set1_ps(-kLog2e)), _mm256_set1_ps(128.f)), _mm256_set1_ps(-126.f));
+  const Exp2Parts e = exp2_parts(t);
+  return _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_mul_ps(e.q, _mm256_set1_ps(kExp2Lead)), e.scale, one));
 }
 
 // write_row (router.cpp) for k <= 16 by 8-lane stores: ids (E for finished rows), y in its dtype,

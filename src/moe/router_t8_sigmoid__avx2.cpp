@@ -45,33 +45,46 @@ bool t8_sigmoid_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows
   float* S = b.sc;   // [8, ld]: the sigmoids
   float* K = b.key;  // [8, ld]: the selection keys
   const int64_t ld = b.stride;
-  // Pass 1.
+  // Pass 1. Without a bias the keys add a row of zeros (no branch a vector); groups: one loop over
+  // the vectors with a counter for the group ends (a division a vector was ~10 of its ~54
+  // instructions; a loop over each group's vectors reloaded ~30 constants a group).
+  alignas(32) static constexpr float kNoBias[256] = {};
+  const float* bp = bias ? s.bias.data() : kNoBias;
   __m256 cm[16], nonfinite = zero;
   __m256 A[kMaxGroups][8], A2[kMaxGroups][8];
   for (int i = 0; i < 8; ++i) {
     const float* p = x + i * E;
     if (pf)
       for (int o = 0; o < NV * 32; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + 8 * E) + o, _MM_HINT_T0);
-    __m256 c0 = ninf, c1 = ninf, nf = zero, a = ninf, a2 = ninf;
-    for (int v = 0; v < NV; ++v) {
+    __m256 c0 = ninf, c1 = ninf, nf = zero;
+    // Vector v: its sigmoid and key stored, the key returned.
+    auto key_of = [&](int v) OT_T8_AI {
       const __m256 xv = _mm256_loadu_ps(p + 8 * v);
       nf = _mm256_fmadd_ps(xv, zero, nf);
       const __m256 sg = sigmoid_ps(xv);
       _mm256_store_ps(S + i * ld + 8 * v, sg);
-      const __m256 key = on_x ? xv : bias ? _mm256_add_ps(sg, _mm256_loadu_ps(s.bias.data() + 8 * v)) : sg;
+      const __m256 key = on_x ? xv : _mm256_add_ps(sg, _mm256_loadu_ps(bp + 8 * v));
       _mm256_store_ps(K + i * ld + 8 * v, key);
-      if (groups) {
+      return key;
+    };
+    if (groups) {
+      __m256 a = ninf, a2 = ninf;
+      for (int v = 0, g = 0, e = 0; v < NV; ++v) {
+        const __m256 key = key_of(v);
         a2 = _mm256_max_ps(a2, _mm256_min_ps(a, key));
         a = _mm256_max_ps(a, key);
-        if ((v + 1) % gv == 0) {
-          A[v / gv][i] = a;
-          A2[v / gv][i] = a2;
+        if (++e == gv) {
+          A[g][i] = a;
+          A2[g++][i] = a2;
           a = a2 = ninf;
+          e = 0;
         }
-      } else if (v & 1) {
-        c1 = _mm256_max_ps(c1, key);
-      } else {
-        c0 = _mm256_max_ps(c0, key);
+      }
+    } else {
+#pragma GCC unroll 32
+      for (int v = 0; v < NV; ++v) {
+        const __m256 key = key_of(v);
+        if (v & 1) c1 = _mm256_max_ps(c1, key); else c0 = _mm256_max_ps(c0, key);
       }
     }
     nonfinite = _mm256_add_ps(nonfinite, nf);
@@ -91,19 +104,30 @@ bool t8_sigmoid_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows
           rank = _mm256_sub_epi32(rank, _mm256_castps_si256(h < g ? _mm256_cmp_ps(gs[h], gs[g], _CMP_GE_OQ) : _mm256_cmp_ps(gs[h], gs[g], _CMP_GT_OQ)));
       keep[g] = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(s.k_group)), rank))));
     }
-    // Pass 2: keys outside the kept groups -inf; 16 column maxima of the rest.
+    // Pass 2: keys outside the kept groups -inf; 16 column maxima of the rest (a group's vectors in
+    // pairs: no branch on the parity a vector).
     for (int i = 0; i < 8; ++i) {
       __m256 c0 = ninf, c1 = ninf;
       float* kp = K + i * ld;
       for (int g = 0; g < G; ++g) {
         const __m256 on = _mm256_castsi256_ps(_mm256_set1_epi32(-int(keep[g] >> i & 1)));
-        for (int v = g * gv; v < (g + 1) * gv; ++v) {
-          const __m256 key = _mm256_blendv_ps(ninf, _mm256_load_ps(kp + 8 * v), on);
-          _mm256_store_ps(kp + 8 * v, key);
-          if (v & 1) c1 = _mm256_max_ps(c1, key); else c0 = _mm256_max_ps(c0, key);
+        float* q = kp + 8 * g * gv;
+        int e = 0;
+        for (; e + 2 <= gv; e += 2) {
+          const __m256 k0 = _mm256_blendv_ps(ninf, _mm256_load_ps(q + 8 * e), on), k1 = _mm256_blendv_ps(ninf, _mm256_load_ps(q + 8 * e + 8), on);
+          _mm256_store_ps(q + 8 * e, k0);
+          _mm256_store_ps(q + 8 * e + 8, k1);
+          c0 = _mm256_max_ps(c0, k0);
+          c1 = _mm256_max_ps(c1, k1);
+        }
+        if (e < gv) {  // odd gv: the next group starts on the other column set (the global parity)
+          const __m256 k0 = _mm256_blendv_ps(ninf, _mm256_load_ps(q + 8 * e), on);
+          _mm256_store_ps(q + 8 * e, k0);
+          c0 = _mm256_max_ps(c0, k0);
+          std::swap(c0, c1);
         }
       }
-      cm[i] = c0;
+      cm[i] = c0;  // (swapped or not: the two sets are disjoint either way)
       cm[8 + i] = c1;
     }
   }
