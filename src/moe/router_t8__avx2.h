@@ -114,6 +114,9 @@ template <int NV> struct Cands {
     const uint32_t b = uint32_t(_mm256_movemask_epi8(_mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))));
     m[v / 8] |= uint64_t(b) << (32 * ((v / 4) & 1));
   }
+  OT_T8_AI void keep_only(const uint64_t* w) {
+    for (int i = 0; i < kWords; ++i) m[i] &= w[i];
+  }
   OT_T8_AI int count() const {
     int n = 0;
     for (int w = 0; w < kWords; ++w) n += __builtin_popcountll(m[w]);
