@@ -106,13 +106,16 @@ template <int NV> struct Cands {
   __m256 c[4];
   // Vector v's compare (call with v = 0, 1, .. NV - 1 in an unrolled loop: the packing folds).
   OT_T8_AI void add(int v, __m256 key, __m256 th) {
-    c[v & 3] = _mm256_cmp_ps(key, th, _CMP_GE_OQ);
+    c[v & 3] = _mm256_cmp_ps(th, key, _CMP_LE_OQ);  // (th first: key may stay a memory operand)
     if ((v & 3) != 3 && v != NV - 1) return;
     for (int j = (v & 3) + 1; j < 4; ++j) c[j] = _mm256_setzero_ps();
     const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(_mm256_castps_si256(c[0]), _mm256_castps_si256(c[1])),
                                          _mm256_packs_epi32(_mm256_castps_si256(c[2]), _mm256_castps_si256(c[3])));
     const uint32_t b = uint32_t(_mm256_movemask_epi8(_mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))));
     m[v / 8] |= uint64_t(b) << (32 * ((v / 4) & 1));
+  }
+  OT_T8_AI void keep_only(const uint64_t* w) {
+    for (int i = 0; i < kWords; ++i) m[i] &= w[i];
   }
   OT_T8_AI int count() const {
     int n = 0;
@@ -130,9 +133,9 @@ template <int NV> struct Cands {
     int32_t* id = s.id + i;
     for (int w = 0; w < kWords; ++w)
       for (uint64_t b = m[w]; b; b &= b - 1, v += 8, id += 8) {
-        const int e = 64 * w + __builtin_ctzll(b);
-        *v = p[e];
-        *id = e;
+        const uint64_t e = uint64_t(__builtin_ctzll(b));  // (64-bit: no sign extension for the load)
+        *v = p[64 * w + e];
+        *id = int32_t(e) + 64 * w;
       }
     s.nmax = std::max(s.nmax, n);
   }

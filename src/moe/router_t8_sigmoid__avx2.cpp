@@ -7,12 +7,14 @@
 // - group scores for 8 rows at once: each group's 8 lane-wise (largest, second) vectors transposed
 //   and merged per lane (max; or the multiset's top 2, summed: the row kernel's value exactly); the
 //   k_group best groups per lane by counting (ties to the lower group, keep_groups' order);
-// - pass 2, row-wise: keys of the groups not kept set to -inf, 16 column maxima of the rest;
+// - the 16 column maxima (lane, group parity) of the kept groups from the transposed lane-wise
+//   maxima, in lanes already; a dropped group's candidate bits masked off (its keys stay);
 // - the threshold network, candidates, per-lane insertion and row stores of router_t8__avx2.h; the
 //   weights are the chosen sigmoids (gathered, summed in the scalar row's order) times
 //   scale / (sum + eps).
 // Rows it does not decide (more than 16 candidates; a -inf threshold) go to the row kernel.
 #include <algorithm>
+#include <limits>
 
 #include "src/moe/router_t8__avx2.h"
 
@@ -22,17 +24,23 @@ namespace {
 constexpr int kMaxGroups = 16;
 
 // Lane i <- the group score of row i from a[i] / a2[i], row i's lane-wise largest and second
-// largest keys of the group (overwritten): the largest of its 8 lanes, with Top2 plus the second
-// largest of the multiset of a and a2.
+// largest keys of the group: the largest of its 8 lanes, with Top2 plus the second largest of the
+// multiset of a and a2. a is left transposed (a[j] lane i: row i's lane-j largest, the group's
+// column maxima in lanes); a2 is overwritten.
 template <bool Top2> OT_T8_AI inline __m256 group_score8(__m256* a, __m256* a2) {
   simd::transpose8x8(a);
   if constexpr (Top2) simd::transpose8x8(a2);
-  for (int w = 4; w >= 1; w /= 2)
+  __m256 m[4];
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (Top2) a2[j] = _mm256_max_ps(_mm256_min_ps(a[j], a[j + 4]), _mm256_max_ps(a2[j], a2[j + 4]));
+    m[j] = _mm256_max_ps(a[j], a[j + 4]);
+  }
+  for (int w = 2; w >= 1; w /= 2)
     for (int j = 0; j < w; ++j) {
-      if constexpr (Top2) a2[j] = _mm256_max_ps(_mm256_min_ps(a[j], a[j + w]), _mm256_max_ps(a2[j], a2[j + w]));
-      a[j] = _mm256_max_ps(a[j], a[j + w]);
+      if constexpr (Top2) a2[j] = _mm256_max_ps(_mm256_min_ps(m[j], m[j + w]), _mm256_max_ps(a2[j], a2[j + w]));
+      m[j] = _mm256_max_ps(m[j], m[j + w]);
     }
-  return Top2 ? _mm256_add_ps(a[0], a2[0]) : a[0];
+  return Top2 ? _mm256_add_ps(m[0], a2[0]) : m[0];
 }
 
 template <int NV>
@@ -52,6 +60,7 @@ bool t8_sigmoid_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows
   const float* bp = bias ? s.bias.data() : kNoBias;
   __m256 cm[16], nonfinite = zero;
   __m256 A[kMaxGroups][8], A2[kMaxGroups][8];
+  __m256 kept[kMaxGroups];  // groups: lane i all ones where row i keeps group g
   for (int i = 0; i < 8; ++i) {
     const float* p = x + i * E;
     if (pf)
@@ -96,46 +105,33 @@ bool t8_sigmoid_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows
     // Group scores per lane, the kept groups by rank (#{h < g: score_h >= score_g} + #{h > g: score_h > score_g} < k_group).
     __m256 gs[kMaxGroups];
     for (int g = 0; g < G; ++g) gs[g] = top2 ? group_score8<true>(A[g], A2[g]) : group_score8<false>(A[g], A2[g]);
-    unsigned keep[kMaxGroups];  // bit i: row i keeps group g
+    for (int i = 0; i < 16; ++i) cm[i] = ninf;
     for (int g = 0; g < G; ++g) {
       __m256i rank = _mm256_setzero_si256();
       for (int h = 0; h < G; ++h)
         if (h != g)
           rank = _mm256_sub_epi32(rank, _mm256_castps_si256(h < g ? _mm256_cmp_ps(gs[h], gs[g], _CMP_GE_OQ) : _mm256_cmp_ps(gs[h], gs[g], _CMP_GT_OQ)));
-      keep[g] = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(s.k_group)), rank))));
+      kept[g] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(s.k_group)), rank));
+      // The 16 column maxima (already in lanes) of the kept groups: columns (lane j, group parity),
+      // disjoint; the keys themselves are not rewritten (pass 3 masks a dropped group's candidate
+      // bits). Was a second row pass over the keys: ~250 instructions a row.
+      for (int j = 0; j < 8; ++j) cm[j + 8 * (g & 1)] = _mm256_max_ps(cm[j + 8 * (g & 1)], _mm256_blendv_ps(ninf, A[g][j], kept[g]));
     }
-    // Pass 2: keys outside the kept groups -inf; 16 column maxima of the rest (a group's vectors in
-    // pairs: no branch on the parity a vector).
-    for (int i = 0; i < 8; ++i) {
-      __m256 c0 = ninf, c1 = ninf;
-      float* kp = K + i * ld;
-      for (int g = 0; g < G; ++g) {
-        const __m256 on = _mm256_castsi256_ps(_mm256_set1_epi32(-int(keep[g] >> i & 1)));
-        float* q = kp + 8 * g * gv;
-        int e = 0;
-        for (; e + 2 <= gv; e += 2) {
-          const __m256 k0 = _mm256_blendv_ps(ninf, _mm256_load_ps(q + 8 * e), on), k1 = _mm256_blendv_ps(ninf, _mm256_load_ps(q + 8 * e + 8), on);
-          _mm256_store_ps(q + 8 * e, k0);
-          _mm256_store_ps(q + 8 * e + 8, k1);
-          c0 = _mm256_max_ps(c0, k0);
-          c1 = _mm256_max_ps(c1, k1);
-        }
-        if (e < gv) {  // odd gv: the next group starts on the other column set (the global parity)
-          const __m256 k0 = _mm256_blendv_ps(ninf, _mm256_load_ps(q + 8 * e), on);
-          _mm256_store_ps(q + 8 * e, k0);
-          c0 = _mm256_max_ps(c0, k0);
-          std::swap(c0, c1);
-        }
-      }
-      cm[i] = c0;  // (swapped or not: the two sets are disjoint either way)
-      cm[8 + i] = c1;
-    }
+  } else {
+    simd::transpose8x8(cm);
+    simd::transpose8x8(cm + 8);
   }
-  simd::transpose8x8(cm);
-  simd::transpose8x8(cm + 8);
   sort_lanes<8>(cm);
   alignas(32) float tha[8];
   _mm256_store_ps(tha, cm[k - 1]);
+  // Groups: each group's candidate bits (experts [g w, (g + 1) w), w = 8 gv) as 4 words.
+  alignas(32) uint64_t gbits[kMaxGroups][4] = {};
+  for (int g = 0; groups && g < G; ++g)
+    for (int b = g * 8 * gv, end = b + 8 * gv; b < end;) {  // (a group may straddle words: E 192, G 4)
+      const int lo = b & 63, n = std::min(64 - lo, end - b);
+      gbits[g][b >> 6] |= (n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1) << lo;
+      b += n;
+    }
   const unsigned real = (1u << rows) - 1;
   // -inf thresholds (fewer than k finite column maxima: -inf keys may be chosen): the row kernel.
   unsigned redo = unsigned(_mm256_movemask_ps(_mm256_cmp_ps(cm[k - 1], ninf, _CMP_EQ_OQ))) & real;
@@ -148,6 +144,15 @@ bool t8_sigmoid_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows
     Cands<NV> c;
 #pragma GCC unroll 32
     for (int v = 0; v < NV; ++v) c.add(v, _mm256_load_ps(kp + 8 * v), th);
+    if (groups) {  // only the kept groups' candidates: row i's lane of kept[g] to all lanes, its bits
+      __m256i m = _mm256_setzero_si256();
+      for (int g = 0; g < G; ++g)
+        m = _mm256_or_si256(m, _mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(gbits[g])),
+                                                _mm256_permutevar8x32_epi32(_mm256_castps_si256(kept[g]), _mm256_set1_epi32(i))));
+      alignas(32) uint64_t mw[4];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(mw), m);
+      c.keep_only(mw);
+    }
     c.to_slots(kp, i, redo, sl);
   }
   __m256 kv[8], ki[8];
