@@ -1,11 +1,15 @@
 // AVX2 + F16C bf16/fp16 <-> fp32 conversions of 8 lanes (round to nearest even, NaN kept quiet),
-// bit-identical to the scalar conversions in ot/numeric.h, and the lane mask of partial vectors.
+// bit-identical to the scalar conversions in ot/numeric.h, the lane mask of partial vectors, and
+// loads / stores of a row's last, partial vector in any of the three dtypes.
 // Only for translation units built with the AVX2 flags (*__avx2.cpp). The functions have internal
 // linkage (anonymous namespace) so no other ISA's translation unit can share a copy with them.
 #pragma once
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
+
+#include "ot/tensor.h"
 
 namespace ot::simd {
 namespace {
@@ -35,6 +39,36 @@ inline __m256 half8_to_f32(const uint16_t* s, bool bf16) {
 // vmaskmovps / vpmaskmovd.
 inline __m256i first_lanes(int64_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n < 8 ? n : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// n (<= 8) values of dtype t (f32, bf16 or f16) from element i of p as fp32, lanes >= n zero; only
+// those n elements are read (AVX2 masks 32-bit lanes only: 16-bit tails go through a buffer).
+inline __m256 load_n(const void* p, DType t, int64_t i, int64_t n) {
+  if (t == DType::f32) {
+    const float* s = static_cast<const float*>(p) + i;
+    return n >= 8 ? _mm256_loadu_ps(s) : _mm256_maskload_ps(s, first_lanes(n));
+  }
+  const uint16_t* s = static_cast<const uint16_t*>(p) + i;
+  if (n >= 8) return half8_to_f32(s, t == DType::bf16);
+  alignas(16) uint16_t buf[8] = {};
+  std::memcpy(buf, s, size_t(n) * 2);
+  return half8_to_f32(buf, t == DType::bf16);
+}
+// The first n (<= 8) lanes of v stored as dtype t (f32, bf16 or f16) at element i of p; nothing
+// past them is written.
+inline void store_n(void* p, DType t, int64_t i, int64_t n, __m256 v) {
+  if (t == DType::f32) {
+    float* d = static_cast<float*>(p) + i;
+    if (n >= 8) _mm256_storeu_ps(d, v);
+    else _mm256_maskstore_ps(d, first_lanes(n), v);
+    return;
+  }
+  uint16_t* d = static_cast<uint16_t*>(p) + i;
+  const __m128i h = t == DType::bf16 ? f32_to_bf16x8(v) : f32_to_f16x8(v);
+  if (n >= 8) return _mm_storeu_si128(reinterpret_cast<__m128i*>(d), h);
+  alignas(16) uint16_t buf[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(buf), h);
+  std::memcpy(d, buf, size_t(n) * 2);
 }
 
 }  // namespace

@@ -73,30 +73,10 @@ void store_tile_avx2(const float* tile, int64_t ldt, int rows, int width, void* 
         streamed = true;
       }
     }
-    if (bf) {
-      uint16_t* dp = reinterpret_cast<uint16_t*>(d);
-      for (; j < width; j += 8) {
-        const int n = width - j < 8 ? width - j : 8;
-        __m256 v = _mm256_maskload_ps(t + j, simd::first_lanes(n));
-        if (n == 8) {
-          if (accumulate) v = _mm256_add_ps(v, simd::half8_to_f32(dp + j, true));
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(dp + j), simd::f32_to_bf16x8(v));
-        } else {  // no 16-bit masked stores on AVX2: the tail through a buffer
-          alignas(16) uint16_t buf[8] = {};
-          std::memcpy(buf, dp + j, size_t(n) * 2);
-          if (accumulate) v = _mm256_add_ps(v, simd::half8_to_f32(buf, true));
-          _mm_store_si128(reinterpret_cast<__m128i*>(buf), simd::f32_to_bf16x8(v));
-          std::memcpy(dp + j, buf, size_t(n) * 2);
-        }
-      }
-    } else {
-      float* dp = reinterpret_cast<float*>(d);
-      for (; j < width; j += 8) {
-        const __m256i mk = simd::first_lanes(width - j);
-        __m256 v = _mm256_maskload_ps(t + j, mk);
-        if (accumulate) v = _mm256_add_ps(v, _mm256_maskload_ps(dp + j, mk));
-        _mm256_maskstore_ps(dp + j, mk, v);
-      }
+    for (; j < width; j += 8) {  // the rest (and every line when accumulating), partial vectors masked
+      __m256 v = simd::load_n(t, DType::f32, j, width - j);
+      if (accumulate) v = _mm256_add_ps(v, simd::load_n(d, c_dtype, j, width - j));
+      simd::store_n(d, c_dtype, j, width - j, v);
     }
   }
   if (streamed) _mm_sfence();  // the streamed lines are globally visible before the caller's join

@@ -3,8 +3,6 @@
 // widening the same A rows again for every panel of the unit.
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "src/core/cvt_avx2.h"
 #include "src/core/transpose_avx2.h"
 #include "src/gemm/tn_form.h"
@@ -19,14 +17,7 @@ void pack_cols_f32_avx2(const uint16_t* src, int64_t ld, int64_t K, int64_t M, f
       __m256 r[8];  // r[i] = A row k0 + i, columns m0 .. m0 + 7 (rows past K: 0, the pair padding)
       for (int i = 0; i < 8; ++i) {
         if (i >= nk) { r[i] = _mm256_setzero_ps(); continue; }
-        const uint16_t* s = src + (k0 + i) * ld + m0;
-        if (nm == 8) {
-          r[i] = simd::half8_to_f32(s, true);
-        } else {  // no 16-bit masked loads on AVX2
-          alignas(16) uint16_t buf[8] = {};
-          std::memcpy(buf, s, size_t(nm) * 2);
-          r[i] = simd::half8_to_f32(buf, true);
-        }
+        r[i] = simd::load_n(src, DType::bf16, (k0 + i) * ld + m0, nm);
       }
       simd::transpose8x8(r);  // r[q] = columns k0 .. k0 + 7 of A^T row m0 + q
       const __m256i mk = simd::first_lanes(kp - k0);

@@ -1,9 +1,6 @@
 // AVX2 SwiGLU passes of the MoE training path (8 lanes, fp32 math, bf16/fp32 storage): the
 // formulas and operation order of act_backward__avx512.cpp (same results up to the lane count of
-// the dot product's partial sums). Row tails (< 8 columns) go through a small buffer: AVX2 has no
-// 16-bit masked loads or stores.
-#include <cstring>
-
+// the dot product's partial sums). Row tails (< 8 columns) by simd::load_n / store_n.
 #include "src/core/cvt_avx2.h"
 #include "src/core/elem_at.h"
 #include "src/gemm/vec_math_avx2.h"
@@ -13,30 +10,10 @@ namespace ot::moe::bwd {
 
 namespace {
 
-// n (1..8) elements from element i of p, the rest 0.
-inline __m256 load(const void* p, DType t, int64_t i, int n) {
-  if (t != DType::bf16) return _mm256_maskload_ps(static_cast<const float*>(p) + i, simd::first_lanes(n));
-  const uint16_t* s = static_cast<const uint16_t*>(p) + i;
-  if (n == 8) return simd::half8_to_f32(s, true);
-  alignas(16) uint16_t buf[8] = {};
-  std::memcpy(buf, s, size_t(n) * 2);
-  return simd::half8_to_f32(buf, true);
-}
-
 // v rounded through dtype t (what storing and reloading it gives).
 inline __m256 round_to(__m256 v, DType t) {
   if (t != DType::bf16) return v;
   return simd::bf16x8_to_f32(simd::f32_to_bf16x8(v));
-}
-
-inline void store(void* p, DType t, int64_t i, int n, __m256 v) {
-  if (t != DType::bf16) return _mm256_maskstore_ps(static_cast<float*>(p) + i, simd::first_lanes(n), v);
-  uint16_t* d = static_cast<uint16_t*>(p) + i;
-  const __m128i h = simd::f32_to_bf16x8(v);
-  if (n == 8) return _mm_storeu_si128(reinterpret_cast<__m128i*>(d), h);
-  alignas(16) uint16_t buf[8];
-  _mm_store_si128(reinterpret_cast<__m128i*>(buf), h);
-  std::memcpy(d, buf, size_t(n) * 2);
 }
 
 inline __m256 sigmoid(__m256 x) {
@@ -61,12 +38,12 @@ void swiglu_forward_rows_avx2(const SwigluFwd& p, int64_t m0, int64_t m1) {
     char* a = row_at(p.a, p.at, p.lda, m);
     for (int64_t j = 0; j < N; j += 8) {
       const int n = N - j < 8 ? int(N - j) : 8;
-      __m256 g = round_to(load(z, p.zt, j, n), zr), u = round_to(load(z, p.zt, j + N, n), zr);
+      __m256 g = round_to(simd::load_n(z, p.zt, j, n), zr), u = round_to(simd::load_n(z, p.zt, j + N, n), zr);
       if (zo) {
-        store(zo, p.zot, j, n, g);
-        store(zo, p.zot, j + N, n, u);
+        simd::store_n(zo, p.zot, j, n, g);
+        simd::store_n(zo, p.zot, j + N, n, u);
       }
-      store(a, p.at, j, n, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid(g)), u));
+      simd::store_n(a, p.at, j, n, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid(g)), u));
     }
   }
 }
@@ -83,16 +60,16 @@ void swiglu_backward_rows_avx2(const SwigluBwd& p, int64_t m0, int64_t m1) {
     __m256 dot = _mm256_setzero_ps();
     for (int64_t j = 0; j < N; j += 8) {
       const int n = N - j < 8 ? int(N - j) : 8;
-      const __m256 g = load(z, p.zt, j, n), u = load(z, p.zt, j + N, n), d = load(dy, p.dyt, j, n);
+      const __m256 g = simd::load_n(z, p.zt, j, n), u = simd::load_n(z, p.zt, j + N, n), d = simd::load_n(dy, p.dyt, j, n);
       const __m256 sg = sigmoid(g), silu = _mm256_mul_ps(g, sg);
       const __m256 a = round_to(_mm256_mul_ps(silu, u), p.zt);  // as the forward stored it
       if (p.dot) dot = _mm256_fmadd_ps(d, a, dot);               // lanes past n: d = 0
-      if (aw) store(aw, p.zt, j, n, _mm256_mul_ps(a, s));
+      if (aw) simd::store_n(aw, p.zt, j, n, _mm256_mul_ps(a, s));
       const __m256 ds = _mm256_mul_ps(d, s);
       // d gate = ds u s' (1 + g (1 - s')),  d up = ds silu(g)
       const __m256 dsil = _mm256_mul_ps(sg, _mm256_fmadd_ps(g, _mm256_sub_ps(one, sg), one));
-      store(dz, p.dzt, j, n, _mm256_mul_ps(_mm256_mul_ps(ds, u), dsil));
-      store(dz, p.dzt, j + N, n, _mm256_mul_ps(ds, silu));
+      simd::store_n(dz, p.dzt, j, n, _mm256_mul_ps(_mm256_mul_ps(ds, u), dsil));
+      simd::store_n(dz, p.dzt, j + N, n, _mm256_mul_ps(ds, silu));
     }
     if (p.dot) p.dot[m] = hsum(dot);
   }
