@@ -14,7 +14,6 @@
 //   scale / (sum + eps).
 // Rows it does not decide (more than 16 candidates; a -inf threshold) go to the row kernel.
 #include <algorithm>
-#include <limits>
 
 #include "src/moe/router_t8__avx2.h"
 
