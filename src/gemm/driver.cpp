@@ -20,6 +20,8 @@ namespace ot::gemm::detail {
 
 namespace {
 
+knobs::Knob g_bf16_kernel("gemm.bf16_kernel", 0, 0, 2,
+                          "bf16 panels on AVX-512 BF16: 0 = by the measured vdpbf16ps / FMA flop ratio, 1 = vdpbf16ps, 2 = widen to fp32 FMAs");
 knobs::Knob g_decode_rows("gemm.decode_rows", kDecodeRows, 0, kDecodeRows,
                           "row blocks of up to this many rows stream on the decode kernel (larger ones: the 8x48 kernel)");
 
@@ -178,6 +180,19 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
 
 int decode_rows() { return int(g_decode_rows.get()); }
 
+bool bf16_dot_preferred() {
+  switch (g_bf16_kernel.get()) {
+    case 1: return true;
+    case 2: return false;
+    default: {
+      // Measured once (~0.1 ms): the dot product wins where its flop rate is at least the FMAs'
+      // (the widening kernel spends 6 of every 54 FMA-port ops on widening).
+      static const bool fast = cpu::has(cpu::Isa::avx512_bf16) && bf16_dot_to_fma_flop_ratio() >= 1.0;
+      return fast;
+    }
+  }
+}
+
 Layout layout_for(DType a, DType b) {
   // AVX2 has no bf16 dot product but widens vnni pairs in registers: bf16 weights stay half the bytes.
   return a == DType::bf16 && b == DType::bf16 && cpu::has(cpu::Isa::avx2) ? Layout::bf16_vnni : Layout::f32;
@@ -186,10 +201,24 @@ Layout layout_for(DType a, DType b) {
 Kernel select_kernel(Layout layout, int64_t M) {
   if (layout == Layout::bf16_vnni) {
     if (cpu::has(cpu::Isa::amx) && M >= 16) return {kernel_amx_bf16, 32, 512, true, "amx_bf16"};
+    const bool dot = cpu::has(cpu::Isa::avx512_bf16);
     // 18 KiB B chunk + 4 A tiles fit L1; row blocks of <= kDecodeRows rows (all when M is) stream on the decode kernel.
-    if (cpu::has(cpu::Isa::avx512_bf16))
+    if (dot && bf16_dot_preferred())
       return {kernel_avx512_bf16, 8, 192, false, M <= decode_rows() ? "avx512_bf16_decode" : "avx512_bf16", kernel_decode_panels_bf16,
               kernel_avx512_bf16_cols};
+    // vdpbf16ps at half the FMA flop rate (or absent): widen to fp32 FMAs on fp32 A rows, the same
+    // 18 KiB B chunk. Decode row blocks are bound by the weight stream, not the multiplier: they keep
+    // the vdpbf16ps decode kernel where there is one.
+    if (cpu::has(cpu::Isa::avx512))
+      return {kernel_avx512_bf16_widen,
+              8,
+              192,
+              false,
+              M <= decode_rows() ? (dot ? "avx512_bf16_decode" : "avx2_bf16_decode") : "avx512_bf16_widen",
+              dot ? kernel_decode_panels_bf16 : kernel_decode_panels_avx2_bf16,
+              kernel_avx512_bf16_widen_f32a_cols,
+              false,
+              kernel_avx512_bf16_widen_f32a};
     // 24 KiB B chunk (128 pairs x 96 bf16) fits a 32 KiB L1 with the A rows; row blocks of <= kDecodeRows
     // rows stream on the AVX2 decode kernel (two panels side by side).
     if (cpu::has(cpu::Isa::avx2))

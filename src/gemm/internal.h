@@ -95,7 +95,7 @@ struct Kernel {
   // Decode (a row block of <= kDecodeRows rows, one tile over whole panels), when set: runs n panels
   // at once (the driver passes a unit's panels, up to 16 a call), tiles[i] (row stride ldc) = A x panels[i].
   void (*decode)(int mr, int64_t kc, const void* a, int64_t lda, const char* const* panels, float* const* tiles, int n, int64_t ldc) = nullptr;
-  KernelColsFn cols = nullptr;  // column subset of fn, when set (else fn computes the whole panel)
+  KernelColsFn cols = nullptr;  // column subset of fn (of fn_f32a when that is set), when set (else fn computes the whole panel)
   // Row tiles of mr rows and one shorter last tile, instead of balanced heights (the AVX2 bf16
   // kernel: its 4-row groups are fast, its 3- and 2-row ones latency-bound; see kernel_avx2_bf16).
   bool full_tiles = false;
@@ -109,6 +109,11 @@ constexpr int kDecodeRows = 3;  // the most rows the decode kernel serves
 int decode_rows();
 // The kernel for a layout under the active ISA cap (M lets decode-sized calls avoid AMX).
 Kernel select_kernel(Layout layout, int64_t M);
+// vdpbf16ps flops per fp32 FMA flop on this CPU, measured (dot_rate__avx512bf16.cpp; AVX-512 BF16 only).
+double bf16_dot_to_fma_flop_ratio();
+// Whether bf16 panels run on vdpbf16ps (else the widening kernel): knob gemm.bf16_kernel, by default
+// the measured ratio (Intel without AMX: no; AMD Zen 4/5: yes).
+bool bf16_dot_preferred();
 Layout layout_for(DType a, DType b);  // what prepack/matmul pack into under the active ISA
 
 // Calls f(std::integral_constant<int, R>{}) with R = mr (1..8; larger -> 8): the register-tile
@@ -156,6 +161,10 @@ void kernel_decode_bf16(int mr, int64_t kc, const void* a, int64_t lda, const vo
 void kernel_decode_panels_bf16(int mr, int64_t kc, const void* a, int64_t lda, const char* const* panels, float* const* tiles, int n, int64_t ldc);
 void kernel_decode_panels_avx2_bf16(int mr, int64_t kc, const void* a, int64_t lda, const char* const* panels, float* const* tiles, int n,
                                     int64_t ldc);
+void kernel_avx512_bf16_widen(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+void kernel_avx512_bf16_widen_f32a(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);  // fp32 A
+void kernel_avx512_bf16_widen_f32a_cols(int mr, int j0, int nz, int64_t kc, const void* a, int64_t lda, const void* b, float* c,
+                                        int64_t ldc, bool load_c);
 void kernel_amx_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 
 // Everything the epilogue needs: out = alpha*a_scale*acc (+bias) -> act -> *row_scale -> (+ beta*C).

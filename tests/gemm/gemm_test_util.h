@@ -13,15 +13,45 @@
 #include "ot/gemm.h"
 #include "ot/numeric.h"
 #include "ot/tensor.h"
+#include "src/core/knobs.h"
 
 namespace ot::gemm::testing {
 
-// Every dispatch level up to what the CPU has.
-inline std::vector<cpu::Isa> isa_paths() {
-  std::vector<cpu::Isa> v;
-  for (int i = 0; i <= int(cpu::detected_isa()); ++i) v.push_back(cpu::Isa(i));
+// A dispatch level and, on AVX-512 BF16, which bf16 kernel runs (knob gemm.bf16_kernel: 1 vdpbf16ps,
+// 2 widening to fp32 FMAs; 0 the measured default): this CPU picks one of the two by itself, and
+// both must be right on every machine that can run them.
+struct IsaPath {
+  cpu::Isa isa = cpu::Isa::scalar;
+  int bf16_kernel = 0;
+  operator cpu::Isa() const { return isa; }  // NOLINT(google-explicit-constructor): loops compare levels
+};
+
+// Every dispatch level up to what the CPU has (AVX-512 BF16 twice: both bf16 kernels).
+inline std::vector<IsaPath> isa_paths() {
+  std::vector<IsaPath> v;
+  for (int i = 0; i <= int(cpu::detected_isa()); ++i) {
+    if (cpu::Isa(i) == cpu::Isa::avx512_bf16) {
+      v.push_back({cpu::Isa(i), 1});
+      v.push_back({cpu::Isa(i), 2});
+    } else {
+      v.push_back({cpu::Isa(i), 0});
+    }
+  }
   return v;
 }
+
+// Caps the ISA and sets the bf16 kernel of a path for a scope.
+class ScopedIsaPath {
+ public:
+  explicit ScopedIsaPath(const IsaPath& p) : cap_(p.isa), prev_(knobs::get("gemm.bf16_kernel")) { knobs::set("gemm.bf16_kernel", p.bf16_kernel); }
+  ~ScopedIsaPath() { knobs::set("gemm.bf16_kernel", prev_); }
+  ScopedIsaPath(const ScopedIsaPath&) = delete;
+  ScopedIsaPath& operator=(const ScopedIsaPath&) = delete;
+
+ private:
+  cpu::ScopedMaxIsa cap_;
+  int64_t prev_;
+};
 
 inline Tensor random_tensor(DType t, const std::vector<int64_t>& shape, uint32_t seed, float lo = -1.f, float hi = 1.f) {
   Tensor x = Tensor::empty(t, shape);
@@ -55,5 +85,8 @@ inline double tol_for(DType out, bool bf16_compute) {
 }
 
 inline std::string isa_str(cpu::Isa i) { return cpu::isa_name(i); }
+inline std::string isa_str(const IsaPath& p) {
+  return isa_str(p.isa) + (p.bf16_kernel == 1 ? "/vdpbf16ps" : p.bf16_kernel == 2 ? "/widen" : "");
+}
 
 }  // namespace ot::gemm::testing

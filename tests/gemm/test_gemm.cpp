@@ -60,8 +60,8 @@ double run_case(const Case& cs, uint32_t seed, double* tol) {
 
 TEST(Gemm, ShapesDtypesLayoutsEveryIsa) {
   const DType dts[] = {DType::f32, DType::bf16, DType::f16};
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     for (int di = 0; di < 3; ++di)
       for (int64_t M : {0, 1, 15, 16, 17, 33, 255}) {
         Case cs{M, 97, 130, dts[di], dts[di], dts[(di + int(M)) % 3], M % 2 ? BLayout::NK : BLayout::KN, {}};
@@ -72,8 +72,8 @@ TEST(Gemm, ShapesDtypesLayoutsEveryIsa) {
 }
 
 TEST(Gemm, SmallAndDegenerateShapes) {
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 1}, {2, 3}, {48, 32}, {49, 33}, {96, 64}, {5, 0}, {200, 2}, {60, 1000}}) {  // K = 1000 spans several K blocks
       for (DType t : {DType::f32, DType::bf16}) {
         Case cs{9, N, K, t, t, DType::f32, BLayout::KN, {}};
@@ -88,8 +88,8 @@ TEST(Gemm, SmallAndDegenerateShapes) {
 // a tail (accumulating chunks), N with a partial last panel: each ISA's register tile, edge by edge.
 // Decode-sized M (1..4) also at an odd K past several of the decode kernels' k chunks.
 TEST(Gemm, EveryTileHeightAndKTail) {
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     for (DType t : {DType::f32, DType::bf16, DType::f16})
       for (int64_t M = 1; M <= 16; ++M)
         for (int64_t K : {420, 1025}) {
@@ -102,8 +102,8 @@ TEST(Gemm, EveryTileHeightAndKTail) {
 }
 
 TEST(Gemm, MixedDtypes) {
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     for (auto [at, bt] : {std::pair{DType::f32, DType::bf16}, {DType::bf16, DType::f32}, {DType::f16, DType::bf16}, {DType::bf16, DType::f16}}) {
       Case cs{20, 50, 40, at, bt, DType::f32, BLayout::NK, {}};
       double tol, err = run_case(cs, 11, &tol);
@@ -117,8 +117,8 @@ TEST(Gemm, MixedDtypes) {
 // 8-row kernel) and 3 (a decode row block: the decode kernels' tiles, AVX2's 3-row form).
 TEST(Gemm, EveryEpilogue) {
   static const float dummy = 0;  // non-null marker: run_case swaps in the real arrays
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     for (DType t : {DType::bf16, DType::f32})
       for (Act act : {Act::none, Act::relu, Act::gelu, Act::silu, Act::swiglu})
         for (int variant = 0; variant < 8; ++variant)
@@ -140,8 +140,8 @@ TEST(Gemm, EveryEpilogue) {
 TEST(Gemm, GatherScatterAccumulateWithCollisions) {
   static const int32_t dummy_rows = 0;
   static const float dummy = 0;
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     for (DType ct : {DType::f32, DType::bf16, DType::f16}) {
       Epilogue ep;
       ep.scatter_rows = &dummy_rows;
@@ -181,14 +181,21 @@ TEST(Gemm, KernelNamesFollowTheIsaCap) {
     EXPECT_EQ(prepack(random_tensor(DType::f32, {32, 32}, 1), BLayout::KN).isa(), cpu::Isa::avx2);
     EXPECT_EQ(prepack(random_tensor(DType::bf16, {32, 32}, 1), BLayout::KN).isa(), cpu::Isa::avx2);
   }
+  if (cpu::detected_isa() >= cpu::Isa::avx512) {
+    cpu::ScopedMaxIsa cap(cpu::Isa::avx512);  // no bf16 dot product: widen, decode on the AVX2 kernel
+    EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 3), "avx2_bf16_decode");
+    EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 4), "avx512_bf16_widen");
+  }
   if (cpu::detected_isa() >= cpu::Isa::avx512_bf16) {
-    cpu::ScopedMaxIsa cap(cpu::Isa::avx512_bf16);
-    EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 1), "avx512_bf16_decode");
-    EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 3), "avx512_bf16_decode");
-    EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 4), "avx512_bf16");
-    EXPECT_STREQ(kernel_name(DType::f32, DType::f32, 64), "avx512_f32");
-    Tensor b = random_tensor(DType::bf16, {32, 32}, 1);
-    EXPECT_EQ(prepack(b, BLayout::KN).isa(), cpu::Isa::avx512_bf16);
+    for (int bf16_kernel : {1, 2}) {
+      ScopedIsaPath cap({cpu::Isa::avx512_bf16, bf16_kernel});
+      EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 1), "avx512_bf16_decode");
+      EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 3), "avx512_bf16_decode");
+      EXPECT_STREQ(kernel_name(DType::bf16, DType::bf16, 4), bf16_kernel == 1 ? "avx512_bf16" : "avx512_bf16_widen");
+      EXPECT_STREQ(kernel_name(DType::f32, DType::f32, 64), "avx512_f32");
+      Tensor b = random_tensor(DType::bf16, {32, 32}, 1);
+      EXPECT_EQ(prepack(b, BLayout::KN).isa(), cpu::Isa::avx512_bf16);
+    }
   }
 }
 

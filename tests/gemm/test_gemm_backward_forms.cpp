@@ -38,8 +38,8 @@ struct NtCase {
 };
 
 // nn: W stored [K][N] (grouped_gemm_nn) instead of [N][K] (grouped_gemm_nt).
-void run_nt(const NtCase& cs, cpu::Isa isa, uint32_t seed, bool nn = false) {
-  cpu::ScopedMaxIsa cap(isa);
+void run_nt(const NtCase& cs, const IsaPath& isa, uint32_t seed, bool nn = false) {
+  ScopedIsaPath cap(isa);
   const int64_t K = cs.K0 + cs.K1, ldc = cs.N + 3;
   const int64_t src_rows = cs.gather ? cs.M + 5 : cs.M;
   Mat a(cs.a, src_rows, K, 2, seed), w0 = nn ? Mat(cs.w, cs.K0, cs.N, 1, seed + 1) : Mat(cs.w, cs.N, cs.K0, 1, seed + 1),
@@ -77,7 +77,7 @@ void run_nt(const NtCase& cs, cpu::Isa isa, uint32_t seed, bool nn = false) {
 
 TEST(GemmNt, MatchesReferenceAcrossIsaAndShapes) {
   uint32_t seed = 1;
-  for (cpu::Isa isa : isa_paths())
+  for (const IsaPath& isa : isa_paths())
     for (auto dt : {std::pair{DType::bf16, DType::bf16}, std::pair{DType::f32, DType::f32}, std::pair{DType::f16, DType::bf16},
                     std::pair{DType::f32, DType::bf16}})
       for (NtCase cs : {NtCase{1, 97, 130, 0}, NtCase{9, 48, 64, 64}, NtCase{33, 200, 31, 0}, NtCase{17, 47, 2, 3}, NtCase{130, 96, 66, 34},
@@ -107,11 +107,11 @@ TEST(GemmNt, SwappedFormEdges) {
     NtCase cs{m, m % 2 ? 200 : 57, m % 3 ? 66 : 130, m % 3 ? 34 : 0};
     cs.gather = m % 2 == 0;
     cs.acc = m / 2 % 2 == 1;
-    run_nt(cs, cpu::detected_isa(), seed++);
+    run_nt(cs, IsaPath{cpu::detected_isa()}, seed++);
   }
   // odd K segments fall back to the panel form
-  run_nt({32, 100, 65, 0}, cpu::detected_isa(), seed++);
-  run_nt({32, 100, 64, 33, DType::bf16, DType::bf16, true, true}, cpu::detected_isa(), seed++);
+  run_nt({32, 100, 65, 0}, IsaPath{cpu::detected_isa()}, seed++);
+  run_nt({32, 100, 64, 33, DType::bf16, DType::bf16, true, true}, IsaPath{cpu::detected_isa()}, seed++);
 }
 
 // The swapped form's dot tail (the last M % 16 rows, when few, as dot products along K, A and W
@@ -127,7 +127,7 @@ TEST(GemmNt, SwappedDotTail) {
     cs.M = m;
     cs.gather = m % 3 == 1;
     cs.acc = m % 4 >= 2;
-    run_nt(cs, cpu::detected_isa(), seed++);
+    run_nt(cs, IsaPath{cpu::detected_isa()}, seed++);
   }
 }
 
@@ -216,8 +216,8 @@ double tn_case_error(const TnCase& cs, uint32_t seed) {
 
 TEST(GemmTn, MatchesReferenceAcrossIsaAndShapes) {
   uint32_t seed = 100;
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     for (auto dt : {std::pair{DType::bf16, DType::bf16}, std::pair{DType::f32, DType::f32}, std::pair{DType::f16, DType::f32},
                     std::pair{DType::bf16, DType::f32}})
       for (TnCase cs : {TnCase{1, 130, 97}, TnCase{2, 7, 48}, TnCase{3, 200, 200}, TnCase{17, 64, 96}, TnCase{64, 9, 1}, TnCase{400, 33, 50},
@@ -286,8 +286,8 @@ TEST(GemmTn, GroupedJobsAndNestedCalls) {
 // A^T; a job on the same pointer with another M, lda or K, a job whose previous job is empty, and
 // a third job in a row must still be right. Every ISA level (direct and tile paths), bf16 and fp32 C.
 TEST(GemmTn, JobsSharingAPackedA) {
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     for (DType cdt : {DType::f32, DType::bf16}) {
       const int64_t K = 9, M = 70;
       Mat a(DType::bf16, K, M, 3, 41);
@@ -323,8 +323,8 @@ TEST(GemmTn, JobsSharingAPackedA) {
 // on bf16 ties for odd d (257 -> 256, 259 -> 260; truncation would give 258). Every ISA level,
 // streaming (aligned whole panels) and masked (partial panel, accumulate into zeros) stores.
 TEST(GemmTn, Bf16CRoundsToNearestEven) {
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     for (auto [N, acc] : {std::pair<int64_t, bool>{128, false}, std::pair<int64_t, bool>{100, false}, std::pair<int64_t, bool>{128, true}}) {
       const int64_t K = 2, M = 7;
       Tensor a = Tensor::empty(DType::bf16, {K, M}), b = Tensor::empty(DType::bf16, {K, N}), c = Tensor::empty(DType::bf16, {M, N});
@@ -348,8 +348,8 @@ TEST(GemmTn, Bf16CRoundsToNearestEven) {
 
 TEST(GemmBackwardForms, ForceRefAgrees) {
   cpu::ScopedForceRef fr(true);
-  run_nt({9, 50, 6, 4, DType::bf16, DType::bf16, true, true}, cpu::detected_isa(), 77);
-  run_nt({9, 50, 6, 4, DType::bf16, DType::bf16, true, true}, cpu::detected_isa(), 78, true);
+  run_nt({9, 50, 6, 4, DType::bf16, DType::bf16, true, true}, IsaPath{cpu::detected_isa()}, 77);
+  run_nt({9, 50, 6, 4, DType::bf16, DType::bf16, true, true}, IsaPath{cpu::detected_isa()}, 78, true);
   Mat a(DType::bf16, 1, 1, 0, 0), b(DType::bf16, 1, 1, 0, 0);
   Tensor fast, want;
   TnJob j;

@@ -14,8 +14,8 @@ using namespace ot::gemm::testing;
 TEST(GroupedGemm, RaggedGroupsScatterAccumulateRaceFree) {
   const int64_t N = 146, K = 72, rows_out = 23;
   const std::vector<int64_t> Ms = {0, 5, 40, 0, 17, 130, 1};
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     for (DType t : {DType::bf16, DType::f32}) {
       Tensor x = random_tensor(t, {300, K}, 1);
       std::vector<Tensor> w;
@@ -60,8 +60,8 @@ TEST(GroupedGemm, RaggedGroupsScatterAccumulateRaceFree) {
 // epilogue, as the MoE down GEMM runs it.
 TEST(GroupedGemm, EveryRowCountBalancedTilesScatterAccumulate) {
   const int64_t N = 100, K = 400, rows_out = 37;
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     for (DType t : {DType::bf16, DType::f32}) {
       Tensor x = random_tensor(t, {64, K}, 2), w = random_tensor(t, {K, N}, 4);
       PackedB pw = prepack(w, BLayout::KN);
@@ -104,12 +104,12 @@ TEST(GroupedGemm, ColumnSplitAt16ColumnsScatterAccumulate) {
   const std::vector<Shape> shapes = {{16, 40, false}, {32, 200, false}, {40, 40, false}, {47, 72, false}, {48, 40, false},
                                      {64, 200, false}, {100, 40, false}, {130, 72, false}, {290, 40, false}, {2 * 40, 40, true},
                                      {2 * 70, 200, true}};
-  for (cpu::Isa isa : isa_paths()) {
-    // Every thread count on the full ISA (the 16-column split); the lower paths' kernels have no
+  for (const IsaPath& isa : isa_paths()) {
+    // Every thread count from AVX-512 up (the 16-column split); the lower paths' kernels have no
     // column subsets (whole-panel fallback with a sub-range epilogue) and run at 2 threads.
-    for (int threads : isa == cpu::detected_isa() ? std::vector<int>{1, 2, 3} : std::vector<int>{2}) {
+    for (int threads : isa >= cpu::Isa::avx512 ? std::vector<int>{1, 2, 3} : std::vector<int>{2}) {
       set_num_threads(threads);
-      cpu::ScopedMaxIsa cap(isa);
+      ScopedIsaPath cap(isa);
       for (const Shape& sh : shapes)
         for (size_t set = 0; set < row_sets.size(); ++set) {
           const std::vector<int64_t>& Ms = row_sets[set];
@@ -158,8 +158,8 @@ TEST(GroupedGemm, RowBlocksAroundTheBlockSize) {
   const std::vector<int64_t> Ms = {128, 129, 139, 160, 161, 167, 0, 300, 321, 65};
   int64_t total = 0;
   for (int64_t m : Ms) total += m;
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     for (DType t : {DType::bf16, DType::f32}) {
       Tensor x = random_tensor(t, {400, K}, 3), w = random_tensor(t, {N, K}, 6);
       PackedB pw = prepack(w, BLayout::NK);
@@ -203,8 +203,8 @@ TEST(GroupedGemm, RowBlocksAroundTheBlockSize) {
 TEST(GroupedGemm, IndependentOutputsWithSwiglu) {
   const int64_t N = 2 * 70, K = 96;
   const std::vector<int64_t> Ms = {64, 0, 3, 200};
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     std::vector<Tensor> a, w, cf, cr;
     std::vector<PackedB> pw;
     std::vector<Group> groups;
@@ -246,10 +246,10 @@ TEST(GroupedGemm, ChainEqualsTwoCallsAndTheReference) {
   const int64_t H = 100, I = 70, rows_out = 31;
   const std::vector<std::vector<int64_t>> row_sets = {{0, 1, 5, 17, 33, 65, 2, 0, 9, 40, 3, 28}, {1, 2, 1, 0, 1, 3}, {170, 0, 12}};
   enum Mode { scatter, plain, ragged_n };
-  for (cpu::Isa isa : isa_paths())
-    for (int threads : isa == cpu::detected_isa() ? std::vector<int>{1, 2, 3} : std::vector<int>{2}) {
+  for (const IsaPath& isa : isa_paths())
+    for (int threads : isa >= cpu::Isa::avx512 ? std::vector<int>{1, 2, 3} : std::vector<int>{2}) {
       set_num_threads(threads);
-      cpu::ScopedMaxIsa cap(isa);
+      ScopedIsaPath cap(isa);
       for (Mode mode : {scatter, plain, ragged_n})
         for (size_t set = 0; set < row_sets.size(); ++set) {
           const std::vector<int64_t>& Ms = row_sets[set];
@@ -338,8 +338,8 @@ double check_matmul(int64_t M, int64_t N, int64_t K, DType at, DType bt, DType c
 }  // namespace
 
 TEST(Matmul, TransposedStridedMixedAlphaBeta) {
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     int i = 0;
     for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{64, 128, 128}, {64, 64, 128}, {17, 33, 5}, {1, 50, 200}, {255, 16, 15}}) {
       for (DType at : {DType::f32, DType::bf16, DType::f16})
@@ -447,8 +447,8 @@ TEST(GroupedGemm, Int8RowsWithScaleMatchDequantisedGemm) {
   Tensor xf = Tensor::empty(DType::f32, {rows_x, K});  // dequantised
   for (int64_t r = 0; r < rows_x; ++r)
     for (int64_t k = 0; k < K; ++k) xf.ptr<float>()[r * K + k] = float(q.ptr<int8_t>()[r * K + k]) * scale[size_t(r)];
-  for (cpu::Isa isa : isa_paths()) {
-    cpu::ScopedMaxIsa cap(isa);
+  for (const IsaPath& isa : isa_paths()) {
+    ScopedIsaPath cap(isa);
     for (DType wt : {DType::bf16, DType::f32}) {
       for (Act act : {Act::none, Act::swiglu}) {
         const int64_t N = 2 * 53, n_out = act == Act::swiglu ? N / 2 : N;

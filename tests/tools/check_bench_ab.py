@@ -42,13 +42,14 @@ if "ab_ratio_b_over_a_p75" in row:
     b_gbps = row["gbps"] * row["ab_a_ms"] / row["ab_b_ms"]
     check(abs(row.get("ab_b_gbps", 0) - b_gbps) <= 1e-9 * b_gbps, f"ab_b_gbps {row.get('ab_b_gbps')} != gbps * a_ms / b_ms = {b_gbps}")
 
-# The sides call by call: a = gemm.decode_rows 0 (kernel avx512_bf16 / avx2_bf16), b = 3
+# The sides call by call: a = gemm.decode_rows 0 (kernel avx512_bf16, avx512_bf16_widen where
+# vdpbf16ps is the slower multiplier, or avx2_bf16), b = 3
 # (avx512_bf16_decode / avx2_bf16_decode).
 # Warm-up b then a; the window read tests (before pair 0 and pair PAIRS/2) are each followed by
 # one untimed call on side a; pair i is a,b for even i and b,a for odd i. Later calls (the kernel
 # name, the CPU-time estimate) run at the knob's default again (3: the decode kernel).
 kernels = [l.split("kernel=")[1].split()[0] for l in r.stderr.splitlines() if l.startswith("[ot] gemm ")]
-side = {"avx512_bf16": "a", "avx512_bf16_decode": "b", "avx2_bf16": "a", "avx2_bf16_decode": "b"}
+side = {"avx512_bf16": "a", "avx512_bf16_widen": "a", "avx512_bf16_decode": "b", "avx2_bf16": "a", "avx2_bf16_decode": "b"}
 expect = ["b", "a"]
 for i in range(PAIRS):
     if i in (0, PAIRS // 2):

@@ -242,7 +242,11 @@ double matrix_peak_gflops(const std::string& dtype, int threads) {
   const MachinePeak& p = machine_peak();
   if (dtype == "bf16") {
     if (p.amx_bf16_gflops_1t > 0) return by_threads(p.amx_bf16_gflops_1t, p.amx_bf16_gflops_all, threads);
-    if (p.avx512_bf16_gflops_1t > 0) return by_threads(p.avx512_bf16_gflops_1t, p.avx512_bf16_gflops_all, threads);
+    // Without AMX, bf16 GEMMs run on vdpbf16ps or widen to fp32 FMAs, whichever this CPU does faster
+    // (Intel: the FMAs, twice vdpbf16ps's flop rate; AMD Zen 4/5: vdpbf16ps).
+    if (p.avx512_bf16_gflops_1t > 0)
+      return std::max(by_threads(p.avx512_bf16_gflops_1t, p.avx512_bf16_gflops_all, threads),
+                      by_threads(p.fma_f32_gflops_1t, p.fma_f32_gflops_all, threads));
   }
   return by_threads(p.fma_f32_gflops_1t, p.fma_f32_gflops_all, threads);
 }
