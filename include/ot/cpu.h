@@ -10,6 +10,7 @@ struct Features {
   bool avx512_bf16 = false, avx512_fp16 = false, avx512_vnni = false;
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
   bool amx_permitted = false;  // Linux arch_prctl(ARCH_REQ_XCOMP_PERM) granted
+  bool intel = false;          // vendor GenuineIntel (tuning only: e.g. its L2 streamer stops at 4 KiB pages)
 };
 
 // Detected once (CPUID + the Linux AMX permission request).

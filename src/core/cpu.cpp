@@ -29,6 +29,8 @@ static bool request_amx_permission() {
 static Features detect() {
   Features f;
   unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
+  f.intel = b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "Genu" "ineI" "ntel"
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   bool osxsave = c & (1u << 27);
   f.fma = c & (1u << 12);
