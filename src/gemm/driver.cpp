@@ -22,6 +22,7 @@ namespace {
 
 knobs::Knob g_bf16_kernel("gemm.bf16_kernel", 0, 0, 2,
                           "bf16 panels on AVX-512 BF16: 0 = by the measured vdpbf16ps / FMA flop ratio, 1 = vdpbf16ps, 2 = widen to fp32 FMAs");
+knobs::Knob g_spread_pf("gemm.spread_pf", 1, 0, 1, "row tiles of a K chunk prefetch shares of the next chunk (1) or the kernel's own distance (0)");
 knobs::Knob g_decode_rows("gemm.decode_rows", kDecodeRows, 0, kDecodeRows,
                           "row blocks of up to this many rows stream on the decode kernel (larger ones: the 8x48 kernel)");
 
@@ -117,6 +118,7 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
   // (Not the AVX2 bf16 kernel: full_tiles, its groups of 4 rows are what run fast.)
   const int64_t ntile = (mc_pad + K.mr - 1) / K.mr;
   const bool bal = !K.pad_rows && !K.full_tiles;
+  const bool spread = f32a && K.fn_f32a_spread && ntile >= 2 && g_spread_pf.get();
   // The vector epilogues need unit column stride.
   void (*const epilogue)(const EpiArgs&, const EpiBlock&) = job.epi.csc != 1 ? epilogue_scalar
                                                           : cpu::has(cpu::Isa::avx512) ? epilogue_avx512
@@ -148,12 +150,21 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
       for (int64_t pc = 0; pc < B.Kp || pc == 0; pc += kc) {
         int64_t kcur = std::min(kc, B.Kp - pc);
         const char* bp = panel + size_t(pc) * kNR * elt;
+        // The next K chunk: this panel's, or the first of the next panel (a unit's panels are adjacent).
+        const char* next = bp + size_t(kcur) * kNR * elt;
+        const int64_t next_lines = int64_t((pc + kcur < B.Kp ? std::min(kc, B.Kp - pc - kcur) : std::min(kc, B.Kp)) * kNR * elt / 64);
         for (int64_t it = 0, ir = 0; it < ntile; ++it) {
           int rows = bal ? int(mc_pad / ntile + (it < mc_pad % ntile)) : int(std::min<int64_t>(K.mr, mc_pad - ir));
           const char* ap = abuf + size_t(ir * lda + pc) * aelt;
           float* ct = cbuf + ir * ldt + q * kNR;
-          if (sub) K.cols(rows, j0, j1 - j0, kcur, ap, lda, bp, ct, ldt, pc > 0);
-          else fn(rows, kcur, ap, lda, bp, ct, ldt, pc > 0);
+          if (sub) {
+            K.cols(rows, j0, j1 - j0, kcur, ap, lda, bp, ct, ldt, pc > 0);
+          } else if (spread) {
+            const int64_t l0 = next_lines * it / ntile, l1 = next_lines * (it + 1) / ntile;
+            K.fn_f32a_spread(rows, kcur, ap, lda, bp, ct, ldt, pc > 0, next + 64 * l0, l1 - l0);
+          } else {
+            fn(rows, kcur, ap, lda, bp, ct, ldt, pc > 0);
+          }
           ir += rows;
         }
       }
@@ -218,7 +229,8 @@ Kernel select_kernel(Layout layout, int64_t M) {
               dot ? kernel_decode_panels_bf16 : kernel_decode_panels_avx2_bf16,
               kernel_avx512_bf16_widen_f32a_cols,
               false,
-              kernel_avx512_bf16_widen_f32a};
+              kernel_avx512_bf16_widen_f32a,
+              kernel_avx512_bf16_widen_f32a_spread};
     // 24 KiB B chunk (128 pairs x 96 bf16) fits a 32 KiB L1 with the A rows; row blocks of <= kDecodeRows
     // rows stream on the AVX2 decode kernel (two panels side by side).
     if (cpu::has(cpu::Isa::avx2))

@@ -102,6 +102,11 @@ struct Kernel {
   // When set: fn on A packed as fp32 (B still in its layout), which the driver then packs, except for
   // decode row blocks (the AVX2 bf16 kernel broadcasts fp32 A rows instead of widening them per call).
   KernelFn fn_f32a = nullptr;
+  // fn_f32a that, instead of its own prefetch a fixed distance ahead, spreads `pf_lines` cache-line
+  // prefetches (into L2) from `pf` over its k loop: the driver gives each row tile of a K chunk its
+  // share of the next chunk, so the weight stream is fetched evenly across the tiles that reuse it.
+  void (*fn_f32a_spread)(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c, const char* pf,
+                         int64_t pf_lines) = nullptr;
 };
 constexpr int kDecodeRows = 3;  // the most rows the decode kernel serves
 // Row blocks of up to this many rows (0..kDecodeRows; knob gemm.decode_rows, default kDecodeRows)
@@ -163,6 +168,8 @@ void kernel_decode_panels_avx2_bf16(int mr, int64_t kc, const void* a, int64_t l
                                     int64_t ldc);
 void kernel_avx512_bf16_widen(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_bf16_widen_f32a(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);  // fp32 A
+void kernel_avx512_bf16_widen_f32a_spread(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c,
+                                          const char* pf, int64_t pf_lines);
 void kernel_avx512_bf16_widen_f32a_cols(int mr, int j0, int nz, int64_t kc, const void* a, int64_t lda, const void* b, float* c,
                                         int64_t ldc, bool load_c);
 void kernel_amx_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
