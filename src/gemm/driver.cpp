@@ -7,6 +7,7 @@
 // assigned by output columns so no two threads ever write the same C element.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "ot/workspace.h"
 #include "src/core/knobs.h"
 #include "src/gemm/internal.h"
+#include "src/gemm/rate_loops.h"
 
 namespace ot::gemm::detail {
 
@@ -191,13 +193,32 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
 
 int decode_rows() { return int(g_decode_rows.get()); }
 
+namespace {
+
+// vdpbf16ps flops per fp32 FMA flop on this CPU (AVX-512 BF16 only): the rate loops timed in three
+// interleaved rounds, best of each (a busy sibling thread only slows a sample); ~0.1 ms in all.
+double bf16_dot_to_fma_flop_ratio() {
+  constexpr int64_t kIters = 4000;
+  auto seconds = [](float (*loop)(int64_t)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    volatile float sink = loop(kIters);
+    (void)sink;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  double dot = 1e30, fma = 1e30;
+  for (int rep = 0; rep < 3; ++rep) dot = std::min(dot, seconds(bf16_dot_loop)), fma = std::min(fma, seconds(fma_loop_avx512));
+  return (double(kBf16DotLoopFlops) / dot) / (double(kFmaLoopFlops) / fma);
+}
+
+}  // namespace
+
 bool bf16_dot_preferred() {
   switch (g_bf16_kernel.get()) {
     case 1: return true;
     case 2: return false;
     default: {
-      // Measured once (~0.1 ms): the dot product wins where its flop rate is at least the FMAs'
-      // (the widening kernel spends 6 of every 54 FMA-port ops on widening).
+      // Measured once: the dot product wins where its flop rate is at least the FMAs' (the widening
+      // kernel spends 6 of every 54 FMA-port ops on widening).
       static const bool fast = cpu::has(cpu::Isa::avx512_bf16) && bf16_dot_to_fma_flop_ratio() >= 1.0;
       return fast;
     }

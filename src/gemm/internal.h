@@ -114,10 +114,8 @@ constexpr int kDecodeRows = 3;  // the most rows the decode kernel serves
 int decode_rows();
 // The kernel for a layout under the active ISA cap (M lets decode-sized calls avoid AMX).
 Kernel select_kernel(Layout layout, int64_t M);
-// vdpbf16ps flops per fp32 FMA flop on this CPU, measured (dot_rate__avx512bf16.cpp; AVX-512 BF16 only).
-double bf16_dot_to_fma_flop_ratio();
 // Whether bf16 panels run on vdpbf16ps (else the widening kernel): knob gemm.bf16_kernel, by default
-// the measured ratio (Intel without AMX: no; AMD Zen 4/5: yes).
+// the measured vdpbf16ps / FMA flop ratio (rate_loops.h; Intel without AMX: no; AMD Zen 4/5: yes).
 bool bf16_dot_preferred();
 Layout layout_for(DType a, DType b);  // what prepack/matmul pack into under the active ISA
 

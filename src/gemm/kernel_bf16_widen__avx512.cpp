@@ -1,7 +1,7 @@
 // AVX-512 bf16 micro-kernel that widens the vnni panel to fp32 in registers and multiplies with fp32
 // FMAs: for CPUs whose vdpbf16ps is slower per flop than two FMA pipes (Intel Cooper Lake to
 // Emerald Rapids issue one vdpbf16ps zmm every 2 cycles: 32 flops a cycle against the FMAs' 64;
-// measured by bf16_dot_is_fast) and for AVX-512 CPUs without BF16. A zmm of a panel's pair row
+// measured by bf16_dot_preferred) and for AVX-512 CPUs without BF16. A zmm of a panel's pair row
 // holds 16 columns x (k, k+1) as 32-bit lanes; a bf16 is the high half of its fp32, so k even =
 // lane << 16 and k odd = lane & 0xffff0000 (exact). Per k pair of an 8-row tile: 3 B loads, 6
 // widening ops and 48 FMAs whose A operand is a broadcast from the fp32 A rows (a load, no ALU op).
@@ -76,8 +76,9 @@ void tile_widen(int64_t kc, const float* a, int64_t lda, const uint16_t* b, floa
 }
 
 template <int NZ>
-void tile_any_rows(int mr, int64_t kc, const float* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
-  with_mr(mr, [&](auto R) { tile_widen<decltype(R)::value, NZ>(kc, a, lda, b, c, ldc, load_c); });
+void tile_any_rows(int mr, int64_t kc, const float* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c,
+                   const char* pf = nullptr, int64_t pf_lines = 0) {
+  with_mr(mr, [&](auto R) { tile_widen<decltype(R)::value, NZ>(kc, a, lda, b, c, ldc, load_c, pf, pf_lines); });
 }
 
 // A K chunk of bf16 A rows widened into an L1 buffer (8 rows x 256 floats, 8 KiB) for the bf16-A entry.
@@ -91,9 +92,7 @@ void kernel_avx512_bf16_widen_f32a(int mr, int64_t kc, const void* a, int64_t ld
 
 void kernel_avx512_bf16_widen_f32a_spread(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c,
                                           const char* pf, int64_t pf_lines) {
-  with_mr(mr, [&](auto R) {
-    tile_widen<decltype(R)::value, 3>(kc, static_cast<const float*>(a), lda, static_cast<const uint16_t*>(b), c, ldc, load_c, pf, pf_lines);
-  });
+  tile_any_rows<3>(mr, kc, static_cast<const float*>(a), lda, static_cast<const uint16_t*>(b), c, ldc, load_c, pf, pf_lines);
 }
 
 void kernel_avx512_bf16_widen_f32a_cols(int mr, int j0, int nz, int64_t kc, const void* a, int64_t lda, const void* b, float* c,

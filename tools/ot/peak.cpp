@@ -16,12 +16,11 @@
 #include "ot/output_pool.h"
 #include "ot/parallel.h"
 #include "ot/tensor.h"
+#include "src/gemm/rate_loops.h"
 
 namespace ot::cli {
 
 namespace peak {
-float fma_loop(int64_t iters);
-float bf16_loop(int64_t iters);
 float read_sum(const float* p, int64_t n);
 float amx_loop(int64_t iters);
 float fma_loop_avx2(int64_t iters);
@@ -144,18 +143,17 @@ MachinePeak measure(double seconds) {
   MachinePeak p;
   const int all = ot::num_threads();
   const bool avx512 = cpu::detected_isa() >= cpu::Isa::avx512, bf16 = cpu::detected_isa() >= cpu::Isa::avx512_bf16;
-  // flops per loop iteration: 12 zmm ops x 16 lanes x 2 (FMA) or x 32 pairs... see each loop;
-  // AVX2: 12 ymm FMAs x 8 lanes x 2.
+  // flops per loop iteration: rate_loops.h; AVX2: 12 ymm FMAs x 8 lanes x 2.
   if (avx512) {
-    p.fma_f32_gflops_1t = rate(1, seconds, 12 * 16 * 2, peak::fma_loop) / 1e9;
-    p.fma_f32_gflops_all = rate(all, seconds, 12 * 16 * 2, peak::fma_loop) / 1e9;
+    p.fma_f32_gflops_1t = rate(1, seconds, gemm::detail::kFmaLoopFlops, gemm::detail::fma_loop_avx512) / 1e9;
+    p.fma_f32_gflops_all = rate(all, seconds, gemm::detail::kFmaLoopFlops, gemm::detail::fma_loop_avx512) / 1e9;
   } else if (cpu::detected_isa() >= cpu::Isa::avx2) {
     p.fma_f32_gflops_1t = rate(1, seconds, 12 * 8 * 2, peak::fma_loop_avx2) / 1e9;
     p.fma_f32_gflops_all = rate(all, seconds, 12 * 8 * 2, peak::fma_loop_avx2) / 1e9;
   }
   if (bf16) {
-    p.avx512_bf16_gflops_1t = rate(1, seconds, 12 * 16 * 4, peak::bf16_loop) / 1e9;
-    p.avx512_bf16_gflops_all = rate(all, seconds, 12 * 16 * 4, peak::bf16_loop) / 1e9;
+    p.avx512_bf16_gflops_1t = rate(1, seconds, gemm::detail::kBf16DotLoopFlops, gemm::detail::bf16_dot_loop) / 1e9;
+    p.avx512_bf16_gflops_all = rate(all, seconds, gemm::detail::kBf16DotLoopFlops, gemm::detail::bf16_dot_loop) / 1e9;
   }
   if (cpu::detected_isa() >= cpu::Isa::amx) {
     const double tile_flops = 4.0 * 16 * 16 * 32 * 2;  // 4 tile products of 16x16x32

@@ -14,7 +14,7 @@ float hsum(__m256 v) {
 }
 }  // namespace
 
-// 12 independent accumulators hide the FMA latency on both pipes (see peak_kernels__avx512bf16.cpp).
+// 12 independent accumulators hide the FMA latency on both pipes (see src/gemm/rate_loops_acc.h).
 float fma_loop_avx2(int64_t iters) {
   __m256 x = _mm256_set1_ps(0.999f);
   const __m256 y = _mm256_set1_ps(1e-3f);

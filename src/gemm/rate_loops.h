@@ -1,0 +1,15 @@
+// Register-only loops that time the multipliers: `ot peak` reports their rates, and the GEMM picks its
+// bf16 kernel by their ratio (bf16_dot_preferred, driver.cpp). Each runs iters x 12 independent
+// accumulator steps on non-zero data (all-zero operands can run faster and overstate the peak) and
+// returns a checksum so nothing is optimised away.
+#pragma once
+#include <cstdint>
+
+namespace ot::gemm::detail {
+
+float fma_loop_avx512(int64_t iters);  // 12 zmm FMAs an iteration (rate_loops__avx512.cpp; AVX-512F)
+float bf16_dot_loop(int64_t iters);    // 12 zmm vdpbf16ps an iteration (rate_loops__avx512bf16.cpp; AVX-512 BF16)
+constexpr int64_t kFmaLoopFlops = 12 * 16 * 2;      // per iteration: 16 lanes x (multiply + add)
+constexpr int64_t kBf16DotLoopFlops = 12 * 16 * 4;  // per iteration: 16 lanes x 2 products + 2 sums
+
+}  // namespace ot::gemm::detail

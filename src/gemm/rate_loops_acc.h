@@ -1,0 +1,35 @@
+// The accumulator loop behind rate_loops.h, for the per-ISA files that instantiate it (internal
+// linkage: each file's copy is built with its own flags). 12 named registers, no arrays (GCC spills
+// arrays of vectors), hide the latency on both pipes: acc = step(acc, x, y) on each, x kept opaque so
+// the loop is not folded.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace ot::gemm::detail {
+namespace {
+
+#define OT_RATE_ACCS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+
+template <class V, class Step> float acc_loop(int64_t iters, V x, V y, Step step) {
+#define OT_RATE_DECL(i) __m512 a##i = _mm512_set1_ps(1.f + 0.01f * i);
+#define OT_RATE_STEP(i) a##i = step(a##i, x, y);
+#define OT_RATE_SUM(i) s = _mm512_add_ps(s, a##i);
+  OT_RATE_ACCS(OT_RATE_DECL)
+  for (int64_t it = 0; it < iters; ++it) {
+    OT_RATE_ACCS(OT_RATE_STEP)
+    __asm__ volatile("" : "+v"(x));
+  }
+  __m512 s = _mm512_setzero_ps();
+  OT_RATE_ACCS(OT_RATE_SUM)
+  return _mm512_reduce_add_ps(s);
+#undef OT_RATE_DECL
+#undef OT_RATE_STEP
+#undef OT_RATE_SUM
+}
+
+#undef OT_RATE_ACCS
+
+}  // namespace
+}  // namespace ot::gemm::detail
