@@ -25,6 +25,12 @@ namespace {
 knobs::Knob g_bf16_kernel("gemm.bf16_kernel", 0, 0, 2,
                           "bf16 panels on AVX-512 BF16: 0 = by the measured vdpbf16ps / FMA flop ratio, 1 = vdpbf16ps, 2 = widen to fp32 FMAs");
 knobs::Knob g_spread_pf("gemm.spread_pf", 1, 0, 1, "row tiles of a K chunk prefetch shares of the next chunk (1) or the kernel's own distance (0)");
+// L1 prefetches are bounded by the core's few fill buffers, so a near prefetch alone keeps about 16
+// lines in flight, short of one core's share of DRAM bandwidth: an L2 prefetch further ahead
+// raises that (Intel Emerald Rapids VM, session 20: moe_ffn T1 b/a 0.86-0.90 with the near one
+// kept, 1.10-1.14 without it; 64 and 256 pairs no better). Not measured on AMD: off there.
+knobs::Knob g_far_pf("gemm.far_pf", cpu::features().intel ? 128 : 0, 0, 1024,
+                     "streaming kernels (decode pair tile, single-tile widening blocks): L2 prefetch this many k pairs ahead (0 = none)");
 knobs::Knob g_decode_rows("gemm.decode_rows", kDecodeRows, 0, kDecodeRows,
                           "row blocks of up to this many rows stream on the decode kernel (larger ones: the 8x48 kernel)");
 
@@ -192,6 +198,7 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
 }  // namespace
 
 int decode_rows() { return int(g_decode_rows.get()); }
+int64_t far_prefetch_pairs() { return g_far_pf.get(); }
 
 namespace {
 

@@ -112,6 +112,11 @@ constexpr int kDecodeRows = 3;  // the most rows the decode kernel serves
 // Row blocks of up to this many rows (0..kDecodeRows; knob gemm.decode_rows, default kDecodeRows)
 // stream on the decode kernel; read once per call.
 int decode_rows();
+// Far prefetch distance, in k pairs (0: none), of the kernels that stream whole panels (the decode
+// pair tile and single-tile row blocks of the widening kernel): besides their near prefetch into
+// L1 they fetch the panel this far ahead into L2 (knob gemm.far_pf; by default 128 pairs = 24 KiB on
+// Intel, 0 elsewhere). Read once per kernel call.
+int64_t far_prefetch_pairs();
 // The kernel for a layout under the active ISA cap (M lets decode-sized calls avoid AMX).
 Kernel select_kernel(Layout layout, int64_t M);
 // Whether bf16 panels run on vdpbf16ps (else the widening kernel): knob gemm.bf16_kernel, by default

@@ -4,7 +4,7 @@
 // (plain read loops over the same 76 MB of Qwen3 T1 expert weights, docs/moe.md "decode, session 8"):
 // the hardware prefetcher keeps a bounded number of lines in flight per stream. So the panel's
 // k-pairs are cut into S contiguous ranges read side by side, each with its own accumulators
-// (3 * MR * S zmm), summed at the end. No software prefetch (it did not pay in the read loop).
+// (3 * MR * S zmm), summed at the end. Software prefetch on Intel only (gemm.decode_pf, gemm.far_pf).
 // The driver hands a decode unit's panels over at once (kernel_decode_panels_bf16): two whole
 // panels side by side give longer streams than two halves of one panel (docs/moe.md session 9).
 #include <immintrin.h>
@@ -24,6 +24,19 @@ namespace ot::gemm::detail {
 // it was 5-10% slower (sessions 10-12): its prefetchers already run these streams.
 static knobs::Knob g_decode_pf("gemm.decode_pf", cpu::features().intel ? 32 : 0, 0, 256,
                                "decode pair tile: software prefetch this many k pairs ahead (0 = none; default 32 on Intel, 0 elsewhere)");
+
+// Prefetches of the pair row bk: its 3 lines `near` elements ahead into L1 and `far` ahead into L2 (0: none).
+__attribute__((always_inline)) static inline void prefetch_pair_row(const uint16_t* bk, int64_t near, int64_t far) {
+  const char* p = reinterpret_cast<const char*>(bk);
+  if (near) {
+#pragma GCC unroll 3
+    for (int q = 0; q < 3; ++q) _mm_prefetch(p + 2 * near + 64 * q, _MM_HINT_T0);
+  }
+  if (far) {
+#pragma GCC unroll 3
+    for (int q = 0; q < 3; ++q) _mm_prefetch(p + 2 * far + 64 * q, _MM_HINT_T1);
+  }
+}
 
 // acc[r][0..2] += row r's k-pair p of A times the panel's three zmm columns at that k-pair (bk).
 template <int MR>
@@ -74,14 +87,11 @@ static void pair_tile(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t
   for (int s = 0; s < 2; ++s)
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < 3; ++j) acc[s][r][j] = _mm512_setzero_ps();
-  const int64_t pf = g_decode_pf.get() * 2 * kNR;  // elements ahead
+  const int64_t near = g_decode_pf.get() * 2 * kNR, far = far_prefetch_pairs() * 2 * kNR;  // elements ahead
   for (int64_t p = 0; p < kc / 2; ++p) {
-    if (pf) {
-#pragma GCC unroll 3
-      for (int q = 0; q < 3; ++q) {
-        _mm_prefetch(reinterpret_cast<const char*>(b0 + p * 2 * kNR + pf) + 64 * q, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(b1 + p * 2 * kNR + pf) + 64 * q, _MM_HINT_T0);
-      }
+    if (near | far) {
+      prefetch_pair_row(b0 + p * 2 * kNR, near, far);
+      prefetch_pair_row(b1 + p * 2 * kNR, near, far);
     }
     pair_step<MR>(acc[0], a, lda, p, b0 + p * 2 * kNR);
     pair_step<MR>(acc[1], a, lda, p, b1 + p * 2 * kNR);
