@@ -33,6 +33,20 @@ struct Epi {
 
 inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
 
+// Cp rows [i0, i0 + MR), 32 columns = the epilogue of e applied to the accumulators.
+inline void store_tile(const __m512 (&acc)[MR][2], float* Cp, int64_t ldc, const Epi& e, int64_t i0) {
+  for (int r = 0; r < MR; ++r) {
+    float f = e.alpha * (e.rs ? e.rs[i0 + r] : 1.f);
+    __m512 fv = _mm512_set1_ps(f);
+    float* c = Cp + r * ldc;
+    for (int h = 0; h < 2; ++h) {
+      __m512 x = _mm512_mul_ps(acc[r][h], fv);
+      if (e.beta != 0.f) x = _mm512_fmadd_ps(_mm512_set1_ps(e.beta), _mm512_loadu_ps(c + 16 * h), x);
+      _mm512_storeu_ps(c + 16 * h, x);
+    }
+  }
+}
+
 inline void micro(const uint16_t* A, int64_t lda, const uint32_t* B, int64_t n, int64_t kp, float* Cp, int64_t ldc, const Epi& e,
                   int64_t i0) {
   __m512 acc[MR][2];
@@ -47,26 +61,56 @@ inline void micro(const uint16_t* A, int64_t lda, const uint32_t* B, int64_t n, 
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], as_bh(a), as_bh(b1));
     }
   }
-  for (int r = 0; r < MR; ++r) {
-    float f = e.alpha * (e.rs ? e.rs[i0 + r] : 1.f);
-    __m512 fv = _mm512_set1_ps(f);
-    float* c = Cp + r * ldc;
-    for (int h = 0; h < 2; ++h) {
-      __m512 x = _mm512_mul_ps(acc[r][h], fv);
-      if (e.beta != 0.f) x = _mm512_fmadd_ps(_mm512_set1_ps(e.beta), _mm512_loadu_ps(c + 16 * h), x);
-      _mm512_storeu_ps(c + 16 * h, x);
-    }
-  }
+  store_tile(acc, Cp, ldc, e, i0);
 }
 
-// m % MR == 0, n % NR == 0, k even.
-void mm(const uint16_t* A, int64_t lda, const uint32_t* B, int64_t n, int64_t k, float* Cp, int64_t ldc, int64_t m, const Epi& e) {
+// The same product on CPUs whose vdpbf16ps has half the FMAs' flop rate (Intel without AMX; the
+// GEMM's measured choice, gemm::detail::bf16_dot_preferred): B's words widened to fp32 in registers
+// (k even = word << 16, k odd = word & 0xffff0000, exact) times fp32 A rows (the bf16 A widened
+// once per product, broadcasts are then loads): 4 widening ops per 32 FMAs.
+inline void micro_widen(const float* A, int64_t lda, const uint32_t* B, int64_t n, int64_t kp, float* Cp, int64_t ldc, const Epi& e,
+                        int64_t i0) {
+  const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));
+  __m512 acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kp; ++p) {
+    const __m512i b0 = _mm512_loadu_si512(B + p * n), b1 = _mm512_loadu_si512(B + p * n + 16);
+    const float* ap = A + 2 * p;
+    const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(b0, 16)), e1 = _mm512_castsi512_ps(_mm512_slli_epi32(b1, 16));
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 a = _mm512_set1_ps(ap[r * lda]);
+      acc[r][0] = _mm512_fmadd_ps(a, e0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(a, e1, acc[r][1]);
+    }
+    const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(b0, hi)), o1 = _mm512_castsi512_ps(_mm512_and_si512(b1, hi));
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 a = _mm512_set1_ps(ap[r * lda + 1]);
+      acc[r][0] = _mm512_fmadd_ps(a, o0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(a, o1, acc[r][1]);
+    }
+  }
+  store_tile(acc, Cp, ldc, e, i0);
+}
+
+inline void bf16_row_to_f32(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t j = 0; j < n; j += 16)
+    _mm512_storeu_ps(y + j, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j))), 16)));
+}
+
+// m % MR == 0, n % NR == 0, k even. a32 (m x k floats), when set: run on micro_widen with A widened into it.
+void mm(const uint16_t* A, int64_t lda, const uint32_t* B, int64_t n, int64_t k, float* Cp, int64_t ldc, int64_t m, const Epi& e,
+        float* a32) {
   const int64_t kp = k / 2;
+  if (a32)
+    for (int64_t i = 0; i < m; ++i) bf16_row_to_f32(A + i * lda, a32 + i * k, k);
   for (int64_t j0 = 0; j0 < n; j0 += NR)
     for (int64_t i0 = 0; i0 < m; i0 += MR) {
       if (e.tri_n && j0 > i0 + MR - 1) continue;
       int64_t kk = e.tri_k ? std::min(kp, (i0 + MR) / 2) : kp;
-      micro(A + i0 * lda, lda, B + j0, n, kk, Cp + i0 * ldc + j0, ldc, e, i0);
+      if (a32) micro_widen(a32 + i0 * k, k, B + j0, n, kk, Cp + i0 * ldc + j0, ldc, e, i0);
+      else micro(A + i0 * lda, lda, B + j0, n, kk, Cp + i0 * ldc + j0, ldc, e, i0);
     }
 }
 
@@ -103,10 +147,6 @@ inline float sumsq_bf16(const uint16_t* x, int64_t n) {
   }
   return _mm512_reduce_add_ps(acc);
 }
-inline void bf16_row_to_f32(const uint16_t* x, float* y, int64_t n) {
-  for (int64_t j = 0; j < n; j += 16)
-    _mm512_storeu_ps(y + j, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j))), 16)));
-}
 
 struct Bufs {
   uint16_t *kb, *qb;     // C x DK raw rows (rows >= L zero)
@@ -121,6 +161,7 @@ struct Bufs {
   uint16_t* vb;          // C x DV raw v rows
   float *w, *u, *o;
   float* states;
+  float* a32;            // the widening kernel's fp32 A (null: vdpbf16ps)
 };
 
 void load_bf16_rows(const Tok& x, int64_t b, int64_t t0, int64_t L, int64_t h, uint16_t* dst) {
@@ -170,7 +211,7 @@ void solve_unit_lower(const float* M, int64_t L, float* A) {
 }
 
 // Carves the buffers from base (null: only measures); returns the bytes used.
-size_t carve(Bufs& b, char* base, int64_t DK, int64_t DV, int64_t group) {
+size_t carve(Bufs& b, char* base, int64_t DK, int64_t DV, int64_t group, bool widen) {
   size_t off = 0;
   auto take = [&](auto*& ptr, int64_t n) {
     using T = std::remove_reference_t<decltype(*ptr)>;
@@ -184,6 +225,9 @@ size_t carve(Bufs& b, char* base, int64_t DK, int64_t DV, int64_t group) {
   take(b.aw, C * C), take(b.au, C * C), take(b.p, C * C), take(b.wb, C * DK), take(b.ktb, DK * C);
   take(b.vv, C / 2 * DV), take(b.sv, DK / 2 * DV), take(b.dv, C / 2 * DV), take(b.vb, C * DV);
   take(b.w, C * DK), take(b.u, C * DV), take(b.o, C * DV), take(b.states, group * DK * DV);
+  const int64_t side = std::max(C, DK);  // A of every product is C or DK square at most
+  b.a32 = nullptr;
+  if (widen) take(b.a32, side * side);
   return off;
 }
 
@@ -194,9 +238,9 @@ void bf16_fused_task(const Bf16Fwd& a, int64_t n, int64_t hk) {
   // Per-thread scratch kept across calls (no fresh pages per call); ~0.5 MiB at 128/128, G = 2.
   static thread_local std::vector<char> mem;
   Bufs b;
-  size_t need = carve(b, nullptr, DK, DV, group) + 64;
+  size_t need = carve(b, nullptr, DK, DV, group, a.widen) + 64;
   if (mem.size() < need) mem.assign(need, 0);
-  carve(b, reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t(63)), DK, DV, group);
+  carve(b, reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t(63)), DK, DV, group, a.widen);
 
   for (int64_t j = 0; j < group; ++j) {
     float* S = b.states + j * DK * DV;
@@ -232,8 +276,8 @@ void bf16_fused_task(const Bf16Fwd& a, int64_t n, int64_t hk) {
           _mm512_storeu_si512(kT + p * C + j, _mm512_i32gather_epi32(_mm512_add_epi32(rows, _mm512_set1_epi32(int(j * (DK / 2) + p))), b.kb, 4));
       Epi e;
       e.tri_n = true;
-      mm(b.kb, DK, kT, C, DK, b.kk, C, C, e);
-      mm(b.qb, DK, kT, C, DK, b.qk, C, C, e);
+      mm(b.kb, DK, kT, C, DK, b.kk, C, C, e, b.a32);
+      mm(b.qb, DK, kT, C, DK, b.qk, C, C, e, b.a32);
       // kt[d][i] = rk_i k_i[d] (fp32): the halves of kT's words.
       for (int64_t p = 0; p < DK / 2; ++p)
         for (int64_t j = 0; j < C; j += 16) {
@@ -278,20 +322,20 @@ void bf16_fused_task(const Bf16Fwd& a, int64_t n, int64_t hk) {
       for (int64_t p = 0; p < C / 2; ++p) pair_u16(b.vb + 2 * p * DV, b.vb + (2 * p + 1) * DV, b.vv + p * DV, DV);
       Epi tk;
       tk.tri_k = true;
-      mm(b.aw, C, b.kv, DK, C, b.w, DK, C, tk);  // W = A diag(beta e^G rk) K
-      mm(b.au, C, b.vv, DV, C, b.u, DV, C, tk);  // U = A diag(beta) V
+      mm(b.aw, C, b.kv, DK, C, b.w, DK, C, tk, b.a32);  // W = A diag(beta e^G rk) K
+      mm(b.au, C, b.vv, DV, C, b.u, DV, C, tk, b.a32);  // U = A diag(beta) V
       // v_new = U - W S (S packed once, reused by the output).
       for (int64_t p = 0; p < DK / 2; ++p) pair_f32(S + 2 * p * DV, S + (2 * p + 1) * DV, b.sv + p * DV, DV);
       for (int64_t i = 0; i < C; ++i) row_bf16(b.w + i * DK, nullptr, b.wb + i * DK, DK);
       Epi vn;
       vn.alpha = -1.f, vn.beta = 1.f;
-      mm(b.wb, DK, b.sv, DV, DK, b.u, DV, C, vn);
+      mm(b.wb, DK, b.sv, DV, DK, b.u, DV, C, vn, b.a32);
       float* dn = b.u;
       for (int64_t p = 0; p < C / 2; ++p) pair_f32(dn + 2 * p * DV, dn + (2 * p + 1) * DV, b.dv + p * DV, DV);
       // O = diag(s e^G rq) Q S + P v_new, P = s causal(E) o (Q K^T) rq_i rk_j.
       Epi oq;
       oq.rs = b.ro;
-      mm(b.qb, DK, b.sv, DV, DK, b.o, DV, C, oq);
+      mm(b.qb, DK, b.sv, DV, DK, b.o, DV, C, oq, b.a32);
       for (int64_t i = 0; i < C; ++i) {
         float* pr = b.M + i * C;  // M is no longer needed: fp32 P row
         if (i < L) {
@@ -307,14 +351,14 @@ void bf16_fused_task(const Bf16Fwd& a, int64_t n, int64_t hk) {
       }
       Epi op;
       op.beta = 1.f, op.tri_k = true;
-      mm(b.p, C, b.dv, DV, C, b.o, DV, C, op);
+      mm(b.p, C, b.dv, DV, C, b.o, DV, C, op, b.a32);
       store_rows(b.o, DV, a.o, sp.b, sp.t0, L, hv);
       if (a.G.defined()) store_scal(b.G, a.G, sp.b, sp.t0, L, hv);
       // S = e^{G_last} S + (diag(e^{G_last - G}) K)^T v_new.
       for (int64_t d = 0; d < DK; ++d) row_bf16(b.kt + d * C, b.fs, b.ktb + d * C, C);
       Epi su;
       su.beta = std::exp(gl);
-      mm(b.ktb, C, b.dv, DV, C, S, DV, DK, su);
+      mm(b.ktb, C, b.dv, DV, C, S, DV, DK, su, b.a32);
     }
   }
   for (int64_t j = 0; j < group; ++j)

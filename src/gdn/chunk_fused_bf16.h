@@ -18,6 +18,7 @@ struct Bf16Fwd {
   const SeqInfo* s = nullptr;
   float scale = 1.f;
   bool l2 = false;
+  bool widen = false;          // products on fp32 FMAs over widened bf16 (where vdpbf16ps is the slower)
   int64_t HK = 0, HV = 0, DK = 0, DV = 0;
 };
 

@@ -11,6 +11,7 @@
 #include "src/gdn/chunk_fused_bf16.h"
 #include "src/gdn/chunk_kernels.h"
 #include "src/gdn/gdn_ref.h"
+#include "src/gemm/internal.h"
 
 namespace ot::gdn {
 using namespace detail;
@@ -113,7 +114,13 @@ ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, co
   double flops = double(a.B * a.T * HV) * (6.0 * kChunk * DK + 4.0 * kChunk * DV + 6.0 * DK * DV + kChunk * kChunk / 3.0);
   bool save = opt.save_for_backward;
   bool bf16 = !cpu::force_ref() && opt.bf16_compute && bf16_fused_ok(a.q, a.k, a.v);
-  if (scope.active()) scope.args(shape_args(q, v, opt.layout)).kernel(cpu::force_ref() ? "ref" : bf16 ? "gdn_chunk:avx512_bf16" : gemm::kernel_name(DType::f32, DType::f32, kChunk));
+  // The fused products widen bf16 to fp32 FMAs where the GEMM does (vdpbf16ps at half their flop rate).
+  const bool widen = bf16 && !gemm::detail::bf16_dot_preferred();
+  if (scope.active())
+    scope.args(shape_args(q, v, opt.layout))
+        .kernel(cpu::force_ref() ? "ref"
+                : bf16           ? (widen ? "gdn_chunk:avx512_bf16_widen" : "gdn_chunk:avx512_bf16")
+                                 : gemm::kernel_name(DType::f32, DType::f32, kChunk));
   scope.flops(flops);
   if (cpu::force_ref()) return forward_ref(a, opt, s, q.dtype, save);
 
@@ -141,7 +148,7 @@ ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, co
     Bf16Fwd f;
     f.q = a.q, f.k = a.k, f.v = a.v, f.g = a.g, f.beta = a.beta;
     f.o = ot, f.G = Gt, f.A = At, f.rq = rq, f.rk = rk, f.S0 = S0, f.fin = fin, f.s = &s;
-    f.scale = a.scale, f.l2 = l2, f.HK = a.HK, f.HV = HV, f.DK = DK, f.DV = DV;
+    f.scale = a.scale, f.l2 = l2, f.widen = widen, f.HK = a.HK, f.HV = HV, f.DK = DK, f.DV = DV;
     parallel_for_dynamic(N * a.HK, 1, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) bf16_fused_task(f, i / a.HK, i % a.HK);
     });
