@@ -2,7 +2,7 @@
 // K is a group's rows (often 1..64). A^T and B are packed once per job (pairs padded to 2, not 32).
 // With bf16 operands on AVX512_BF16 (the MoE backward), units = (job, 96 rows of M, whole rows of
 // C) run a 6 x 64 vdpbf16ps kernel that streams its accumulators straight to C
-// (tn_kernel__avx512bf16.cpp). Otherwise units = (job, 128 rows, 4 panels) run the engine's
+// (tn_kernel__avx512bf16.cpp; on fp32 FMAs where those are faster). Otherwise units = (job, 128 rows, 4 panels) run the engine's
 // micro-kernel over the whole K into an L1 tile that is then streamed to C (the AVX2 bf16 kernel
 // on A^T packed once as fp32: tn_form__avx2.cpp). Gradients are write-once: streaming stores, no
 // read-for-ownership.
@@ -65,6 +65,7 @@ void tn_reference(const TnJob& j) {
 struct TnPlan {
   Layout l = Layout::f32;
   bool direct = false;
+  bool widen = false;         // direct on fp32 FMAs (bf16 widened), where vdpbf16ps is the slower
   int64_t nr = kNR;           // panel width
   int64_t mb = kMB, pb = kPB;  // rows and panels per unit
   int64_t Kp = 0, np = 0, nmb = 0, nub = 0;
@@ -170,7 +171,7 @@ void tn_unit_direct(const TnJob& j, const TnPlan& pl, const char* base, int64_t 
     const uint16_t* a = reinterpret_cast<const uint16_t*>(base + pl.a_off) + (m0 + ir) * pl.Kp;
     char* c = static_cast<char*>(j.c) + size_t((m0 + ir) * j.ldc + p0 * kTnNR) * celt;
     tn_rows_bf16_avx512bf16(int(std::min<int64_t>(kTnMR, mc - ir)), pl.Kp, a, pl.Kp, b + size_t(p0) * pel, pel, p1 - p0, c, j.c_dtype, j.ldc,
-                            j.N - p0 * kTnNR, j.accumulate);
+                            j.N - p0 * kTnNR, j.accumulate, pl.widen);
   }
 }
 
@@ -205,6 +206,7 @@ void grouped_gemm_tn(const TnJob* jobs, int64_t count) {
     pl.l = layout_for(j.a_dtype, j.b_dtype);
     pl.Kp = pad_pairs(pl.l, j.K);
     pl.direct = pl.l == Layout::bf16_vnni && j.a_dtype == DType::bf16 && j.b_dtype == DType::bf16 && cpu::has(cpu::Isa::avx512_bf16);
+    pl.widen = pl.direct && !bf16_dot_preferred();
     pl.f32a = !pl.direct && thin_kernel(pl.l).fn_f32a;
     if (pl.direct) {
       pl.nr = kTnNR;

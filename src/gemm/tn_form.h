@@ -16,9 +16,10 @@ inline constexpr int kTnMR = 6;
 // a + r * lda (pairs adjacent). C fp32 or bf16 (row stride ldc elements), written from the
 // accumulators: whole 64-byte lines with streaming stores when not accumulating and C is 64-byte
 // aligned, the rest with masked stores. bf16 C: vcvtne2ps2bf16 (round to nearest even, results
-// below bf16's normal range flushed to zero).
+// below bf16's normal range flushed to zero). widen: fp32 FMAs on widened operands instead of
+// vdpbf16ps (where bf16_dot_preferred() is false).
 void tn_rows_bf16_avx512bf16(int nrows, int64_t Kp, const uint16_t* a, int64_t lda, const uint16_t* b, size_t panel_elems, int64_t np, void* c,
-                             DType c_dtype, int64_t ldc, int64_t N, bool accumulate);
+                             DType c_dtype, int64_t ldc, int64_t N, bool accumulate, bool widen);
 
 // A^T as fp32 (tn_form__avx2.cpp): src [K][M] bf16 (row k at src + k * ld) -> dst [M][kp] fp32 (row
 // stride ldd >= kp), column k of row m = src[k][m], columns K .. kp - 1 zero.

@@ -6,9 +6,15 @@
 // nearest even; the instruction flushes bf16-denormal results -- |v| < 1.2e-38 -- to zero, which
 // is harmless for weight gradients: an optimizer step on such a value is 0 anyway).
 // 64 columns = four fp32 lines or two bf16 lines per row: whole lines for any C dtype.
+// Where vdpbf16ps has half the FMAs' flop rate (Intel without AMX: gemm.bf16_kernel's measured
+// choice), the same tile widens each B vector to fp32 (k even = word << 16, k odd = word &
+// 0xffff0000, exact) and multiplies on fp32 FMAs with A^T rows widened once per row block:
+// 2 widening ops per 12 FMAs.
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "src/core/cvt_avx512.h"
 #include "src/gemm/tn_form.h"
@@ -83,22 +89,72 @@ inline void tile(int64_t Kp, const uint16_t* a, int64_t lda, const uint16_t* b, 
   store<MR, S>(s, c, bf, ldc_bytes, width, acc);
 }
 
+// tile() on fp32 FMAs: a holds the A^T rows as fp32 (row stride lda floats).
+template <int MR, Store S>
+inline void tile_widen(int64_t Kp, const float* a, int64_t lda, const uint16_t* b, char* c, bool bf, int64_t ldc_bytes, int width, bool acc) {
+  const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));
+  __m512 s[MR][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) s[r][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < Kp; k += 2) {
+    const uint16_t* bk = b + k * kTnNR;
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {  // one B vector at a time: 24 accumulators + 3 live vectors fit the registers
+      const __m512i v = _mm512_load_si512(bk + 32 * j);
+      const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), odd = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) s[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k]), even, s[r][j]);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) s[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k + 1]), odd, s[r][j]);
+    }
+  }
+  store<MR, S>(s, c, bf, ldc_bytes, width, acc);
+}
+
+// A^T rows [0, MR) (bf16, Kp each, stride lda) widened to fp32 rows of stride Kp in a per-thread
+// buffer, once per row block (the tiles of all its panels read them).
+template <int MR>
+const float* widen_rows(const uint16_t* a, int64_t lda, int64_t Kp) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < size_t(MR * Kp)) buf.resize(size_t(MR * Kp));
+  for (int r = 0; r < MR; ++r) {
+    const uint16_t* src = a + r * lda;
+    float* dst = buf.data() + r * Kp;
+    int64_t k = 0;
+    for (; k + 16 <= Kp; k += 16)
+      _mm512_storeu_ps(dst + k, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k))), 16)));
+    for (; k < Kp; ++k) {
+      const uint32_t u = uint32_t(src[k]) << 16;
+      std::memcpy(dst + k, &u, 4);
+    }
+  }
+  return buf.data();
+}
+
 // One block of MR rows along panels [0, np) of B (panel p at b + p * pel, C columns p * 64..).
 template <int MR>
 void rows(int64_t Kp, const uint16_t* a, int64_t lda, const uint16_t* b, size_t pel, int64_t np, char* c, bool bf, int64_t ldc_bytes, int64_t N,
-          bool acc) {
+          bool acc, bool widen) {
   const size_t celt = bf ? 2 : 4;
   // Whole lines: C and its row stride 64-byte aligned (then every full panel's segment is too).
   const bool aligned = !acc && (reinterpret_cast<uintptr_t>(c) & 63) == 0 && (ldc_bytes & 63) == 0;
+  const float* af = widen ? widen_rows<MR>(a, lda, Kp) : nullptr;
   for (int64_t p = 0; p < np; ++p) {
     const int width = int(N - p * kTnNR < kTnNR ? N - p * kTnNR : kTnNR);
     const uint16_t* bp = b + size_t(p) * pel;
     char* cp = c + size_t(p * kTnNR) * celt;
+    auto run = [&](auto store_mode) {
+      constexpr Store S = decltype(store_mode)::value;
+      if (af) tile_widen<MR, S>(Kp, af, Kp, bp, cp, bf, ldc_bytes, width, acc);
+      else tile<MR, S>(Kp, a, lda, bp, cp, bf, ldc_bytes, width, acc);
+    };
     if (aligned && width == kTnNR) {
-      if (bf) tile<MR, Store::bf16_stream>(Kp, a, lda, bp, cp, bf, ldc_bytes, width, acc);
-      else tile<MR, Store::f32_stream>(Kp, a, lda, bp, cp, bf, ldc_bytes, width, acc);
+      if (bf) run(std::integral_constant<Store, Store::bf16_stream>());
+      else run(std::integral_constant<Store, Store::f32_stream>());
     } else {
-      tile<MR, Store::masked>(Kp, a, lda, bp, cp, bf, ldc_bytes, width, acc);
+      run(std::integral_constant<Store, Store::masked>());
     }
   }
 }
@@ -106,17 +162,17 @@ void rows(int64_t Kp, const uint16_t* a, int64_t lda, const uint16_t* b, size_t 
 }  // namespace
 
 void tn_rows_bf16_avx512bf16(int nrows, int64_t Kp, const uint16_t* a, int64_t lda, const uint16_t* b, size_t panel_elems, int64_t np, void* c,
-                             DType c_dtype, int64_t ldc, int64_t N, bool accumulate) {
+                             DType c_dtype, int64_t ldc, int64_t N, bool accumulate, bool widen) {
   const bool bf = c_dtype == DType::bf16;
   char* cp = static_cast<char*>(c);
   const int64_t ldb = ldc * (bf ? 2 : 4);
   switch (nrows) {
-    case 1: rows<1>(Kp, a, lda, b, panel_elems, np, cp, bf, ldb, N, accumulate); break;
-    case 2: rows<2>(Kp, a, lda, b, panel_elems, np, cp, bf, ldb, N, accumulate); break;
-    case 3: rows<3>(Kp, a, lda, b, panel_elems, np, cp, bf, ldb, N, accumulate); break;
-    case 4: rows<4>(Kp, a, lda, b, panel_elems, np, cp, bf, ldb, N, accumulate); break;
-    case 5: rows<5>(Kp, a, lda, b, panel_elems, np, cp, bf, ldb, N, accumulate); break;
-    default: rows<kTnMR>(Kp, a, lda, b, panel_elems, np, cp, bf, ldb, N, accumulate); break;
+    case 1: rows<1>(Kp, a, lda, b, panel_elems, np, cp, bf, ldb, N, accumulate, widen); break;
+    case 2: rows<2>(Kp, a, lda, b, panel_elems, np, cp, bf, ldb, N, accumulate, widen); break;
+    case 3: rows<3>(Kp, a, lda, b, panel_elems, np, cp, bf, ldb, N, accumulate, widen); break;
+    case 4: rows<4>(Kp, a, lda, b, panel_elems, np, cp, bf, ldb, N, accumulate, widen); break;
+    case 5: rows<5>(Kp, a, lda, b, panel_elems, np, cp, bf, ldb, N, accumulate, widen); break;
+    default: rows<kTnMR>(Kp, a, lda, b, panel_elems, np, cp, bf, ldb, N, accumulate, widen); break;
   }
 }
 

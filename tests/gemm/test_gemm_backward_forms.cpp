@@ -243,22 +243,26 @@ TEST(GemmTn, MatchesReferenceAcrossIsaAndShapes) {
 // The direct-store path (bf16 operands on AVX512_BF16: 64-column panels, 6-row kernel writing C
 // from its registers): whole aligned 64-column segments take the streaming stores, the rest
 // (row and column edges, unaligned rows, accumulate) the masked ones. K = 1, odd and even K,
-// M around multiples of 6, N multiples of 64 and not, units with one and several panels.
+// M around multiples of 6, N multiples of 64 and not, units with one and several panels. Both
+// multiplier forms: vdpbf16ps and fp32 FMAs on widened operands (gemm.bf16_kernel 1 / 2).
 TEST(GemmTn, DirectPathEdges) {
   if (!cpu::has(cpu::Isa::avx512_bf16)) GTEST_SKIP() << "no AVX512_BF16";
   uint32_t seed = 7000;
-  for (TnCase cs : {TnCase{1, 6, 64}, TnCase{2, 7, 128}, TnCase{31, 13, 256}, TnCase{32, 96, 320}, TnCase{33, 100, 200}, TnCase{5, 5, 65},
-                    TnCase{300, 12, 192}, TnCase{0, 8, 64}})
-    for (bool acc : {false, true})
-      for (int64_t pad : {0, 8})  // rows 64-byte aligned (fp32 and bf16) / alternately not
-        for (DType c : {DType::f32, DType::bf16}) {
-          cs.acc = acc;
-          cs.ldc_pad = pad;
-          cs.c = c;
-          EXPECT_LE(tn_case_error(cs, seed), c == DType::bf16 ? 4e-3 : kTol)
-              << "K" << cs.K << " M" << cs.M << " N" << cs.N << " acc " << acc << " pad " << pad << " c " << dtype_name(c);
-          seed += 3;
-        }
+  for (int form : {1, 2}) {
+    ScopedIsaPath cap({cpu::Isa::avx512_bf16, form});
+    for (TnCase cs : {TnCase{1, 6, 64}, TnCase{2, 7, 128}, TnCase{31, 13, 256}, TnCase{32, 96, 320}, TnCase{33, 100, 200}, TnCase{5, 5, 65},
+                      TnCase{300, 12, 192}, TnCase{0, 8, 64}})
+      for (bool acc : {false, true})
+        for (int64_t pad : {0, 8})  // rows 64-byte aligned (fp32 and bf16) / alternately not
+          for (DType c : {DType::f32, DType::bf16}) {
+            cs.acc = acc;
+            cs.ldc_pad = pad;
+            cs.c = c;
+            EXPECT_LE(tn_case_error(cs, seed), c == DType::bf16 ? 4e-3 : kTol)
+                << "form " << form << " K" << cs.K << " M" << cs.M << " N" << cs.N << " acc " << acc << " pad " << pad << " c " << dtype_name(c);
+            seed += 3;
+          }
+  }
 }
 
 // Many jobs of different shapes in one call (dynamic units over jobs, both threads), also from
