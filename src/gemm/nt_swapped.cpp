@@ -81,6 +81,7 @@ void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u) {
   const int64_t n0 = u * kNtSwapNB;
   const int nb = int(std::min(kNtSwapNB, j.N - n0));
   float* t = nz ? reinterpret_cast<float*>(s.tile.get(size_t(kNtSwapNB) * size_t(width) * 4)) : nullptr;
+  const bool widen = !bf16_dot_preferred();
   for (int i = 0; i < nb; i += mr) {
     const int rows = std::min(mr, nb - i);
     // the next tile (the next unit's first one at the end of this unit) is fetched while this one runs
@@ -95,7 +96,7 @@ void nt_swapped_unit(const NtJob& j, uint64_t call, int64_t u) {
       const auto* w = static_cast<const uint16_t*>(sg.data);
       if (nz)
         kernel_nt_bf16_avx512bf16(rows, nz, sg.K / 2, w + (n0 + i) * sg.ld, sg.ld, reinterpret_cast<const uint16_t*>(panel + size_t(p0) * size_t(width)),
-                                  t + size_t(i) * size_t(width), width, load, nrows ? w + nx * sg.ld : nullptr, nrows);
+                                  t + size_t(i) * size_t(width), width, load, nrows ? w + nx * sg.ld : nullptr, nrows, widen);
       if (sp.tail) dot[ndot++] = {w + (n0 + i) * sg.ld, sg.ld, sg.K / 2, s.tail[s2]};
       load = true;
     }

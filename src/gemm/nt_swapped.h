@@ -22,8 +22,9 @@ constexpr int kNtDotMR = 16;         // W rows per tile when the whole job is a 
 // t[r][0 .. 16 nz) (+)= sum over P k-pairs of W row r's pair q (row r at w + r * ldw, bf16) times
 // the vnni panel b [P][16 nz][2] (pair q at b + q * 32 nz). mr <= nt_mr(nz); t rows ldt floats apart.
 // Meanwhile the next tile's mrn rows (row r at wn + r * ldw, the same P pairs) are prefetched into L2.
+// widen: fp32 FMAs on widened operands instead of vdpbf16ps (where bf16_dot_preferred() is false).
 void kernel_nt_bf16_avx512bf16(int mr, int nz, int64_t P, const uint16_t* w, int64_t ldw, const uint16_t* b, float* t, int64_t ldt, bool load,
-                               const uint16_t* wn, int mrn);
+                               const uint16_t* wn, int mrn, bool widen);
 
 // One K segment of the dot tail: W row r at w + r * ldw, A row i at a[i] (both bf16, read in
 // place), P k-pairs.

@@ -98,20 +98,25 @@ TEST(GemmNt, MatchesReferenceAcrossIsaAndShapes) {
 // A rows) around its tile edges: every M from 1 to 49 and 63..65 (65: the panel form), output
 // widths across its 192-column units and not multiples of 16, one or two K segments, gathered
 // rows, accumulate.
+// On AVX-512 BF16 both multiplier forms of its tiles: vdpbf16ps and fp32 FMAs on widened operands.
 TEST(GemmNt, SwappedFormEdges) {
   std::vector<int64_t> ms;
   for (int64_t m = 1; m <= 49; ++m) ms.push_back(m);
   for (int64_t m : {63, 64, 65}) ms.push_back(m);
+  std::vector<IsaPath> paths = {IsaPath{cpu::detected_isa()}};
+  if (cpu::has(cpu::Isa::avx512_bf16)) paths = {{cpu::Isa::avx512_bf16, 1}, {cpu::Isa::avx512_bf16, 2}};
   uint32_t seed = 3000;
-  for (int64_t m : ms) {
-    NtCase cs{m, m % 2 ? 200 : 57, m % 3 ? 66 : 130, m % 3 ? 34 : 0};
-    cs.gather = m % 2 == 0;
-    cs.acc = m / 2 % 2 == 1;
-    run_nt(cs, IsaPath{cpu::detected_isa()}, seed++);
+  for (const IsaPath& isa : paths) {
+    for (int64_t m : ms) {
+      NtCase cs{m, m % 2 ? 200 : 57, m % 3 ? 66 : 130, m % 3 ? 34 : 0};
+      cs.gather = m % 2 == 0;
+      cs.acc = m / 2 % 2 == 1;
+      run_nt(cs, isa, seed++);
+    }
+    // odd K segments fall back to the panel form
+    run_nt({32, 100, 65, 0}, isa, seed++);
+    run_nt({32, 100, 64, 33, DType::bf16, DType::bf16, true, true}, isa, seed++);
   }
-  // odd K segments fall back to the panel form
-  run_nt({32, 100, 65, 0}, IsaPath{cpu::detected_isa()}, seed++);
-  run_nt({32, 100, 64, 33, DType::bf16, DType::bf16, true, true}, IsaPath{cpu::detected_isa()}, seed++);
 }
 
 // The swapped form's dot tail (the last M % 16 rows, when few, as dot products along K, A and W
