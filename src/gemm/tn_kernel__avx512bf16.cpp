@@ -64,8 +64,10 @@ inline void store(const __m512 (&s)[MR][4], char* c, bool bf, int64_t ldc_bytes,
   }
 }
 
-template <int MR, Store S>
-inline void tile(int64_t Kp, const uint16_t* a, int64_t lda, const uint16_t* b, char* c, bool bf, int64_t ldc_bytes, int width, bool acc) {
+// Widen: a holds the A^T rows as fp32 (row stride lda floats) and the products run on fp32 FMAs,
+// each B vector widened in registers; else a is bf16 (pairs adjacent) for vdpbf16ps.
+template <int MR, Store S, bool Widen>
+inline void tile(int64_t Kp, const void* a, int64_t lda, const uint16_t* b, char* c, bool bf, int64_t ldc_bytes, int width, bool acc) {
   __m512 s[MR][4];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
@@ -73,41 +75,32 @@ inline void tile(int64_t Kp, const uint16_t* a, int64_t lda, const uint16_t* b, 
     for (int j = 0; j < 4; ++j) s[r][j] = _mm512_setzero_ps();
   for (int64_t k = 0; k < Kp; k += 2) {
     const uint16_t* bk = b + k * kTnNR;  // pair k/2: 64 columns x 2
-    const __m512bh b0 = (__m512bh)_mm512_load_si512(bk), b1 = (__m512bh)_mm512_load_si512(bk + 32);
-    const __m512bh b2 = (__m512bh)_mm512_load_si512(bk + 64), b3 = (__m512bh)_mm512_load_si512(bk + 96);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      int32_t pair;
-      std::memcpy(&pair, a + r * lda + k, 4);
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
-      s[r][0] = _mm512_dpbf16_ps(s[r][0], av, b0);
-      s[r][1] = _mm512_dpbf16_ps(s[r][1], av, b1);
-      s[r][2] = _mm512_dpbf16_ps(s[r][2], av, b2);
-      s[r][3] = _mm512_dpbf16_ps(s[r][3], av, b3);
-    }
-  }
-  store<MR, S>(s, c, bf, ldc_bytes, width, acc);
-}
-
-// tile() on fp32 FMAs: a holds the A^T rows as fp32 (row stride lda floats).
-template <int MR, Store S>
-inline void tile_widen(int64_t Kp, const float* a, int64_t lda, const uint16_t* b, char* c, bool bf, int64_t ldc_bytes, int width, bool acc) {
-  const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));
-  __m512 s[MR][4];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
+    if constexpr (Widen) {
+      const float* af = static_cast<const float*>(a);
+      const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) s[r][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < Kp; k += 2) {
-    const uint16_t* bk = b + k * kTnNR;
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {  // one B vector at a time: 24 accumulators + 3 live vectors fit the registers
-      const __m512i v = _mm512_load_si512(bk + 32 * j);
-      const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), odd = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+      for (int j = 0; j < 4; ++j) {  // one B vector at a time: 24 accumulators + 3 live vectors fit the registers
+        const __m512i v = _mm512_load_si512(bk + 32 * j);
+        const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), odd = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
 #pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) s[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k]), even, s[r][j]);
+        for (int r = 0; r < MR; ++r) s[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(af[r * lda + k]), even, s[r][j]);
 #pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) s[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k + 1]), odd, s[r][j]);
+        for (int r = 0; r < MR; ++r) s[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(af[r * lda + k + 1]), odd, s[r][j]);
+      }
+    } else {
+      const uint16_t* ab = static_cast<const uint16_t*>(a);
+      const __m512bh b0 = (__m512bh)_mm512_load_si512(bk), b1 = (__m512bh)_mm512_load_si512(bk + 32);
+      const __m512bh b2 = (__m512bh)_mm512_load_si512(bk + 64), b3 = (__m512bh)_mm512_load_si512(bk + 96);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, ab + r * lda + k, 4);
+        const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+        s[r][0] = _mm512_dpbf16_ps(s[r][0], av, b0);
+        s[r][1] = _mm512_dpbf16_ps(s[r][1], av, b1);
+        s[r][2] = _mm512_dpbf16_ps(s[r][2], av, b2);
+        s[r][3] = _mm512_dpbf16_ps(s[r][3], av, b3);
+      }
     }
   }
   store<MR, S>(s, c, bf, ldc_bytes, width, acc);
@@ -147,8 +140,8 @@ void rows(int64_t Kp, const uint16_t* a, int64_t lda, const uint16_t* b, size_t 
     char* cp = c + size_t(p * kTnNR) * celt;
     auto run = [&](auto store_mode) {
       constexpr Store S = decltype(store_mode)::value;
-      if (af) tile_widen<MR, S>(Kp, af, Kp, bp, cp, bf, ldc_bytes, width, acc);
-      else tile<MR, S>(Kp, a, lda, bp, cp, bf, ldc_bytes, width, acc);
+      if (af) tile<MR, S, true>(Kp, af, Kp, bp, cp, bf, ldc_bytes, width, acc);
+      else tile<MR, S, false>(Kp, a, lda, bp, cp, bf, ldc_bytes, width, acc);
     };
     if (aligned && width == kTnNR) {
       if (bf) run(std::integral_constant<Store, Store::bf16_stream>());
