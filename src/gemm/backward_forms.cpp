@@ -154,7 +154,12 @@ void nt_unit(const NtJob& j, WForm f, int64_t ub) {
   const int64_t K = j.w[0].K + j.w[1].K, Kp = pad_pairs(l, K);
   const size_t elt = layout_elt(l);
   const DType kdt = l == Layout::f32 ? DType::f32 : DType::bf16;
-  const bool in_place = !j.a.rows && j.a.dtype == kdt && Kp == K;
+  // Kernels with an fp32-A entry (the widening and AVX2 bf16 kernels) get A packed as fp32 once per
+  // row block, not widened again by every tile call.
+  const bool f32a = kern.fn_f32a != nullptr;
+  const KernelFn fn = f32a ? kern.fn_f32a : kern.fn;
+  const size_t aelt = f32a ? 4 : elt;
+  const bool in_place = !f32a && !j.a.rows && j.a.dtype == kdt && Kp == K;
   const int64_t kc = std::max<int64_t>(2, std::min(kern.kc, Kp));  // even, so chunks start at pairs
   Scratch& s = scratch();
   char* panel = s.panel.get(size_t(kc) * kNR * elt);
@@ -168,8 +173,8 @@ void nt_unit(const NtJob& j, WForm f, int64_t ub) {
       lda = j.a.ld;
     } else {  // converted / gathered rows, once per row block
       lda = std::max<int64_t>(Kp, 2);
-      char* buf = s.a.get(size_t(mc * lda) * elt + 64);
-      pack_a({j.a.data, j.a.dtype, j.a.ld, 1, j.a.rows}, m0, mc, mc, K, l, buf, lda);
+      char* buf = s.a.get(size_t(mc * lda) * aelt + 64);
+      pack_a({j.a.data, j.a.dtype, j.a.ld, 1, j.a.rows}, m0, mc, mc, K, f32a ? Layout::f32 : l, buf, lda);
       a = buf;
     }
     for (int64_t p = p0; p < p1; ++p) {
@@ -181,9 +186,9 @@ void nt_unit(const NtJob& j, WForm f, int64_t ub) {
         pack_nt_chunk(j, f, l, p, pc, kcur, panel, pc + kcur < Kp);
         for (int64_t ir = 0; ir < mc; ir += kern.mr) {
           const int rows = int(std::min<int64_t>(kern.mr, mc - ir));
-          const char* ap = a + size_t(ir * lda + pc) * elt;
-          if (tile) kern.fn(rows, kcur, ap, lda, panel, tile + ir * kNR, kNR, pc > 0);
-          else kern.fn(rows, kcur, ap, lda, panel, j.c + (m0 + ir) * j.ldc + n0, j.ldc, pc > 0 || j.accumulate);
+          const char* ap = a + size_t(ir * lda + pc) * aelt;
+          if (tile) fn(rows, kcur, ap, lda, panel, tile + ir * kNR, kNR, pc > 0);
+          else fn(rows, kcur, ap, lda, panel, j.c + (m0 + ir) * j.ldc + n0, j.ldc, pc > 0 || j.accumulate);
         }
       }
       if (tile) store_tile(tile, kNR, int(mc), w, j.c + m0 * j.ldc + n0, DType::f32, j.ldc, j.accumulate);

@@ -249,7 +249,7 @@ Kernel select_kernel(Layout layout, int64_t M) {
     // 18 KiB B chunk. Decode row blocks are bound by the weight stream, not the multiplier: they keep
     // the vdpbf16ps decode kernel where there is one.
     if (cpu::has(cpu::Isa::avx512))
-      return {kernel_avx512_bf16_widen,
+      return {nullptr,  // fp32-A entries only (fn_f32a): A is packed as fp32
               8,
               192,
               false,

@@ -87,7 +87,7 @@ using KernelFn = void (*)(int mr, int64_t kc, const void* a, int64_t lda, const 
 // panel / tile start): a partial last panel, or a panel shared by two threads of a column split.
 using KernelColsFn = void (*)(int mr, int j0, int nz, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 struct Kernel {
-  KernelFn fn = nullptr;
+  KernelFn fn = nullptr;  // A in B's layout; null where the kernel takes only fp32 A (fn_f32a)
   int mr = 8;            // rows per call (AMX: 32, and the A block is zero-padded to it)
   int64_t kc = 256;      // K block that keeps a B panel chunk in L1
   bool pad_rows = false; // the kernel always computes mr rows
@@ -99,8 +99,9 @@ struct Kernel {
   // Row tiles of mr rows and one shorter last tile, instead of balanced heights (the AVX2 bf16
   // kernel: its 4-row groups are fast, its 3- and 2-row ones latency-bound; see kernel_avx2_bf16).
   bool full_tiles = false;
-  // When set: fn on A packed as fp32 (B still in its layout), which the driver then packs, except for
-  // decode row blocks (the AVX2 bf16 kernel broadcasts fp32 A rows instead of widening them per call).
+  // When set: fn on A packed as fp32 (B still in its layout), which every caller then packs, except
+  // for decode row blocks (the AVX2 bf16 kernel broadcasts fp32 A rows instead of widening them per
+  // call; the widening kernel has no other entry).
   KernelFn fn_f32a = nullptr;
   // fn_f32a that, instead of its own prefetch a fixed distance ahead, spreads `pf_lines` cache-line
   // prefetches (into L2) from `pf` over its k loop: the driver gives each row tile of a K chunk its
@@ -169,7 +170,6 @@ void kernel_decode_bf16(int mr, int64_t kc, const void* a, int64_t lda, const vo
 void kernel_decode_panels_bf16(int mr, int64_t kc, const void* a, int64_t lda, const char* const* panels, float* const* tiles, int n, int64_t ldc);
 void kernel_decode_panels_avx2_bf16(int mr, int64_t kc, const void* a, int64_t lda, const char* const* panels, float* const* tiles, int n,
                                     int64_t ldc);
-void kernel_avx512_bf16_widen(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 void kernel_avx512_bf16_widen_f32a(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);  // fp32 A
 void kernel_avx512_bf16_widen_f32a_spread(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c,
                                           const char* pf, int64_t pf_lines);

@@ -14,9 +14,9 @@
 // three ran from cache: with the driver's spread form (each tile prefetches a share of the next
 // chunk into L2) moe_ffn qwen3 T512 is 9-10% faster (b/a 0.903-0.908, 20 pairs; T0 hint 0.92-0.94;
 // e64 / mixtral T512 and the M256 GEMM 0.97).
+// Only fp32-A entries: every caller packs A as fp32 for a kernel that has them (Kernel::fn_f32a), so
+// A is widened once per row block, not by every tile call.
 #include <immintrin.h>
-
-#include <cstring>
 
 #include "src/gemm/internal.h"
 
@@ -89,9 +89,6 @@ void tile_any_rows(int mr, int64_t kc, const float* a, int64_t lda, const uint16
   with_mr(mr, [&](auto R) { tile_widen<decltype(R)::value, NZ>(kc, a, lda, b, c, ldc, load_c, pf, pf_lines); });
 }
 
-// A K chunk of bf16 A rows widened into an L1 buffer (8 rows x 256 floats, 8 KiB) for the bf16-A entry.
-constexpr int64_t kKChunk = 256;
-
 }  // namespace
 
 void kernel_avx512_bf16_widen_f32a(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
@@ -113,34 +110,6 @@ void kernel_avx512_bf16_widen_f32a_cols(int mr, int j0, int nz, int64_t kc, cons
     case 2: tile_any_rows<2>(mr, kc, af, lda, bj, cj, ldc, load_c); break;
     default: tile_any_rows<3>(mr, kc, af, lda, bj, cj, ldc, load_c); break;
   }
-}
-
-// bf16 A (the callers that pack A in B's layout): each K chunk's rows widen once into L1 (exact),
-// then run as fp32 A; the tile's fp32 sums pass through C between chunks in the same order.
-void kernel_avx512_bf16_widen(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {
-  const uint16_t* A = static_cast<const uint16_t*>(a);
-  const uint16_t* B = static_cast<const uint16_t*>(b);
-  const int rows = mr < 8 ? mr : 8;
-  alignas(64) float wide[8 * kKChunk];
-  int64_t k0 = 0;
-  do {  // at least once: kc = 0 still writes (or keeps) the tile
-    const int64_t n = kc - k0 < kKChunk ? kc - k0 : kKChunk;
-    const int64_t np = (n + 1) & ~int64_t(1);  // whole pairs, as the pair loop reads them
-    for (int r = 0; r < rows; ++r) {
-      const uint16_t* s = A + r * lda + k0;
-      float* d = wide + r * kKChunk;
-      int64_t k = 0;
-      for (; k + 16 <= np; k += 16)
-        _mm512_storeu_ps(d + k, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                    _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + k))), 16)));
-      for (; k < np; ++k) {
-        const uint32_t u = uint32_t(s[k]) << 16;
-        std::memcpy(d + k, &u, 4);
-      }
-    }
-    tile_any_rows<3>(mr, n, wide, kKChunk, B + k0 * kNR, c, ldc, load_c || k0 > 0);
-    k0 += kKChunk;
-  } while (k0 < kc);
 }
 
 }  // namespace ot::gemm::detail
