@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "src/gemm/internal.h"
+#include "src/gemm/tile_io_avx512.h"
 
 namespace ot::gemm::detail {
 
@@ -16,10 +17,7 @@ constexpr int64_t kPf = 32;  // k-pairs ahead (6 KiB of panel)
 template <int MR, int NZ>
 static void tile_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
   __m512 acc[MR][NZ];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 3
-    for (int j = 0; j < NZ; ++j) acc[r][j] = load_c ? _mm512_loadu_ps(c + r * ldc + 16 * j) : _mm512_setzero_ps();
+  load_acc(acc, c, ldc, load_c);
   for (int64_t k = 0; k < kc; k += 2) {
     const uint16_t* bk = b + k * kNR;  // pair k/2 starts at (k/2) * 96 elements
     // The B stream runs ahead of the hardware prefetcher's reach at small M (each weight line is
@@ -39,10 +37,7 @@ static void tile_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t
       for (int j = 0; j < NZ; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av, bv[j]);
     }
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 3
-    for (int j = 0; j < NZ; ++j) _mm512_storeu_ps(c + r * ldc + 16 * j, acc[r][j]);
+  store_acc(acc, c, ldc);
 }
 
 // The whole-panel tile, written out (its code is the one measured in docs/moe.md; the generic form
@@ -50,9 +45,7 @@ static void tile_bf16(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t
 template <int MR>
 static void tile_bf16_panel(int64_t kc, const uint16_t* a, int64_t lda, const uint16_t* b, float* c, int64_t ldc, bool load_c) {
   __m512 acc[MR][3];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < 3; ++j) acc[r][j] = load_c ? _mm512_loadu_ps(c + r * ldc + 16 * j) : _mm512_setzero_ps();
+  load_acc(acc, c, ldc, load_c);
   for (int64_t k = 0; k < kc; k += 2) {
     const uint16_t* bk = b + k * kNR;  // pair k/2 starts at (k/2) * 96 elements
     _mm_prefetch(reinterpret_cast<const char*>(bk + kPf * 2 * kNR), _MM_HINT_T0);
@@ -69,9 +62,7 @@ static void tile_bf16_panel(int64_t kc, const uint16_t* a, int64_t lda, const ui
       acc[r][2] = _mm512_dpbf16_ps(acc[r][2], av, b2);
     }
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < 3; ++j) _mm512_storeu_ps(c + r * ldc + 16 * j, acc[r][j]);
+  store_acc(acc, c, ldc);
 }
 
 void kernel_avx512_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {

@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include "src/gemm/internal.h"
+#include "src/gemm/tile_io_avx512.h"
 
 namespace ot::gemm::detail {
 
@@ -40,10 +41,7 @@ void tile_widen(int64_t kc, const float* a, int64_t lda, const uint16_t* b, floa
   // the K chunks that several row tiles reuse from L1/L2.
   const int64_t far_pairs = pf ? 0 : far_prefetch_pairs(), far = pairs > far_pairs ? far_pairs * 2 * kNR : 0;
   __m512 acc[MR][NZ];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 3
-    for (int j = 0; j < NZ; ++j) acc[r][j] = load_c ? _mm512_loadu_ps(c + r * ldc + 16 * j) : _mm512_setzero_ps();
+  load_acc(acc, c, ldc, load_c);
   for (int64_t k = 0; k < kc; k += 2) {
     const uint16_t* bk = b + k * kNR;
     __m512i v[NZ];
@@ -77,10 +75,7 @@ void tile_widen(int64_t kc, const float* a, int64_t lda, const uint16_t* b, floa
       for (int j = 0; j < NZ; ++j) acc[r][j] = _mm512_fmadd_ps(ao, w[j], acc[r][j]);
     }
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 3
-    for (int j = 0; j < NZ; ++j) _mm512_storeu_ps(c + r * ldc + 16 * j, acc[r][j]);
+  store_acc(acc, c, ldc);
 }
 
 template <int NZ>

@@ -3,15 +3,14 @@
 #include <immintrin.h>
 
 #include "src/gemm/internal.h"
+#include "src/gemm/tile_io_avx512.h"
 
 namespace ot::gemm::detail {
 
 template <int MR>
 static void tile_f32(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc, bool load_c) {
   __m512 acc[MR][3];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < 3; ++j) acc[r][j] = load_c ? _mm512_loadu_ps(c + r * ldc + 16 * j) : _mm512_setzero_ps();
+  load_acc(acc, c, ldc, load_c);
   for (int64_t k = 0; k < kc; ++k) {
     const float* bk = b + k * kNR;
     __m512 b0 = _mm512_load_ps(bk), b1 = _mm512_load_ps(bk + 16), b2 = _mm512_load_ps(bk + 32);
@@ -23,9 +22,7 @@ static void tile_f32(int64_t kc, const float* a, int64_t lda, const float* b, fl
       acc[r][2] = _mm512_fmadd_ps(av, b2, acc[r][2]);
     }
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < 3; ++j) _mm512_storeu_ps(c + r * ldc + 16 * j, acc[r][j]);
+  store_acc(acc, c, ldc);
 }
 
 void kernel_avx512_f32(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c) {

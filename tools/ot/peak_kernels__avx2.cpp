@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "src/gemm/rate_loops_acc.h"
+
 namespace ot::cli::peak {
 
 namespace {
@@ -14,26 +16,11 @@ float hsum(__m256 v) {
 }
 }  // namespace
 
-// 12 independent accumulators hide the FMA latency on both pipes (see src/gemm/rate_loops_acc.h).
+// 12 independent accumulators hide the FMA latency on both pipes (src/gemm/rate_loops_acc.h).
 float fma_loop_avx2(int64_t iters) {
-  __m256 x = _mm256_set1_ps(0.999f);
-  const __m256 y = _mm256_set1_ps(1e-3f);
-#define OT_PEAK_ACCS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-#define DECL(i) __m256 a##i = _mm256_set1_ps(1.f + 0.01f * i);
-#define STEP(i) a##i = _mm256_fmadd_ps(a##i, x, y);
-#define SUM(i) s = _mm256_add_ps(s, a##i);
-  OT_PEAK_ACCS(DECL)
-  for (int64_t it = 0; it < iters; ++it) {
-    OT_PEAK_ACCS(STEP)
-    __asm__ volatile("" : "+x"(x));
-  }
-  __m256 s = _mm256_setzero_ps();
-  OT_PEAK_ACCS(SUM)
-  return hsum(s);
-#undef DECL
-#undef STEP
-#undef SUM
-#undef OT_PEAK_ACCS
+  return hsum(gemm::detail::acc_loop(
+      iters, _mm256_set1_ps(0.999f), _mm256_set1_ps(1e-3f), [](float f) { return _mm256_set1_ps(f); },
+      [](__m256 a, __m256 x, __m256 y) { return _mm256_fmadd_ps(a, x, y); }, [](__m256 a, __m256 b) { return _mm256_add_ps(a, b); }));
 }
 
 // Sums n floats (n % 32 == 0, p 32-byte aligned) with four independent accumulators.
