@@ -40,6 +40,16 @@ inline std::vector<IsaPath> isa_paths() {
   return v;
 }
 
+// The highest level up to AVX-512 BF16 this CPU has (that one once per bf16 kernel): for the
+// backward forms' tiles, which run on AVX-512 BF16 but never on AMX.
+inline std::vector<IsaPath> top_vector_isa_paths() {
+  const cpu::Isa top = std::min(cpu::detected_isa(), cpu::Isa::avx512_bf16);
+  std::vector<IsaPath> v;
+  for (const IsaPath& p : isa_paths())
+    if (p.isa == top) v.push_back(p);
+  return v;
+}
+
 // Caps the ISA and sets the bf16 kernel of a path for a scope.
 class ScopedIsaPath {
  public:

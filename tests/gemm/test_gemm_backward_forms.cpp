@@ -103,10 +103,8 @@ TEST(GemmNt, SwappedFormEdges) {
   std::vector<int64_t> ms;
   for (int64_t m = 1; m <= 49; ++m) ms.push_back(m);
   for (int64_t m : {63, 64, 65}) ms.push_back(m);
-  std::vector<IsaPath> paths = {IsaPath{cpu::detected_isa()}};
-  if (cpu::has(cpu::Isa::avx512_bf16)) paths = {{cpu::Isa::avx512_bf16, 1}, {cpu::Isa::avx512_bf16, 2}};
   uint32_t seed = 3000;
-  for (const IsaPath& isa : paths) {
+  for (const IsaPath& isa : top_vector_isa_paths()) {
     for (int64_t m : ms) {
       NtCase cs{m, m % 2 ? 200 : 57, m % 3 ? 66 : 130, m % 3 ? 34 : 0};
       cs.gather = m % 2 == 0;
@@ -253,8 +251,8 @@ TEST(GemmTn, MatchesReferenceAcrossIsaAndShapes) {
 TEST(GemmTn, DirectPathEdges) {
   if (!cpu::has(cpu::Isa::avx512_bf16)) GTEST_SKIP() << "no AVX512_BF16";
   uint32_t seed = 7000;
-  for (int form : {1, 2}) {
-    ScopedIsaPath cap({cpu::Isa::avx512_bf16, form});
+  for (const IsaPath& isa : top_vector_isa_paths()) {
+    ScopedIsaPath cap(isa);
     for (TnCase cs : {TnCase{1, 6, 64}, TnCase{2, 7, 128}, TnCase{31, 13, 256}, TnCase{32, 96, 320}, TnCase{33, 100, 200}, TnCase{5, 5, 65},
                       TnCase{300, 12, 192}, TnCase{0, 8, 64}})
       for (bool acc : {false, true})
@@ -264,7 +262,7 @@ TEST(GemmTn, DirectPathEdges) {
             cs.ldc_pad = pad;
             cs.c = c;
             EXPECT_LE(tn_case_error(cs, seed), c == DType::bf16 ? 4e-3 : kTol)
-                << "form " << form << " K" << cs.K << " M" << cs.M << " N" << cs.N << " acc " << acc << " pad " << pad << " c " << dtype_name(c);
+                << "isa " << isa_str(isa) << " K" << cs.K << " M" << cs.M << " N" << cs.N << " acc " << acc << " pad " << pad << " c " << dtype_name(c);
             seed += 3;
           }
   }
