@@ -31,6 +31,10 @@ knobs::Knob g_spread_pf("gemm.spread_pf", 1, 0, 1, "row tiles of a K chunk prefe
 // kept, 1.10-1.14 without it; 64 and 256 pairs no better). Not measured on AMD: off there.
 knobs::Knob g_far_pf("gemm.far_pf", cpu::features().intel ? 128 : 0, 0, 1024,
                      "streaming kernels (decode pair tile, single-tile widening blocks): L2 prefetch this many k pairs ahead (0 = none)");
+// The AMX kernel's path on the software model of the tile unit (amx_emulator.h), for the tests on
+// machines without AMX (none of this project's has exposed it): the driver, packing and kernel of
+// AMX machines, checked here. ~1000x slower than the tiles.
+knobs::Knob g_amx_emulate("gemm.amx_emulate", 0, 0, 1, "1: row blocks the AMX kernel would take run it on the software model of the tile unit (tests)");
 knobs::Knob g_decode_rows("gemm.decode_rows", kDecodeRows, 0, kDecodeRows,
                           "row blocks of up to this many rows stream on the decode kernel (larger ones: the 8x48 kernel)");
 
@@ -239,6 +243,7 @@ Layout layout_for(DType a, DType b) {
 
 Kernel select_kernel(Layout layout, int64_t M) {
   if (layout == Layout::bf16_vnni) {
+    if (g_amx_emulate.get() && M >= 16) return {kernel_amx_bf16_emulated, 32, 512, true, "amx_bf16_emulated"};
     if (cpu::has(cpu::Isa::amx) && M >= 16) return {kernel_amx_bf16, 32, 512, true, "amx_bf16"};
     const bool dot = cpu::has(cpu::Isa::avx512_bf16);
     // 18 KiB B chunk + 4 A tiles fit L1; row blocks of <= kDecodeRows rows (all when M is) stream on the decode kernel.

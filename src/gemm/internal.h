@@ -176,6 +176,8 @@ void kernel_avx512_bf16_widen_f32a_spread(int mr, int64_t kc, const void* a, int
 void kernel_avx512_bf16_widen_f32a_cols(int mr, int j0, int nz, int64_t kc, const void* a, int64_t lda, const void* b, float* c,
                                         int64_t ldc, bool load_c);
 void kernel_amx_bf16(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
+// The same kernel on the software model of the tile unit (amx_emulator.h; knob gemm.amx_emulate).
+void kernel_amx_bf16_emulated(int mr, int64_t kc, const void* a, int64_t lda, const void* b, float* c, int64_t ldc, bool load_c);
 
 // Everything the epilogue needs: out = alpha*a_scale*acc (+bias) -> act -> *row_scale -> (+ beta*C).
 struct EpiArgs {

@@ -19,14 +19,17 @@ namespace ot::gemm::testing {
 
 // A dispatch level and, on AVX-512 BF16, which bf16 kernel runs (knob gemm.bf16_kernel: 1 vdpbf16ps,
 // 2 widening to fp32 FMAs; 0 the measured default): this CPU picks one of the two by itself, and
-// both must be right on every machine that can run them.
+// both must be right on every machine that can run them. amx_emulated (knob gemm.amx_emulate): row
+// blocks of >= 16 rows run the AMX kernel on the software model of the tile unit.
 struct IsaPath {
   cpu::Isa isa = cpu::Isa::scalar;
   int bf16_kernel = 0;
+  bool amx_emulated = false;
   operator cpu::Isa() const { return isa; }  // NOLINT(google-explicit-constructor): loops compare levels
 };
 
-// Every dispatch level up to what the CPU has (AVX-512 BF16 twice: both bf16 kernels).
+// Every dispatch level up to what the CPU has (AVX-512 BF16 twice: both bf16 kernels), then the top
+// level again with the AMX kernel on its software model (AMX's driver path, checked where no AMX runs).
 inline std::vector<IsaPath> isa_paths() {
   std::vector<IsaPath> v;
   for (int i = 0; i <= int(cpu::detected_isa()); ++i) {
@@ -37,6 +40,7 @@ inline std::vector<IsaPath> isa_paths() {
       v.push_back({cpu::Isa(i), 0});
     }
   }
+  if (cpu::detected_isa() >= cpu::Isa::avx2) v.push_back({cpu::detected_isa(), 0, true});
   return v;
 }
 
@@ -46,21 +50,27 @@ inline std::vector<IsaPath> top_vector_isa_paths() {
   const cpu::Isa top = std::min(cpu::detected_isa(), cpu::Isa::avx512_bf16);
   std::vector<IsaPath> v;
   for (const IsaPath& p : isa_paths())
-    if (p.isa == top) v.push_back(p);
+    if (p.isa == top && !p.amx_emulated) v.push_back(p);
   return v;
 }
 
-// Caps the ISA and sets the bf16 kernel of a path for a scope.
+// Caps the ISA and sets the bf16 kernel and the AMX model of a path for a scope.
 class ScopedIsaPath {
  public:
-  explicit ScopedIsaPath(const IsaPath& p) : cap_(p.isa), prev_(knobs::get("gemm.bf16_kernel")) { knobs::set("gemm.bf16_kernel", p.bf16_kernel); }
-  ~ScopedIsaPath() { knobs::set("gemm.bf16_kernel", prev_); }
+  explicit ScopedIsaPath(const IsaPath& p) : cap_(p.isa), prev_(knobs::get("gemm.bf16_kernel")), prev_amx_(knobs::get("gemm.amx_emulate")) {
+    knobs::set("gemm.bf16_kernel", p.bf16_kernel);
+    knobs::set("gemm.amx_emulate", p.amx_emulated);
+  }
+  ~ScopedIsaPath() {
+    knobs::set("gemm.bf16_kernel", prev_);
+    knobs::set("gemm.amx_emulate", prev_amx_);
+  }
   ScopedIsaPath(const ScopedIsaPath&) = delete;
   ScopedIsaPath& operator=(const ScopedIsaPath&) = delete;
 
  private:
   cpu::ScopedMaxIsa cap_;
-  int64_t prev_;
+  int64_t prev_, prev_amx_;
 };
 
 inline Tensor random_tensor(DType t, const std::vector<int64_t>& shape, uint32_t seed, float lo = -1.f, float hi = 1.f) {
@@ -96,7 +106,7 @@ inline double tol_for(DType out, bool bf16_compute) {
 
 inline std::string isa_str(cpu::Isa i) { return cpu::isa_name(i); }
 inline std::string isa_str(const IsaPath& p) {
-  return isa_str(p.isa) + (p.bf16_kernel == 1 ? "/vdpbf16ps" : p.bf16_kernel == 2 ? "/widen" : "");
+  return isa_str(p.isa) + (p.bf16_kernel == 1 ? "/vdpbf16ps" : p.bf16_kernel == 2 ? "/widen" : "") + (p.amx_emulated ? "/amx-emulated" : "");
 }
 
 }  // namespace ot::gemm::testing

@@ -1,7 +1,9 @@
 // moe_ffn and its stages: fused layer vs the reference over token counts, dtypes, routers, weight
 // layouts, capacity, shared expert + residual; expert store updates; losses; errors.
 #include "helpers.h"
+#include "ot/cpu.h"
 #include "ot/trace.h"
+#include "src/core/knobs.h"
 
 using namespace ot;
 using namespace ot::moe;
@@ -65,6 +67,31 @@ TEST(MoeFfn, MatchesReferenceOverTokensAndDtypes) {
       EXPECT_EQ(total, T * 2);
     }
   }
+}
+
+// Prefill on the AMX kernel's software model (knob gemm.amx_emulate): experts of >= 16 rows take the
+// AMX tiles (rows padded to 32, the down GEMM's race-free column split with whole-panel tiles),
+// the rest the vector kernels, in one call.
+TEST(MoeFfn, PrefillOnTheAmxKernelModel) {
+  if (cpu::detected_isa() < cpu::Isa::avx2) GTEST_SKIP() << "bf16 pairs need AVX2";
+  const int64_t prev = knobs::get("gemm.amx_emulate");
+  knobs::set("gemm.amx_emulate", 1);
+  EXPECT_STREQ(gemm::kernel_name(DType::bf16, DType::bf16, 16), "amx_bf16_emulated");
+  {
+    const DType t = DType::bf16;  // (fp32 and fp16 weights run on the fp32 kernels)
+    Layer L(t, 8, 64, 48, 11);
+    gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
+    MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+    for (int64_t T : {7, 100, 300}) {
+      Tensor x = randn(t, {T, 64}, uint32_t(T + 3));
+      MoeFfnOptions o;
+      o.k = 2;
+      o.norm_topk_prob = true;
+      MoeFfnResult f = moe_ffn(x, router, ex, o), r = ref::moe_ffn(x, L.router, L.gate, L.up, L.down, o);
+      expect_ffn_match(f, r, t, (std::string(dtype_name(t)) + " T " + std::to_string(T)).c_str());
+    }
+  }
+  knobs::set("gemm.amx_emulate", prev);
 }
 
 TEST(MoeFfn, RoutersCapacitySharedResidual) {
