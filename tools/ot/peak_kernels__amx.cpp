@@ -4,16 +4,12 @@
 
 #include <cstdint>
 
+#include "src/gemm/amx_tile_block.h"
+
 namespace ot::cli::peak {
 
 float amx_loop(int64_t iters) {
-  struct alignas(64) Cfg {
-    uint8_t palette = 1, start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-  } cfg;
-  for (int t = 0; t < 8; ++t) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+  static constexpr gemm::detail::TileConfig cfg = gemm::detail::amx_kernel_config();  // the GEMM kernel's: 16 rows x 64 bytes
   _tile_loadconfig(&cfg);
   alignas(64) static uint16_t ab[16 * 32];
   alignas(64) static float c[16 * 16];
