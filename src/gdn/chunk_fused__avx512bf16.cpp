@@ -94,17 +94,12 @@ inline void micro_widen(const float* A, int64_t lda, const uint32_t* B, int64_t 
   store_tile(acc, Cp, ldc, e, i0);
 }
 
-inline void bf16_row_to_f32(const uint16_t* x, float* y, int64_t n) {
-  for (int64_t j = 0; j < n; j += 16)
-    _mm512_storeu_ps(y + j, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j))), 16)));
-}
-
 // m % MR == 0, n % NR == 0, k even. a32 (m x k floats), when set: run on micro_widen with A widened into it.
 void mm(const uint16_t* A, int64_t lda, const uint32_t* B, int64_t n, int64_t k, float* Cp, int64_t ldc, int64_t m, const Epi& e,
         float* a32) {
   const int64_t kp = k / 2;
   if (a32)
-    for (int64_t i = 0; i < m; ++i) bf16_row_to_f32(A + i * lda, a32 + i * k, k);
+    for (int64_t i = 0; i < m; ++i) convert_to_f32(A + i * lda, DType::bf16, a32 + i * k, k);
   for (int64_t j0 = 0; j0 < n; j0 += NR)
     for (int64_t i0 = 0; i0 < m; i0 += MR) {
       if (e.tri_n && j0 > i0 + MR - 1) continue;

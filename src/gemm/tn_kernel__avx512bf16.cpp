@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ot/numeric.h"
 #include "src/core/cvt_avx512.h"
 #include "src/gemm/tn_form.h"
 
@@ -112,17 +113,7 @@ template <int MR>
 const float* widen_rows(const uint16_t* a, int64_t lda, int64_t Kp) {
   thread_local std::vector<float> buf;
   if (buf.size() < size_t(MR * Kp)) buf.resize(size_t(MR * Kp));
-  for (int r = 0; r < MR; ++r) {
-    const uint16_t* src = a + r * lda;
-    float* dst = buf.data() + r * Kp;
-    int64_t k = 0;
-    for (; k + 16 <= Kp; k += 16)
-      _mm512_storeu_ps(dst + k, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k))), 16)));
-    for (; k < Kp; ++k) {
-      const uint32_t u = uint32_t(src[k]) << 16;
-      std::memcpy(dst + k, &u, 4);
-    }
-  }
+  for (int r = 0; r < MR; ++r) convert_to_f32(a + r * lda, DType::bf16, buf.data() + r * Kp, Kp);
   return buf.data();
 }
 
