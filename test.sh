@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # All set-up and every test: installs packages, builds release and sanitizer (ASan+UBSan) builds,
-# runs the C++ suites (CTest) on both, then the Python tests against the release build.
+# runs the C++ suites (CTest) on both, checks the installed forms (CMake package, pkg-config, pip,
+# .deb), then the Python tests on the package pip-installed from the release build.
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/setup.sh
@@ -11,7 +12,9 @@ echo "== C++ tests (release)"
 ctest --test-dir build/release --output-on-failure
 echo "== C++ tests (ASan + UBSan)"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build/asan --output-on-failure
-if [ -d python/tests ] && ls python/tests/test_*.py >/dev/null 2>&1; then
-  echo "== Python tests"
-  OT_BUILD_DIR="$PWD/build/release" PYTHONPATH="$PWD/python" /usr/bin/python3 -m pytest -q python/tests
-fi
+echo "== Install checks"
+scripts/check_install.sh build/release
+echo "== Python tests (the package as pip installs it, into build/venv)"
+[ -x build/venv/bin/python ] || /usr/bin/python3 -m venv --system-site-packages build/venv
+OT_BUILD_DIR="$PWD/build/release" build/venv/bin/pip install -q --no-build-isolation --no-deps --no-index ./python
+build/venv/bin/python -m pytest -q python/tests

@@ -8,6 +8,8 @@ PKGS=(
   libopenmpi-dev openmpi-bin                    # expert parallelism
   libtorch-dev python3-torch python3-numpy      # PyTorch extension
   python3-pytest pybind11-dev python3-dev
+  python3-setuptools python3-wheel python3-pip python3-venv   # pip install of python/
+  dpkg-dev file                                 # cpack -G DEB (dpkg-shlibdeps)
   libdnnl-dev                                   # oneDNN: benchmark-only comparison
   python3-matplotlib                            # charts of `ot report`
   fortunes-min                                  # text corpus of `ot train-moe`

@@ -1,8 +1,10 @@
 """Finds and loads the compiled extension (libot_torch.so) that registers torch.ops.ops_transformer.
 
-Search order: $OT_BUILD_DIR, then the build folders of the checkout this package lives in
-(build/release, then build/dev)."""
+Search order: the package folder itself (an installed package: `pip install python/`), then
+$OT_BUILD_DIR, then the build folders of the checkout this package lives in (build/release, then
+build/dev: a source tree on PYTHONPATH)."""
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -11,11 +13,12 @@ LIB_NAME = "libot_torch.so"
 
 
 def candidates():
-    out = []
+    here = Path(__file__).resolve().parent
+    out = [here / LIB_NAME]
     env = os.environ.get("OT_BUILD_DIR")
     if env:
         out.append(Path(env) / LIB_NAME)
-    root = Path(__file__).resolve().parent.parent.parent
+    root = here.parent.parent
     for sub in ("release", "dev"):
         out.append(root / "build" / sub / LIB_NAME)
     return out
@@ -29,8 +32,16 @@ def load():
     tried = ", ".join(str(p) for p in candidates())
     raise ImportError(
         f"ops_transformer: {LIB_NAME} not found (tried {tried}). Build it with "
-        "`scripts/build.sh release` (or set OT_BUILD_DIR to the build folder)."
+        "`scripts/build.sh release` (or set OT_BUILD_DIR to the build folder), or install the package: "
+        "`pip install --no-build-isolation python/`."
     )
+
+
+def source_tree_version():
+    """The version in CMakeLists.txt's project(VERSION ...), for a package run from the source tree
+    (an installed one has _version.py, written from the same number)."""
+    text = (Path(__file__).resolve().parent.parent.parent / "CMakeLists.txt").read_text()
+    return re.search(r"project\(ops_transformer VERSION ([0-9.]+)", text).group(1)
 
 
 library_path = load()

@@ -22,7 +22,7 @@ def test_under_mpirun(worker, np_):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
     env.setdefault("OT_BUILD_DIR", str(Path(ot.library_path).parent))
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), "--mca", "btl", "self,vader,tcp",
-           "/usr/bin/python3", str(HERE / worker)]
+           sys.executable, str(HERE / worker)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]

@@ -1,12 +1,16 @@
 // `ot`: the command-line tool (demo, bench, peak, ...). Commands register themselves (command.h).
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "command.h"
 #include "ot/error.h"
+#include "ot/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"ot: ops-transformer command-line tool (MoE and Gated DeltaNet operators)"};
+  // The loaded library's version (ot::version()), which is the one this tool was built with.
+  app.set_version_flag("--version", std::string("ot (ops-transformer) ") + ot::version());
   app.require_subcommand(1);
   int exit_code = 0;
   ot::cli::build_app(app, &exit_code);
