@@ -7,23 +7,24 @@
 // assigned by output columns so no two threads ever write the same C element.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "ot/error.h"
 #include "ot/parallel.h"
 #include "ot/workspace.h"
 #include "src/core/knobs.h"
 #include "src/gemm/internal.h"
-#include "src/gemm/rate_loops.h"
 
 namespace ot::gemm::detail {
 
 namespace {
 
 knobs::Knob g_bf16_kernel("gemm.bf16_kernel", 0, 0, 2,
-                          "bf16 panels on AVX-512 BF16: 0 = by the measured vdpbf16ps / FMA flop ratio, 1 = vdpbf16ps, 2 = widen to fp32 FMAs");
+                          "bf16 panels on AVX-512 BF16: 0 = by the CPU (vendor, or OT_BF16_KERNEL), 1 = vdpbf16ps, 2 = widen to fp32 FMAs");
 knobs::Knob g_spread_pf("gemm.spread_pf", 1, 0, 1, "row tiles of a K chunk prefetch shares of the next chunk (1) or the kernel's own distance (0)");
 // L1 prefetches are bounded by the core's few fill buffers, so a near prefetch alone keeps about 16
 // lines in flight, short of one core's share of DRAM bandwidth: an L2 prefetch further ahead
@@ -204,34 +205,29 @@ void run_unit(const Job& job, const JobPlan& pl, int64_t mb, int64_t ob0, int64_
 int decode_rows() { return int(g_decode_rows.get()); }
 int64_t far_prefetch_pairs() { return g_far_pf.get(); }
 
-namespace {
-
-// vdpbf16ps flops per fp32 FMA flop on this CPU (AVX-512 BF16 only): the rate loops timed in three
-// interleaved rounds, best of each (a busy sibling thread only slows a sample); ~0.1 ms in all.
-double bf16_dot_to_fma_flop_ratio() {
-  constexpr int64_t kIters = 4000;
-  auto seconds = [](float (*loop)(int64_t)) {
-    const auto t0 = std::chrono::steady_clock::now();
-    volatile float sink = loop(kIters);
-    (void)sink;
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  double dot = 1e30, fma = 1e30;
-  for (int rep = 0; rep < 3; ++rep) dot = std::min(dot, seconds(bf16_dot_loop)), fma = std::min(fma, seconds(fma_loop_avx512));
-  return (double(kBf16DotLoopFlops) / dot) / (double(kFmaLoopFlops) / fma);
+// The bf16 multiplier on AVX-512 BF16 CPUs is decided by the CPU's vendor, never timed inside a
+// call: it sets the rounding of every bf16 product, so one program on one machine must pick the same
+// kernel run after run. Intel's cores (AMX not exposed) run vdpbf16ps at half the fp32 FMA flop rate
+// (Emerald Rapids VM: 177 vs 356 GFLOP/s, `ot peak`, 2 threads): widen to fp32 FMAs there. AMD's
+// Zen 4 / Zen 5 run it at least at the FMA rate (Zen 5 VM: 890-983 GFLOP/s, the faster kernel):
+// vdpbf16ps. OT_BF16_KERNEL=dot|widen overrides; `ot peak` times both and says when they disagree.
+bool bf16_dot_by_cpu() {
+  if (const char* s = std::getenv("OT_BF16_KERNEL")) {
+    const std::string v(s);
+    if (v == "dot") return true;
+    if (v == "widen") return false;
+    OT_CHECK(v.empty(), "environment", "OT_BF16_KERNEL", "dot or widen (the bf16 multiplier on AVX-512 BF16)", "'", v, "'");
+  }
+  return !cpu::features().intel;
 }
-
-}  // namespace
 
 bool bf16_dot_preferred() {
   switch (g_bf16_kernel.get()) {
     case 1: return true;
     case 2: return false;
     default: {
-      // Measured once: the dot product wins where its flop rate is at least the FMAs' (the widening
-      // kernel spends 6 of every 54 FMA-port ops on widening).
-      static const bool fast = cpu::has(cpu::Isa::avx512_bf16) && bf16_dot_to_fma_flop_ratio() >= 1.0;
-      return fast;
+      static const bool dot = cpu::has(cpu::Isa::avx512_bf16) && bf16_dot_by_cpu();
+      return dot;
     }
   }
 }
@@ -242,39 +238,38 @@ Layout layout_for(DType a, DType b) {
 }
 
 Kernel select_kernel(Layout layout, int64_t M) {
+  const bool decode = M <= decode_rows();
   if (layout == Layout::bf16_vnni) {
-    if (g_amx_emulate.get() && M >= 16) return {kernel_amx_bf16_emulated, 32, 512, true, "amx_bf16_emulated"};
-    if (cpu::has(cpu::Isa::amx) && M >= 16) return {kernel_amx_bf16, 32, 512, true, "amx_bf16"};
+    if (g_amx_emulate.get() && M >= 16) return {.fn = kernel_amx_bf16_emulated, .mr = 32, .kc = 512, .pad_rows = true, .name = "amx_bf16_emulated"};
+    if (cpu::has(cpu::Isa::amx) && M >= 16) return {.fn = kernel_amx_bf16, .mr = 32, .kc = 512, .pad_rows = true, .name = "amx_bf16"};
     const bool dot = cpu::has(cpu::Isa::avx512_bf16);
     // 18 KiB B chunk + 4 A tiles fit L1; row blocks of <= kDecodeRows rows (all when M is) stream on the decode kernel.
     if (dot && bf16_dot_preferred())
-      return {kernel_avx512_bf16, 8, 192, false, M <= decode_rows() ? "avx512_bf16_decode" : "avx512_bf16", kernel_decode_panels_bf16,
-              kernel_avx512_bf16_cols};
+      return {.fn = kernel_avx512_bf16, .mr = 8, .kc = 192, .name = decode ? "avx512_bf16_decode" : "avx512_bf16",
+              .decode = kernel_decode_panels_bf16, .cols = kernel_avx512_bf16_cols};
     // vdpbf16ps at half the FMA flop rate (or absent): widen to fp32 FMAs on fp32 A rows, the same
     // 18 KiB B chunk. Decode row blocks are bound by the weight stream, not the multiplier: they keep
     // the vdpbf16ps decode kernel where there is one.
     if (cpu::has(cpu::Isa::avx512))
-      return {nullptr,  // fp32-A entries only (fn_f32a): A is packed as fp32
-              8,
-              192,
-              false,
-              M <= decode_rows() ? (dot ? "avx512_bf16_decode" : "avx2_bf16_decode") : "avx512_bf16_widen",
-              dot ? kernel_decode_panels_bf16 : kernel_decode_panels_avx2_bf16,
-              kernel_avx512_bf16_widen_f32a_cols,
-              false,
-              kernel_avx512_bf16_widen_f32a,
-              kernel_avx512_bf16_widen_f32a_spread};
+      return {.fn = nullptr,  // fp32-A entries only (fn_f32a): A is packed as fp32
+              .mr = 8,
+              .kc = 192,
+              .name = decode ? (dot ? "avx512_bf16_decode" : "avx2_bf16_decode") : "avx512_bf16_widen",
+              .decode = dot ? kernel_decode_panels_bf16 : kernel_decode_panels_avx2_bf16,
+              .cols = kernel_avx512_bf16_widen_f32a_cols,
+              .fn_f32a = kernel_avx512_bf16_widen_f32a,
+              .fn_f32a_spread = kernel_avx512_bf16_widen_f32a_spread};
     // 24 KiB B chunk (128 pairs x 96 bf16) fits a 32 KiB L1 with the A rows; row blocks of <= kDecodeRows
     // rows stream on the AVX2 decode kernel (two panels side by side).
     if (cpu::has(cpu::Isa::avx2))
-      return {kernel_avx2_bf16, 8, 256, false, M <= decode_rows() ? "avx2_bf16_decode" : "avx2_bf16", kernel_decode_panels_avx2_bf16,
-              nullptr, true, kernel_avx2_bf16_f32a};
-    return {kernel_scalar_vnni, 8, 256, false, "scalar"};
+      return {.fn = kernel_avx2_bf16, .mr = 8, .kc = 256, .name = decode ? "avx2_bf16_decode" : "avx2_bf16",
+              .decode = kernel_decode_panels_avx2_bf16, .full_tiles = true, .fn_f32a = kernel_avx2_bf16_f32a};
+    return {.fn = kernel_scalar_vnni, .mr = 8, .kc = 256, .name = "scalar"};
   }
-  if (cpu::has(cpu::Isa::avx512)) return {kernel_avx512_f32, 8, 384, false, "avx512_f32"};
+  if (cpu::has(cpu::Isa::avx512)) return {.fn = kernel_avx512_f32, .mr = 8, .kc = 384, .name = "avx512_f32"};
   // A 24-column half of a 128-deep chunk (12 KiB) is what the 4-row groups sweep: both halves fit a 32 KiB L1.
-  if (cpu::has(cpu::Isa::avx2)) return {kernel_avx2_f32, 8, 128, false, "avx2_f32"};
-  return {kernel_scalar_f32, 8, 256, false, "scalar"};
+  if (cpu::has(cpu::Isa::avx2)) return {.fn = kernel_avx2_f32, .mr = 8, .kc = 128, .name = "avx2_f32"};
+  return {.fn = kernel_scalar_f32, .mr = 8, .kc = 256, .name = "scalar"};
 }
 
 namespace {

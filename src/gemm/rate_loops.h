@@ -1,5 +1,5 @@
-// Register-only loops that time the multipliers: `ot peak` reports their rates, and the GEMM picks its
-// bf16 kernel by their ratio (bf16_dot_preferred, driver.cpp). Each runs iters x 12 independent
+// Register-only loops that time the multipliers for `ot peak`, which reports their rates and whether
+// their ratio agrees with the bf16 kernel the GEMM takes on this CPU (bf16_dot_preferred, driver.cpp). Each runs iters x 12 independent
 // accumulator steps on non-zero data (all-zero operands can run faster and overstate the peak) and
 // returns a checksum so nothing is optimised away.
 #pragma once

@@ -16,6 +16,7 @@
 #include "ot/output_pool.h"
 #include "ot/parallel.h"
 #include "ot/tensor.h"
+#include "src/gemm/internal.h"
 #include "src/gemm/rate_loops.h"
 
 namespace ot::cli {
@@ -292,6 +293,13 @@ static RegisterCommand reg("peak", [](CLI::App& app) {
         p.avx512_bf16_gflops_all, "GFLOP/s");
     row(avx512_cpu ? "AVX-512 fp32 FMA" : "AVX2 fp32 FMA", now.fma_f32_gflops_1t, now.fma_f32_gflops_all, p.fma_f32_gflops_1t, p.fma_f32_gflops_all, "GFLOP/s");
     row("memory read", now.mem_gbps_1t, now.mem_gbps_all, p.mem_gbps_1t, p.mem_gbps_all, "GB/s   ");
+    if (now.avx512_bf16_gflops_all > 0 && now.fma_f32_gflops_all > 0) {
+      // The GEMM's bf16 multiplier is fixed by the CPU's vendor (reproducible bits); this run's rates
+      // say whether that choice suits this CPU, and how to override it if not.
+      const bool dot = gemm::detail::bf16_dot_preferred(), faster = now.avx512_bf16_gflops_all >= now.fma_f32_gflops_all;
+      std::printf("bf16 GEMM kernel: %s; this run's rates favour %s%s\n", dot ? "vdpbf16ps" : "widen to fp32 FMAs",
+                  faster ? "vdpbf16ps" : "widening", dot == faster ? "" : faster ? " (try OT_BF16_KERNEL=dot)" : " (try OT_BF16_KERNEL=widen)");
+    }
   });
 });
 
