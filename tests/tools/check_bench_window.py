@@ -51,8 +51,9 @@ decode = rows("gemm", "--m", "1", "--n", "1024", "--k", "1024", "--repeats", "5"
 check(len(decode) == 1, f"decode gemm rows: {len(decode)}")
 for row in decode:
     check_window(row)
+# Called by its older name, gdn_decode: the alias of recurrent_gated_delta_rule must keep working.
 gdn = rows("gdn_decode", "--case", "qwen35-decode-B1", "--repeats", "5")
-check(len(gdn) == 2, f"gdn_decode B1 rows: {len(gdn)}")
+check(len(gdn) == 2, f"recurrent_gated_delta_rule (alias gdn_decode) B1 rows: {len(gdn)}")
 for row in gdn:
     check_window(row)
 # A GFLOP/s row has no bandwidth, so no window.

@@ -28,7 +28,7 @@ if not failures:
     md = open(md_path).read()
     doc = json.load(open(json_path))
     ops = {x["op"] for x in doc["results"]}
-    check({"gemm", "moe_routing", "gdn_decode"} <= ops, f"families measured: {sorted(ops)}")
+    check({"gemm", "moe_routing", "recurrent_gated_delta_rule"} <= ops, f"families measured: {sorted(ops)}")
     check(doc["peak_bf16_gflops"] > 0 and doc["peak_gbps"] > 0, "machine peaks missing from report.json")
     for op in ops - {"ep"}:
         check(f"## {op}" in md, f"no table for {op} in report.md")

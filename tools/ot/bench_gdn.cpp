@@ -215,10 +215,10 @@ int run_decode(const BenchOptions& opt) {
   return 0;
 }
 
-RegisterBench chunk_bench("gdn_chunk_fwd", "Chunked Gated DeltaNet forward (Qwen3.5 shapes), GFLOP/s by the spec's forward formula",
-                          [](CLI::App*, const BenchOptions& o) { return [&o] { return run_chunk(o); }; });
-RegisterBench decode_bench("gdn_decode", "Recurrent Gated DeltaNet decode from a state cache, GB/s of state traffic",
-                           [](CLI::App*, const BenchOptions& o) { return [&o] { return run_decode(o); }; });
+RegisterBench chunk_bench("chunk_gated_delta_rule_fwd", "Chunked Gated DeltaNet forward (Qwen3.5 shapes), GFLOP/s by the spec's forward formula",
+                          [](CLI::App*, const BenchOptions& o) { return [&o] { return run_chunk(o); }; }, {"gdn_chunk_fwd"});
+RegisterBench decode_bench("recurrent_gated_delta_rule", "Recurrent Gated DeltaNet decode from a state cache, GB/s of state traffic",
+                           [](CLI::App*, const BenchOptions& o) { return [&o] { return run_decode(o); }; }, {"gdn_decode"});
 
 }  // namespace
 }  // namespace ot::cli

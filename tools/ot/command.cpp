@@ -10,7 +10,7 @@
 namespace ot::cli {
 
 namespace {
-struct BenchEntry { std::string op, description; BenchSetup setup; };
+struct BenchEntry { std::string op, description; BenchSetup setup; std::vector<std::string> aliases; };
 std::vector<std::pair<std::string, CommandSetup>>& commands() {
   static std::vector<std::pair<std::string, CommandSetup>> v;
   return v;
@@ -22,8 +22,8 @@ std::vector<BenchEntry>& benches() {
 }  // namespace
 
 RegisterCommand::RegisterCommand(const char* name, CommandSetup setup) { commands().emplace_back(name, std::move(setup)); }
-RegisterBench::RegisterBench(const char* op, const char* description, BenchSetup setup) {
-  benches().push_back({op, description, std::move(setup)});
+RegisterBench::RegisterBench(const char* op, const char* description, BenchSetup setup, std::vector<std::string> aliases) {
+  benches().push_back({op, description, std::move(setup), std::move(aliases)});
 }
 
 void build_app(CLI::App& app, int* exit_code) {
@@ -34,6 +34,7 @@ void build_app(CLI::App& app, int* exit_code) {
   static std::vector<std::unique_ptr<BenchOptions>> opts;
   for (auto& e : benches()) {
     CLI::App* sub = bench->add_subcommand(e.op, e.description);
+    for (const auto& a : e.aliases) sub->alias(a);
     opts.push_back(std::make_unique<BenchOptions>());
     BenchOptions* o = opts.back().get();
     sub->add_option("--case", o->case_filter, "Run only cases whose name contains this");

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace ot::cli {
 
@@ -26,8 +27,10 @@ struct BenchOptions {
 
 // setup adds op-specific options to `sub` and returns the function to run once parsed.
 using BenchSetup = std::function<std::function<int()>(CLI::App* sub, const BenchOptions& common)>;
+// op is the operator's own name (one spelling across C++, torch, CLI); aliases are older names kept
+// so existing scripts still run.
 struct RegisterBench {
-  RegisterBench(const char* op, const char* description, BenchSetup setup);
+  RegisterBench(const char* op, const char* description, BenchSetup setup, std::vector<std::string> aliases = {});
 };
 
 // Used by main.cpp.

@@ -40,11 +40,11 @@ const Headline kHeadlines[] = {
     {"moe_ffn", "mixtral-T512", "MoE layer prefill, Mixtral shape", nullptr},
     {"moe_routing", "", "routers, init routing, permute/unpermute, finalize", "--case gating-softmax-t1024-e128-k8"},
     {"moe_ffn_backward", "qwen3-30b-a3b-T512", "backward of the whole MoE layer, Qwen3-30B-A3B shape, prefill T512 (the issue's ratio case; the fp64 reference is skipped at this size)", nullptr},
-    {"gdn_chunk_fwd", "qwen35-B1-T1024", "Gated DeltaNet chunked prefill at Qwen3.5 shapes: one 1024-token sequence and a varlen batch", nullptr},
-    {"gdn_chunk_fwd", "qwen35-varlen", "GDN chunked prefill, mixed lengths", nullptr},
-    {"gdn_decode", "qwen35-decode-B1", "Gated DeltaNet decode from a state cache (GB/s of state traffic), batch 1 and 32", "--case qwen35-decode-B1"},
-    {"gdn_decode", "qwen35-decode-B32", "GDN decode, batch 32", nullptr},
-    {"gdn_chunk_bwd", "qwen35-B1-T1024", "Gated DeltaNet chunked backward, Qwen3.5 shape", nullptr},
+    {"chunk_gated_delta_rule_fwd", "qwen35-B1-T1024", "Gated DeltaNet chunked prefill at Qwen3.5 shapes: one 1024-token sequence and a varlen batch", nullptr},
+    {"chunk_gated_delta_rule_fwd", "qwen35-varlen", "GDN chunked prefill, mixed lengths", nullptr},
+    {"recurrent_gated_delta_rule", "qwen35-decode-B1", "Gated DeltaNet decode from a state cache (GB/s of state traffic), batch 1 and 32", "--case qwen35-decode-B1"},
+    {"recurrent_gated_delta_rule", "qwen35-decode-B32", "GDN decode, batch 32", nullptr},
+    {"chunk_gated_delta_rule_bwd", "qwen35-B1-T1024", "Gated DeltaNet chunked backward, Qwen3.5 shape", nullptr},
 };
 
 struct Options {
