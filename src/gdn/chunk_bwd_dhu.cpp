@@ -8,7 +8,8 @@
 #include "ot/trace.h"
 #include "src/gdn/chunk_bwd_kernels.h"
 #include "src/gdn/gdn_bwd_common.h"
-#include "src/gdn/gdn_bwd_ref.h"
+#include "src/gdn/ref_args.h"
+#include "src/ref/gdn_bwd_ref.h"
 
 namespace ot::gdn {
 using namespace detail;
@@ -40,7 +41,7 @@ BwdDhu chunk_gated_delta_rule_bwd_dhu(const TensorView& q, const TensorView& k, 
   if (scope.active()) scope.args(dO.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
   scope.flops(6.0 * double(qt.B * qt.T * HV) * DK * DV);
   if (cpu::force_ref()) {
-    bwdref::dhu(qt, kt, wt, Gt, Dt, dOt, dlt, sc, dh, D0, d2, s);
+    bwdref::dhu(q, k, w, g_cumsum, dht, dO, dv_local, sc, dh, r.dh0, r.dv2, c.layout, cu_of(s));
     return r;
   }
   const int64_t group = HV / qt.H;

@@ -8,7 +8,8 @@
 #include "src/gdn/chunk_bwd_kernels.h"
 #include "src/gdn/chunk_kernels.h"
 #include "src/gdn/gdn_bwd_common.h"
-#include "src/gdn/gdn_bwd_ref.h"
+#include "src/gdn/ref_args.h"
+#include "src/ref/gdn_bwd_ref.h"
 
 namespace ot::gdn {
 using namespace detail;
@@ -37,7 +38,7 @@ BwdDqkwg chunk_bwd_dqkwg(const TensorView& q, const TensorView& k, const TensorV
   if (scope.active()) scope.args(v_new.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
   scope.flops(double(qt.B * qt.T * HV) * (6.0 * DK * DV + 4.0 * kChunk * DK + 2.0 * kChunk * DV));
   if (cpu::force_ref()) {
-    bwdref::dqkwg(qt, kt, vt, hp, Gt, d2, dOt, dhp, sc, dq, dk, dw, dg, s);
+    bwdref::dqkwg(q, k, v_new, hp, g_cumsum, dv2, dO, dhp, sc, r.dq, r.dk, r.dw, r.dg, c.layout, cu_of(s));
     return r;
   }
   const int64_t group = HV / qt.H;

@@ -7,7 +7,8 @@
 #include "src/gdn/chunk_bwd_kernels.h"
 #include "src/gdn/chunk_kernels.h"
 #include "src/gdn/gdn_bwd_common.h"
-#include "src/gdn/gdn_bwd_ref.h"
+#include "src/gdn/ref_args.h"
+#include "src/ref/gdn_bwd_ref.h"
 
 namespace ot::gdn {
 using namespace detail;
@@ -29,7 +30,7 @@ Tensor chunk_bwd_dv_local(const TensorView& q, const TensorView& k, const Tensor
   if (scope.active()) scope.args(dO.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
   scope.flops(2.0 * double(qt.B * qt.T * HV) * kChunk * (DK + DV));
   if (cpu::force_ref()) {
-    bwdref::dv_local(qt, kt, Gt, dOt, sc, ot, s);
+    bwdref::dv_local(q, k, g_cumsum, dO, sc, out, c.layout, cu_of(s));
     return out;
   }
   const int64_t group = HV / qt.H;

@@ -10,7 +10,8 @@
 #include "ot/workspace.h"
 #include "src/gdn/chunk_fused_bf16.h"
 #include "src/gdn/chunk_kernels.h"
-#include "src/gdn/gdn_ref.h"
+#include "src/gdn/ref_args.h"
+#include "src/ref/gdn_ref.h"
 #include "src/gemm/internal.h"
 
 namespace ot::gdn {
@@ -47,12 +48,13 @@ ChunkFwd forward_ref(const Args& a, const ChunkOptions& opt, const SeqInfo& s, D
   ChunkFwd r;
   r.o = new_vec(opt.layout, a.v.packed, o_dtype, a.B, a.T, a.HV, a.DV);
   if (opt.output_final_state) r.final_state = Tensor::empty(DType::f32, {s.num_seqs(), a.HV, a.DK, a.DV});
-  refimpl::recurrence(a.q, a.k, a.v, a.g, a.beta, state_ref(opt.initial_state), opt.use_qk_l2norm_in_kernel, a.scale,
-                      tok_vec(r.o, opt.layout, op, "o"), state_ref(r.final_state), s);
+  const Layout l = opt.layout;
+  const std::vector<int64_t> cu = cu_of(s);
+  refimpl::recurrence(vec_view(a.q, l), vec_view(a.k, l), vec_view(a.v, l), scal_view(a.g, l), scal_view(a.beta, l), opt.initial_state,
+                      opt.use_qk_l2norm_in_kernel, a.scale, r.o, r.final_state, l, cu);
   if (!save) return r;
   r.g_cumsum = new_scal(opt.layout, a.v.packed, DType::f32, a.B, a.T, a.HV);
-  Tok Gt = tok_scal(r.g_cumsum, opt.layout, op, "g_cumsum");
-  if (a.g.defined()) refimpl::cumsum(a.g, Gt, s, false, 1.f);
+  if (a.g.defined()) refimpl::cumsum(scal_view(a.g, l), r.g_cumsum, l, cu, false, 1.f);
   else std::memset(r.g_cumsum.ptr<float>(), 0, r.g_cumsum.view().nbytes());
   Tensor ones;
   Tok bt = a.beta;
@@ -86,9 +88,8 @@ ChunkFwd forward_ref(const Args& a, const ChunkOptions& opt, const SeqInfo& s, D
   }
   Tensor M = new_vec(opt.layout, a.v.packed, DType::f32, a.B, a.T, a.HV, kChunk, true);
   r.A = new_vec(opt.layout, a.v.packed, DType::f32, a.B, a.T, a.HV, kChunk, true);
-  Tok Mt = tok_vec(M, opt.layout, op, "M");
-  refimpl::kkt(kt, Gt, bt, Mt, s);
-  refimpl::solve_tril(Mt, tok_vec(r.A, opt.layout, op, "A"), s);
+  refimpl::kkt(vec_view(kt, l), r.g_cumsum, scal_view(bt, l), M, l, cu);
+  refimpl::solve_tril(M, r.A, l, cu);
   return r;
 }
 

@@ -4,7 +4,8 @@
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "src/gdn/chunk_kernels.h"
-#include "src/gdn/gdn_ref.h"
+#include "src/gdn/ref_args.h"
+#include "src/ref/gdn_ref.h"
 
 namespace ot::gdn {
 using namespace detail;
@@ -19,7 +20,7 @@ Tensor chunk_local_cumsum(const TensorView& g, bool reverse, float scale, const 
   Tok ot = tok_scal(out, c.layout, op, "out");
   if (scope.active()) scope.args(g.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
   if (cpu::force_ref()) {
-    refimpl::cumsum(gt, ot, s, reverse, scale);
+    refimpl::cumsum(g, out, c.layout, cu_of(s), reverse, scale);
     return out;
   }
   parallel_for(s.num_chunks() * gt.H, [&](int64_t i0, int64_t i1) {

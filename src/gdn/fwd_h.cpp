@@ -6,7 +6,8 @@
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "src/gdn/chunk_kernels.h"
-#include "src/gdn/gdn_ref.h"
+#include "src/gdn/ref_args.h"
+#include "src/ref/gdn_ref.h"
 
 namespace ot::gdn {
 using namespace detail;
@@ -34,7 +35,7 @@ FwdH chunk_gated_delta_rule_fwd_h(const TensorView& k, const TensorView& w, cons
   if (scope.active()) scope.args(u.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
   scope.flops(4.0 * double(kt.B * kt.T * HV) * DK * DV);
   if (cpu::force_ref()) {
-    refimpl::fwd_h(kt, wt, ut, Gt, S0, r.h.ptr<float>(), vn, fin, s);
+    refimpl::fwd_h(k, w, u, g_cumsum, initial_state, r.h.ptr<float>(), r.v_new, r.final_state, c.layout, cu_of(s));
     return r;
   }
   ChunkScratch scr(DK, DV);

@@ -5,7 +5,8 @@
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "src/gdn/chunk_kernels.h"
-#include "src/gdn/gdn_ref.h"
+#include "src/gdn/ref_args.h"
+#include "src/ref/gdn_ref.h"
 
 namespace ot::gdn {
 using namespace detail;
@@ -32,7 +33,7 @@ Tensor chunk_fwd_o(const TensorView& q, const TensorView& k, const TensorView& v
   const float* hp = h.ptr<float>();
   if (scope.active()) scope.args(q.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
   if (cpu::force_ref()) {
-    refimpl::fwd_o(qt, kt, vt, hp, Gt, sc, ot, s);
+    refimpl::fwd_o(q, k, v_new, hp, g_cumsum, sc, out, c.layout, cu_of(s));
     return out;
   }
   ChunkScratch scr(DK, DV);

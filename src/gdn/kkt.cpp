@@ -3,7 +3,8 @@
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "src/gdn/chunk_kernels.h"
-#include "src/gdn/gdn_ref.h"
+#include "src/gdn/ref_args.h"
+#include "src/ref/gdn_ref.h"
 
 namespace ot::gdn {
 using namespace detail;
@@ -24,7 +25,7 @@ Tensor chunk_scaled_dot_kkt_fwd(const TensorView& k, const TensorView& g_cumsum,
   if (scope.active()) scope.args(k.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
   scope.flops(2.0 * double(kt.B * kt.T * HV) * kChunk * DK);
   if (cpu::force_ref()) {
-    refimpl::kkt(kt, Gt, bt, Mt, s);
+    refimpl::kkt(k, g_cumsum, beta, out, c.layout, cu_of(s));
     return out;
   }
   ChunkScratch scr(DK, 1);

@@ -6,7 +6,8 @@
 #include "ot/numeric.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
-#include "src/gdn/gdn_ref.h"
+#include "src/gdn/gdn_internal.h"
+#include "src/ref/gdn_ref.h"
 
 namespace ot::gdn {
 using namespace detail;

@@ -3,7 +3,8 @@
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "src/gdn/chunk_kernels.h"
-#include "src/gdn/gdn_ref.h"
+#include "src/gdn/ref_args.h"
+#include "src/ref/gdn_ref.h"
 
 namespace ot::gdn {
 using namespace detail;
@@ -19,7 +20,7 @@ Tensor solve_tril(const TensorView& M, const Common& c) {
   Tok At = tok_vec(out, c.layout, op, "A");
   if (scope.active()) scope.args(M.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
   if (cpu::force_ref()) {
-    refimpl::solve_tril(Mt, At, s);
+    refimpl::solve_tril(M, out, c.layout, cu_of(s));
     return out;
   }
   ChunkScratch scr(1, 1);

@@ -3,7 +3,8 @@
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "src/gdn/chunk_kernels.h"
-#include "src/gdn/gdn_ref.h"
+#include "src/gdn/ref_args.h"
+#include "src/ref/gdn_ref.h"
 
 namespace ot::gdn {
 using namespace detail;
@@ -25,7 +26,7 @@ WU recompute_w_u_fwd(const TensorView& k, const TensorView& v, const TensorView&
   if (scope.active()) scope.args(v.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
   scope.flops(2.0 * double(kt.B * kt.T * HV) * kChunk * (DK + DV));
   if (cpu::force_ref()) {
-    refimpl::wu(kt, vt, bt, At, Gt, wt, ut, s);
+    refimpl::wu(k, v, beta, A, g_cumsum, r.w, r.u, c.layout, cu_of(s));
     return r;
   }
   ChunkScratch scr(DK, DV);

@@ -9,7 +9,8 @@
 #include "src/gdn/chunk_bwd_kernels.h"
 #include "src/gdn/chunk_kernels.h"
 #include "src/gdn/gdn_bwd_common.h"
-#include "src/gdn/gdn_bwd_ref.h"
+#include "src/gdn/ref_args.h"
+#include "src/ref/gdn_bwd_ref.h"
 
 namespace ot::gdn {
 using namespace detail;
@@ -112,7 +113,7 @@ Tensor prepare_wy_repr_bwd_da(const TensorView& k, const TensorView& v, const Te
   Tok dPt = tok_vec(dP, c.layout, op, "dP");
   if (scope.active()) scope.args(v.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
   scope.flops(flops(a, true, false));
-  if (cpu::force_ref()) bwdref::wy_da(a.k, a.v, a.beta, a.A, a.dw, a.du, a.G, dPt, *a.s);
+  if (cpu::force_ref()) bwdref::wy_da(k, v, beta, A, dw, du, g_cumsum, dP, c.layout, cu_of(*a.s));
   else run(a, true, false, dPt, nullptr, c, op);
   return dP;
 }
@@ -126,8 +127,7 @@ WyBwd prepare_wy_repr_bwd_full(const TensorView& k, const TensorView& v, const T
   if (scope.active()) scope.args(v.shape_str()).kernel(cpu::force_ref() ? "ref" : "fast");
   scope.flops(flops(a, false, true));
   if (cpu::force_ref()) {
-    bwdref::wy_full(a.k, a.v, a.beta, a.A, a.dP, a.dw, a.du, a.G, tok_vec(r.dk, c.layout, op, "dk"), tok_vec(r.dv, c.layout, op, "dv"),
-                    tok_scal(r.dbeta, c.layout, op, "dbeta"), tok_scal(r.dg, c.layout, op, "dg"), *a.s);
+    bwdref::wy_full(k, v, beta, A, dP, dw, du, g_cumsum, r.dk, r.dv, r.dbeta, r.dg, c.layout, cu_of(*a.s));
     return r;
   }
   run(a, false, true, Tok{}, &r, c, op);

@@ -14,6 +14,7 @@
 #include "ot/trace.h"
 #include "src/moe/common.h"
 #include "src/moe/ffn_plan.h"
+#include "src/ref/moe_ffn_ref.h"
 
 namespace ot::moe {
 
@@ -242,5 +243,30 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const 
   }
   return r;
 }
+
+namespace ref {
+// The entry point's validation on the unpacked weights, then the plain reference.
+MoeFfnResult moe_ffn(const TensorView& x, const TensorView& router_weight, const TensorView& gate, const TensorView& up, const TensorView& down,
+                     const MoeFfnOptions& o, const TensorView& sg, const TensorView& su, const TensorView& sd) {
+  const char* op = "moe_ffn";
+  impl::check_ndim(op, "router_weight", router_weight, 2);
+  impl::check_ndim(op, "gate", gate, 3);
+  OT_CHECK(up.shape() == gate.shape() && down.ndim == 3 && down.size(0) == gate.size(0) && down.size(1) == gate.size(2) &&
+               down.size(2) == gate.size(1), op, "down", "gate/up [E, H, I] and down [E, I, H]", down.shape_str());
+  OT_CHECK(!o.shared || sg.defined(), op, "shared", "the shared expert's unpacked weights", "none");
+  int64_t E = gate.size(0), H = gate.size(1), I = gate.size(2);
+  // The shared expert has its own intermediate size Is: gate/up [H, Is] (or [1, H, Is]), down [Is, H].
+  int64_t Is = o.shared ? sg.size(sg.ndim - 1) : 0;
+  if (o.shared) {
+    auto is_2d = [](const TensorView& v, int64_t r, int64_t c) {
+      return (v.ndim == 2 && v.size(0) == r && v.size(1) == c) || (v.ndim == 3 && v.size(0) == 1 && v.size(1) == r && v.size(2) == c);
+    };
+    OT_CHECK(is_2d(sg, H, Is) && is_2d(su, H, Is) && is_2d(sd, Is, H), op, "shared_down",
+             detail::cat("shared gate/up [H, Is] and down [Is, H] with H = ", H), sg.shape_str(), ", ", su.shape_str(), ", ", sd.shape_str());
+  }
+  impl::plan_ffn(x, router_weight.size(1), router_weight.size(0), H, I, gate.dtype, E, o, H, gate.dtype);
+  return refimpl::moe_ffn(x, router_weight, gate, up, down, o, sg, su, sd);
+}
+}  // namespace ref
 
 }  // namespace ot::moe

@@ -6,6 +6,7 @@
 #include "ot/trace.h"
 #include "src/moe/common.h"
 #include "src/moe/grouped_plan.h"
+#include "src/ref/moe_grouped_ref.h"
 
 namespace ot::moe {
 
@@ -94,8 +95,8 @@ static Tensor gmm_entry(const TensorView& x, const TensorView& w, const TensorVi
   trace::OpScope scope(op);
   if (scope.active()) scope.kernel(ref ? "ref" : gemm::kernel_name(x.dtype, w.dtype, p.M)).args(x.shape_str() + " x " + w.shape_str());
   scope.flops(2.0 * double(p.M) * double(p.K) * double(p.N));
+  if (ref) return refimpl::grouped_matmul(x, w, gl, type, bias, act);
   Tensor y = Tensor::empty(x.dtype, {p.M, p.n_out});
-  if (ref) { gmm_ref(p, y); return y; }
   std::vector<gemm::PackedB> packs(static_cast<size_t>(p.G));
   std::vector<const gemm::PackedB*> ptrs(size_t(p.G), nullptr);
   for (const GroupSpan& s : p.spans)
@@ -190,8 +191,9 @@ static Tensor finalize_entry(const char* op, const TensorView& ex, const TensorV
   double es = double(dtype_size(ex.dtype));
   if (scope.active()) scope.kernel(ref ? "ref" : "fp32_rows").args(ex.shape_str());
   scope.bytes(es * double(p.N * p.H) * double(p.K + 1 + (x1.defined()) + (x2.defined())));
+  if (ref) return refimpl::finalize_routing(ex, idx, x1, x2, bias, scales, eidx, mode);
   Tensor out = pooled_empty(ex.dtype, {p.N, p.H});
-  if (ref) finalize_ref(p, out); else finalize_fast(p, out);
+  finalize_fast(p, out);
   return out;
 }
 
@@ -220,8 +222,8 @@ static Tensor fom_entry(const TensorView& x, const TensorView& w, const TensorVi
   trace::OpScope scope("moe_final_optimizer_mm");
   if (scope.active()) scope.kernel(ref ? "ref" : gemm::kernel_name(x.dtype, w.dtype, p.T)).args(x.shape_str() + " x " + w.shape_str());
   scope.flops(2.0 * double(p.T * p.H * p.I));
+  if (ref) return refimpl::final_optimizer_mm(x, w, idx);
   Tensor y = Tensor::empty(x.dtype, {p.T, p.I});
-  if (ref) { fom_ref(p, y); return y; }
   const int32_t* ids = p.idx.ptr<int32_t>();
   std::vector<int32_t> perm = stable_argsort(ids, p.T);
   std::vector<gemm::PackedB> packs;

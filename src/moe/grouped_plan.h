@@ -1,4 +1,4 @@
-// Validated grouped matmul / finalize / final-optimizer-mm calls shared by fast path and reference.
+// Validated grouped matmul / finalize / final-optimizer-mm calls, executed by the fast paths.
 #pragma once
 #include <vector>
 
@@ -16,7 +16,6 @@ struct GmmPlan {
 };
 GmmPlan plan_gmm(const char* op, const TensorView& x, int64_t G, int64_t K, int64_t N, DType wdt, const TensorView& group_list,
                  GroupListType type, const TensorView& bias, gemm::Act act);
-void gmm_ref(const GmmPlan& p, const TensorView& y);
 
 struct FinalizePlan {
   int64_t N = 0, K = 1, H = 0, R = 0, E = 0;
@@ -26,7 +25,6 @@ struct FinalizePlan {
 };
 FinalizePlan plan_finalize(const char* op, const TensorView& expanded_x, const TensorView& expanded_row_idx, const TensorView& x1,
                            const TensorView& x2, const TensorView& bias, const TensorView& scales, const TensorView& expert_idx, int mode);
-void finalize_ref(const FinalizePlan& p, const TensorView& out);
 
 // moe_final_optimizer_mm: y[t] = x[t] @ weight[idx[t]].
 struct FomPlan {
@@ -34,6 +32,5 @@ struct FomPlan {
   Tensor hx, hi;
   TensorView x, idx, weight;  // x, idx contiguous; weight [E, H, I] as given
 };
-void fom_ref(const FomPlan& p, const TensorView& y);
 
 }  // namespace ot::moe::impl

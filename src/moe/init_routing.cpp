@@ -10,6 +10,7 @@
 #include "ot/trace.h"
 #include "src/moe/common.h"
 #include "src/moe/routing_plan.h"
+#include "src/ref/moe_routing_ref.h"
 
 namespace ot::moe {
 namespace impl {
@@ -239,7 +240,7 @@ static InitRoutingV2Result init_v2_run(const TensorView& x, const TensorView& ex
   trace::OpScope scope("moe_init_routing_v2");
   if (scope.active()) scope.kernel(ref ? "ref" : "counting_sort").args(x.shape_str() + " K=" + std::to_string(p.K));
   scope.bytes(2.0 * double(x.nbytes()) * double(p.K));
-  return ref ? init_v2_ref(p) : init_v2_fast(p);
+  return ref ? refimpl::init_routing_v2(x, expert_idx, o) : init_v2_fast(p);
 }
 
 static InitRoutingResult init_v1_run(const TensorView& x, const TensorView& row_idx, const TensorView& expert_idx, int64_t active_num, bool ref) {
@@ -247,8 +248,9 @@ static InitRoutingResult init_v1_run(const TensorView& x, const TensorView& row_
   trace::OpScope scope("moe_init_routing");
   if (scope.active()) scope.kernel(ref ? "ref" : "counting_sort").args(x.shape_str() + " K=" + std::to_string(p.K));
   scope.bytes(2.0 * double(x.nbytes()) * double(p.K));
+  if (ref) return refimpl::init_routing(x, row_idx, expert_idx, active_num);
   InitRoutingResult r = alloc_init_v1(p);
-  if (ref) init_v1_ref(p, r); else init_v1_fast(p, r);
+  init_v1_fast(p, r);
   return r;
 }
 

@@ -7,6 +7,7 @@
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "src/moe/common.h"
+#include "src/ref/moe_loss_ref.h"
 
 namespace ot::moe {
 namespace impl {
@@ -44,15 +45,10 @@ static ZPlan plan_z(const TensorView& logits, const TensorView& mask) {
 
 }  // namespace impl
 
-namespace ref {
-float aux_loss_ref_impl(const TensorView& probs, const std::vector<int64_t>& counts, int64_t T, int64_t E, int64_t k, float coeff);
-float z_loss_ref_impl(const TensorView& logits, const TensorView& mask, int64_t T, int64_t E, float coeff);
-}  // namespace ref
-
 float moe_aux_loss(const TensorView& probs, const TensorView& tpe, int64_t k, float coeff) {
   impl::AuxPlan p = impl::plan_aux(probs, tpe, k);
   trace::OpScope scope("moe_aux_loss");
-  if (cpu::force_ref()) return ref::aux_loss_ref_impl(p.probs, p.counts, p.T, p.E, k, coeff);
+  if (cpu::force_ref()) return refimpl::aux_loss(probs, tpe, k, coeff);
   if (p.T == 0) return 0.f;
   std::vector<float> col(static_cast<size_t>(p.E), 0.f), row(static_cast<size_t>(p.E));
   for (int64_t t = 0; t < p.T; ++t) {
@@ -67,7 +63,7 @@ float moe_aux_loss(const TensorView& probs, const TensorView& tpe, int64_t k, fl
 float moe_z_loss(const TensorView& logits, float coeff, const TensorView& mask) {
   impl::ZPlan p = impl::plan_z(logits, mask);
   trace::OpScope scope("moe_z_loss");
-  if (cpu::force_ref()) return ref::z_loss_ref_impl(p.logits, p.mask, p.T, p.E, coeff);
+  if (cpu::force_ref()) return refimpl::z_loss(logits, coeff, mask);
   std::vector<float> row(static_cast<size_t>(p.E));
   double s = 0;
   int64_t valid = 0;
@@ -95,12 +91,12 @@ int64_t moe_capacity(int64_t tokens, int64_t k, int64_t experts, double factor, 
 
 namespace ref {
 float moe_aux_loss(const TensorView& probs, const TensorView& tpe, int64_t k, float coeff) {
-  impl::AuxPlan p = impl::plan_aux(probs, tpe, k);
-  return aux_loss_ref_impl(p.probs, p.counts, p.T, p.E, k, coeff);
+  impl::plan_aux(probs, tpe, k);
+  return refimpl::aux_loss(probs, tpe, k, coeff);
 }
 float moe_z_loss(const TensorView& logits, float coeff, const TensorView& mask) {
-  impl::ZPlan p = impl::plan_z(logits, mask);
-  return z_loss_ref_impl(p.logits, p.mask, p.T, p.E, coeff);
+  impl::plan_z(logits, mask);
+  return refimpl::z_loss(logits, coeff, mask);
 }
 }  // namespace ref
 

@@ -7,6 +7,7 @@
 #include "ot/trace.h"
 #include "src/moe/common.h"
 #include "src/moe/routing_plan.h"
+#include "src/ref/moe_routing_ref.h"
 
 namespace ot::moe {
 namespace impl {
@@ -151,7 +152,7 @@ void unpermute_fast(const UnpermutePlan& p, const TensorView& out) {
   });
 }
 
-// ---- compute_expert_tokens and re_routing (small; reference and fast share the validation).
+// ---- compute_expert_tokens and re_routing (small; validated here for both paths).
 static std::vector<int64_t> check_sorted_experts(const TensorView& sorted, int64_t E) {
   const char* op = "moe_compute_expert_tokens";
   check_ndim(op, "sorted_experts", sorted, 1);
@@ -162,8 +163,6 @@ static std::vector<int64_t> check_sorted_experts(const TensorView& sorted, int64
     OT_CHECK(v[i - 1] <= v[i], op, "sorted_experts", "non-decreasing expert ids", v[i - 1], " then ", v[i], " at ", i);
   return v;
 }
-void compute_expert_tokens_ref(const std::vector<int64_t>& v, int64_t E, int32_t* out);
-ReRoutingResult re_routing_ref(const TensorView& tokens, const std::vector<int64_t>& cnt, int64_t R, int64_t El, const TensorView& scales);
 
 static ReRoutingResult re_routing_run(const TensorView& tokens_in, const TensorView& counts, const TensorView& scales_in, bool ref) {
   const char* op = "moe_re_routing";
@@ -182,7 +181,7 @@ static ReRoutingResult re_routing_run(const TensorView& tokens_in, const TensorV
   TensorView tokens = contig(tokens_in, ht), scales = contig(scales_in, hs);
   trace::OpScope scope(op);
   if (scope.active()) scope.kernel(ref ? "ref" : "memcpy_rows").args(tokens.shape_str()).bytes(2.0 * double(tokens.nbytes()));
-  if (ref) return re_routing_ref(tokens, cnt, R, El, scales);
+  if (ref) return refimpl::re_routing(tokens_in, counts, scales_in);
   ReRoutingResult r;
   int64_t H = tokens.size(1);
   r.permute_tokens = pooled_empty(tokens.dtype, {A, H});
@@ -211,8 +210,8 @@ static Tensor expert_tokens_run(const TensorView& sorted, int64_t E, bool ref) {
   std::vector<int64_t> v = check_sorted_experts(sorted, E);
   trace::OpScope scope("moe_compute_expert_tokens");
   if (scope.active()) scope.kernel(ref ? "ref" : "binary_search").bytes(double(sorted.nbytes()));
+  if (ref) return refimpl::compute_expert_tokens(sorted, E);
   Tensor out = Tensor::empty(DType::i32, {E});
-  if (ref) { compute_expert_tokens_ref(v, E, out.ptr<int32_t>()); return out; }
   for (int64_t e = 0; e < E; ++e) out.ptr<int32_t>()[e] = int32_t(std::upper_bound(v.begin(), v.end(), e) - v.begin());
   return out;
 }
@@ -221,10 +220,11 @@ static TokenPermuteResult permute_run(const TensorView& tokens, const TensorView
   PermutePlan p = plan_permute(tokens, indices, num_out, padded);
   trace::OpScope scope("moe_token_permute");
   if (scope.active()) scope.kernel(ref ? "ref" : "counting_sort").args(tokens.shape_str()).bytes(double(p.rows) * double(p.H * int64_t(dtype_size(tokens.dtype))) * 2);
+  if (ref) return refimpl::token_permute(tokens, indices, num_out, padded);
   TokenPermuteResult r;
   r.permuted_tokens = pooled_empty(tokens.dtype, {p.rows, p.H});
   r.sorted_indices = Tensor::empty(DType::i32, {padded ? p.rows : p.T * p.K});
-  if (ref) permute_ref(p, r); else permute_fast(p, r);
+  permute_fast(p, r);
   return r;
 }
 
@@ -232,8 +232,9 @@ static Tensor unpermute_run(const TensorView& permuted, const TensorView& sorted
   UnpermutePlan p = plan_unpermute(permuted, sorted, probs, padded, restore);
   trace::OpScope scope("moe_token_unpermute");
   if (scope.active()) scope.kernel(ref ? "ref" : "fp32_rows").args(permuted.shape_str()).bytes(double(permuted.nbytes()) + double(p.T * p.H) * double(dtype_size(permuted.dtype)));
+  if (ref) return refimpl::token_unpermute(permuted, sorted, probs, padded, restore);
   Tensor out = pooled_empty(permuted.dtype, {p.T, p.H});
-  if (ref) unpermute_ref(p, out); else unpermute_fast(p, out);
+  unpermute_fast(p, out);
   return out;
 }
 

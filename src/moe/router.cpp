@@ -17,6 +17,7 @@
 #include "src/core/knobs.h"
 #include "src/moe/common.h"
 #include "src/moe/router_plan.h"
+#include "src/ref/moe_router_ref.h"
 
 namespace ot::moe {
 namespace impl {
@@ -174,7 +175,9 @@ bool route_fast(const RouterSpec& s, GatingResult& r) {
   return valid.load();
 }
 
-static GatingResult run(const char* op, RouterSpec& s, const TensorView& x, bool force_ref) {
+// reference(): the plain router on the caller's arguments (src/ref/moe_router_ref.h).
+template <class Reference>
+static GatingResult run(const char* op, RouterSpec& s, const TensorView& x, bool force_ref, Reference&& reference) {
   trace::OpScope scope(op);
   if (scope.active())  // the name strings cost ~0.5 us a call (a quarter of a T 1 call) when tracing is off
     scope.kernel(force_ref                                 ? "ref"
@@ -184,17 +187,16 @@ static GatingResult run(const char* op, RouterSpec& s, const TensorView& x, bool
                                                             : "avx512_rows")
         .args(x.shape_str())
         .bytes(double(x.nbytes()));
-  GatingResult r = alloc_outputs(s, x);
   if (force_ref) {
     check_rows(op, s);
-    route_ref(s, r);
-    fill_row_idx(s, r);
-  } else if (!route_fast(s, r)) {
+    return reference();
+  }
+  GatingResult r = alloc_outputs(s, x);
+  if (!route_fast(s, r)) {
     check_rows(op, s);  // throws, naming the first bad row or element
     // Every row is valid after all: the vector kernel's finiteness check also trips on finite
     // logits whose scaled exponent overflows fp32 (|x| above ~2.3e38) and left those rows unwritten.
-    route_ref(s, r);
-    fill_row_idx(s, r);
+    return reference();
   }
   return r;
 }
@@ -206,16 +208,16 @@ GatingResult v2_plan_run(const TensorView& x, int64_t k, const TensorView& finis
   RouterSpec s = plan_softmax(op, x, k, finished, allowed);
   s.select = renorm ? Select::topk_softmax : Select::softmax_topk;
   s.scores = output_softmax && renorm == 0;
-  return run(op, s, x, force_ref);
+  return run(op, s, x, force_ref, [&] { return refimpl::gating_top_k_softmax_v2(x, k, finished, renorm, output_softmax, allowed); });
 }
 GatingResult v1_plan_run(const TensorView& x, int64_t k, const TensorView& finished, const TensorView& allowed, bool force_ref) {
   RouterSpec s = plan_softmax("moe_gating_top_k_softmax", x, k, finished, allowed);
   s.row_idx = true;
-  return run("moe_gating_top_k_softmax", s, x, force_ref);
+  return run("moe_gating_top_k_softmax", s, x, force_ref, [&] { return refimpl::gating_top_k_softmax(x, k, finished, allowed); });
 }
 GatingResult gating_plan_run(const TensorView& x, const GatingTopKOptions& opt, bool force_ref) {
   RouterSpec s = plan_gating(x, opt);
-  return run("moe_gating_top_k", s, x, force_ref);
+  return run("moe_gating_top_k", s, x, force_ref, [&] { return refimpl::gating_top_k(x, opt); });
 }
 
 }  // namespace impl

@@ -113,11 +113,4 @@ GatingResult alloc_outputs(const RouterSpec& s, const TensorView& x) {
   return r;
 }
 
-void fill_row_idx(const RouterSpec& s, GatingResult& r) {
-  if (!s.row_idx) return;
-  int32_t* p = r.row_idx.ptr<int32_t>();
-  for (int64_t row = 0; row < s.R; ++row)
-    for (int64_t j = 0; j < s.k; ++j) p[row * s.k + j] = int32_t(j * s.R + row);
-}
-
 }  // namespace ot::moe::impl

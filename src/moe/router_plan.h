@@ -1,5 +1,5 @@
 // What the three routers share: one validated description of a routing call (RouterSpec) that the
-// fast path and the reference both execute, so validation lives in exactly one place.
+// fast path executes (the reference, src/ref/moe_router_ref.h, takes the caller's arguments).
 #pragma once
 #include <vector>
 
@@ -21,8 +21,8 @@ struct RouterSpec {
   const uint8_t* allowed = nullptr;   // [R, E]
   bool row_idx = false, scores = false;
   Tensor hold_x, hold_fin, hold_allowed;  // contiguous copies of strided inputs
-  // Contiguous [R, E]. Each row must be finite and allow >= k experts: the reference runs check_rows
-  // first; the fast executor checks each row as it loads it (no second pass over x and the mask)
+  // Contiguous [R, E]. Each row must be finite and allow >= k experts: before the reference the
+  // entry point runs check_rows; the fast executor checks each row as it loads it (no second pass over x and the mask)
   // and, when one fails, the entry point runs check_rows, which throws naming the row or index
   // (only the call's own fresh outputs were written by then).
   TensorView x;
@@ -34,12 +34,9 @@ RouterSpec plan_gating(const TensorView& x, const GatingTopKOptions& opt);
 void check_rows(const char* op, const RouterSpec& s);
 // Allocates the outputs of a planned call ([.., k] for y / ids / row_idx, [.., E] for scores).
 GatingResult alloc_outputs(const RouterSpec& s, const TensorView& x);
-// Fills the k-major row_idx (v1).
-void fill_row_idx(const RouterSpec& s, GatingResult& r);
 
-// Executors: fast (parallel, fp32; false when some row fails check_rows) and reference (plain, fp64).
+// The fast executor (parallel, fp32; false when some row fails check_rows).
 bool route_fast(const RouterSpec& s, GatingResult& r);
-void route_ref(const RouterSpec& s, GatingResult& r);
 
 // ---- what the fast executors (router.cpp scalar, router__avx512.cpp) share.
 // Group-limited selection is on (some groups are masked out).

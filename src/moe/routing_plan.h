@@ -1,5 +1,5 @@
 // Validated descriptions of the routing calls (init routing v1/v2, permute, unpermute, re-routing),
-// executed by the fast kernels (src/moe/) or the references (src/ref/moe_routing_ref.cpp).
+// executed by the fast kernels (the references, src/ref/moe_routing_ref.h, take the public arguments).
 #pragma once
 #include <vector>
 
@@ -15,7 +15,6 @@ struct InitV1Plan {
 InitV1Plan plan_init_v1(const TensorView& x, const TensorView& row_idx, const TensorView& expert_idx, int64_t active_num);
 InitRoutingResult alloc_init_v1(const InitV1Plan& p);
 void init_v1_fast(const InitV1Plan& p, InitRoutingResult& r);
-void init_v1_ref(const InitV1Plan& p, InitRoutingResult& r);
 
 struct InitV2Plan {
   InitRoutingV2Options o;
@@ -26,9 +25,8 @@ struct InitV2Plan {
   TensorView x, expert_idx, smooth;  // contiguous; smooth: [N] fp32 per token or [rows, H] fp32
 };
 InitV2Plan plan_init_v2(const TensorView& x, const TensorView& expert_idx, const InitRoutingV2Options& o);
-// The sort and counts are data-dependent, so both executors allocate their outputs.
+// The sort and counts are data-dependent, so the executor allocates its outputs.
 InitRoutingV2Result init_v2_fast(const InitV2Plan& p);
-InitRoutingV2Result init_v2_ref(const InitV2Plan& p);
 
 struct PermutePlan {
   int64_t T = 0, K = 0, H = 0, rows = 0, experts = 0, cap = 0;
@@ -38,7 +36,6 @@ struct PermutePlan {
 };
 PermutePlan plan_permute(const TensorView& tokens, const TensorView& indices, int64_t num_out_tokens, bool padded);
 void permute_fast(const PermutePlan& p, TokenPermuteResult& r);
-void permute_ref(const PermutePlan& p, TokenPermuteResult& r);
 
 struct UnpermutePlan {
   int64_t T = 0, K = 0, H = 0, P = 0;
@@ -48,6 +45,5 @@ struct UnpermutePlan {
 };
 UnpermutePlan plan_unpermute(const TensorView& permuted, const TensorView& sorted, const TensorView& probs, bool padded, int64_t restore_rows);
 void unpermute_fast(const UnpermutePlan& p, const TensorView& out);
-void unpermute_ref(const UnpermutePlan& p, const TensorView& out);
 
 }  // namespace ot::moe::impl

@@ -8,14 +8,13 @@
 //   dSh = dS + k dp^T;  dk += Sh dp;  dg = a <dSh, S_{t-1}>;  dS_{t-1} = a dSh
 // States are checkpointed every kSeg tokens and recomputed one segment at a time, so memory stays
 // at kSeg states whatever L is.
-#include "src/gdn/gdn_bwd_ref.h"
+#include "src/ref/gdn_bwd_ref.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "ot/trace.h"
-#include "src/gdn/gdn_bwd_common.h"
+#include "src/ref/gdn_ref_views.h"
 
 namespace ot::gdn::bwdref {
 
@@ -164,72 +163,74 @@ void head_bwd(const Head& x, const double* dO, const double* dST, double* dq_out
 // ---- tensor-level reference: every (sequence, value head) through head_bwd --------------------
 
 
-namespace ot::gdn::ref {
+namespace ot::gdn::bwdref {
 
 using std::vector;
 
-ChunkBwd recurrence_bwd(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
-                        const TensorView& dO, const ChunkBwdOptions& opt) {
-  const char* op = "gdn_recurrence_bwd_ref";
-  trace::OpScope scope(op);
-  detail::BwdArgs a;
-  detail::check_bwd(a, q, k, v, g, beta, dO, opt, false, op);
-  ChunkBwd r = detail::alloc_bwd(a, q, v, beta, opt);
-  const Layout l = opt.layout;
-  detail::Tok dq = detail::tok_vec(r.dq, l, op, "dq"), dk = detail::tok_vec(r.dk, l, op, "dk"), dv = detail::tok_vec(r.dv, l, op, "dv");
-  detail::Tok dg = detail::tok_scal(r.dg, l, op, "dg"), db = detail::tok_scal(r.dbeta, l, op, "dbeta");
-  detail::StateRef dh0 = detail::state_ref(r.dh0);
-  const SeqInfo& s = *a.seq;
-  const int64_t K = a.DK, V = a.DV, G = a.group();
-  if (scope.active()) scope.args(detail::shape_args(q, v, l)).kernel("ref");
+void recurrence_bwd(const TensorView& q_, const TensorView& k_, const TensorView& v_, const TensorView& g_, const TensorView& beta_,
+                    const TensorView& dO_, const TensorView& S0_, const TensorView& dht_, double scale, bool l2norm, const TensorView& dq_,
+                    const TensorView& dk_, const TensorView& dv_, const TensorView& dg_, const TensorView& dbeta_, const TensorView& dh0_, Layout l,
+                    const std::vector<int64_t>& cu) {
+  using namespace refimpl;
+  const Tokens q = vec(q_, l), k = vec(k_, l), v = vec(v_, l), g = scal(g_, l), beta = scal(beta_, l), dO = vec(dO_, l);
+  const Tokens dq = vec(dq_, l), dk = vec(dk_, l), dv = vec(dv_, l), dg = scal(dg_, l), db = scal(dbeta_, l);
+  const State S0s(S0_), dht(dht_), dh0(dh0_);
+  const Sequences s(q.B, q.T, cu);
+  const int64_t K = q.D, V = v.D, HK = q.H, G = v.H / q.H;
   for (int64_t n = 0; n < s.num_seqs(); ++n) {
     const int64_t b = s.row[size_t(n)], bos = s.bos[size_t(n)], L = s.len[size_t(n)];
-    for (int64_t hk = 0; hk < a.HK; ++hk) {
+    for (int64_t hk = 0; hk < HK; ++hk) {
       vector<double> qv(size_t(L * K)), kv(size_t(L * K)), dqv(size_t(L * K), 0.0), dkv(size_t(L * K), 0.0);
       for (int64_t t = 0; t < L; ++t)
-        for (int64_t d = 0; d < K; ++d) qv[size_t(t * K + d)] = a.q.get(b, bos + t, hk, d), kv[size_t(t * K + d)] = a.k.get(b, bos + t, hk, d);
+        for (int64_t d = 0; d < K; ++d) qv[size_t(t * K + d)] = q.get(b, bos + t, hk, d), kv[size_t(t * K + d)] = k.get(b, bos + t, hk, d);
       for (int64_t hv = hk * G; hv < (hk + 1) * G; ++hv) {
         vector<double> vv(size_t(L * V)), dov(size_t(L * V)), bv(static_cast<size_t>(L), 1.0), gv(static_cast<size_t>(L), 0.0), S0(size_t(K * V)), dST(size_t(K * V));
         vector<double> dvv(size_t(L * V)), dbv(static_cast<size_t>(L)), dgv(static_cast<size_t>(L)), dS0(size_t(K * V));
         for (int64_t t = 0; t < L; ++t) {
-          for (int64_t e = 0; e < V; ++e) vv[size_t(t * V + e)] = a.v.get(b, bos + t, hv, e), dov[size_t(t * V + e)] = a.dO.get(b, bos + t, hv, e);
-          if (a.beta.defined()) bv[size_t(t)] = a.beta.get(b, bos + t, hv, 0);
-          if (a.g.defined()) gv[size_t(t)] = a.g.get(b, bos + t, hv, 0);
+          for (int64_t e = 0; e < V; ++e) vv[size_t(t * V + e)] = v.get(b, bos + t, hv, e), dov[size_t(t * V + e)] = dO.get(b, bos + t, hv, e);
+          if (beta.defined()) bv[size_t(t)] = beta.get(b, bos + t, hv, 0);
+          if (g.defined()) gv[size_t(t)] = g.get(b, bos + t, hv, 0);
         }
-        if (a.S0.defined()) std::copy(a.S0.f32(n, hv), a.S0.f32(n, hv) + K * V, S0.begin());
-        if (a.dht.defined()) std::copy(a.dht.f32(n, hv), a.dht.f32(n, hv) + K * V, dST.begin());
-        bwdref::Head h;
+        for (int64_t i = 0; i < K * V; ++i) {
+          if (S0s.defined()) S0[size_t(i)] = S0s.get(n, hv, i);
+          if (dht.defined()) dST[size_t(i)] = dht.get(n, hv, i);
+        }
+        Head h;
         h.L = L, h.K = K, h.V = V, h.q = qv.data(), h.k = kv.data(), h.v = vv.data(), h.beta = bv.data(), h.g = gv.data();
-        h.S0 = a.S0.defined() ? S0.data() : nullptr;
-        h.scale = a.scale, h.l2norm = opt.use_qk_l2norm_in_kernel;
-        bwdref::head_bwd(h, dov.data(), a.dht.defined() ? dST.data() : nullptr, dqv.data(), dkv.data(), dvv.data(), dbv.data(), dgv.data(),
-                         dS0.data());
+        h.S0 = S0s.defined() ? S0.data() : nullptr;
+        h.scale = scale, h.l2norm = l2norm;
+        head_bwd(h, dov.data(), dht.defined() ? dST.data() : nullptr, dqv.data(), dkv.data(), dvv.data(), dbv.data(), dgv.data(), dS0.data());
         for (int64_t t = 0; t < L; ++t) {
           for (int64_t e = 0; e < V; ++e) dv.set(b, bos + t, hv, e, dvv[size_t(t * V + e)]);
           db.set(b, bos + t, hv, 0, dbv[size_t(t)]);
           dg.set(b, bos + t, hv, 0, dgv[size_t(t)]);
         }
         if (dh0.defined())
-          for (int64_t i = 0; i < K * V; ++i) dh0.f32(n, hv)[i] = float(dS0[size_t(i)]);
+          for (int64_t i = 0; i < K * V; ++i) dh0.set(n, hv, i, dS0[size_t(i)]);
       }
       for (int64_t t = 0; t < L; ++t)
         for (int64_t d = 0; d < K; ++d) dq.set(b, bos + t, hk, d, dqv[size_t(t * K + d)]), dk.set(b, bos + t, hk, d, dkv[size_t(t * K + d)]);
     }
   }
-  return r;
 }
 
-}  // namespace ot::gdn::ref
+}  // namespace ot::gdn::bwdref
 
 // ---- fp64 references of the backward stages: the spec 6.1-6.4 formulas as plain loops ----------
 
 namespace ot::gdn::bwdref {
 
 namespace {
+using refimpl::Chunk;
+using refimpl::Sequences;
+using refimpl::State;
+using refimpl::Tokens;
+using refimpl::scal;
+using refimpl::vec;
 using Mat = vector<double>;  // row-major, explicit widths at the call sites
 
 // Rows [L][D] of head h of chunk sp, in fp64.
-Mat rows(const Tok& x, const detail::ChunkSpan& sp, int64_t h) {
+Mat rows(const Tokens& x, const Chunk& sp, int64_t h) {
   Mat m(size_t(sp.L * x.D));
   for (int64_t i = 0; i < sp.L; ++i)
     for (int64_t d = 0; d < x.D; ++d) m[size_t(i * x.D + d)] = x.get(sp.b, sp.t0 + i, h, d);
@@ -241,15 +242,18 @@ double dotr(const Mat& a, int64_t i, const Mat& b, int64_t j, int64_t D) {
   return s;
 }
 // Calls fn(sp, hv, hk) for every chunk and value head.
-template <class F> void each_chunk(const SeqInfo& seq, int64_t HV, int64_t group, F fn) {
-  for (int64_t id = 0; id < seq.num_chunks(); ++id)
-    for (int64_t hv = 0; hv < HV; ++hv) fn(detail::chunk_span_global(seq, id), id, hv, hv / group);
+template <class F> void each_chunk(const Sequences& seq, int64_t HV, int64_t group, F fn) {
+  for (size_t id = 0; id < seq.chunks.size(); ++id)
+    for (int64_t hv = 0; hv < HV; ++hv) fn(seq.chunks[id], int64_t(id), hv, hv / group);
 }
 }  // namespace
 
-void dv_local(const Tok& q, const Tok& k, const Tok& G, const Tok& dO, double s, const Tok& out, const SeqInfo& seq) {
+void dv_local(const TensorView& q_, const TensorView& k_, const TensorView& G_, const TensorView& dO_, double s, const TensorView& out_, Layout l,
+              const std::vector<int64_t>& cu) {
+  const Tokens q = vec(q_, l), k = vec(k_, l), G = scal(G_, l), dO = vec(dO_, l), out = vec(out_, l);
+  const Sequences seq(q.B, q.T, cu);
   const int64_t K = q.D, V = dO.D;
-  each_chunk(seq, dO.H, dO.H / q.H, [&](const detail::ChunkSpan& sp, int64_t, int64_t hv, int64_t hk) {
+  each_chunk(seq, dO.H, dO.H / q.H, [&](const Chunk& sp, int64_t, int64_t hv, int64_t hk) {
     Mat Q = rows(q, sp, hk), Kc = rows(k, sp, hk), D = rows(dO, sp, hv), g = rows(G, sp, hv);
     for (int64_t i = 0; i < sp.L; ++i)
       for (int64_t e = 0; e < V; ++e) {
@@ -260,19 +264,22 @@ void dv_local(const Tok& q, const Tok& k, const Tok& G, const Tok& dO, double s,
   });
 }
 
-void dhu(const Tok& q, const Tok& k, const Tok& w, const Tok& G, const StateRef& dht, const Tok& dO, const Tok& dvl, double s, float* dh,
-         const StateRef& dh0, const Tok& dv2, const SeqInfo& seq) {
+void dhu(const TensorView& q_, const TensorView& k_, const TensorView& w_, const TensorView& G_, const TensorView& dht_, const TensorView& dO_,
+         const TensorView& dvl_, double s, float* dh, const TensorView& dh0_, const TensorView& dv2_, Layout l, const std::vector<int64_t>& cu) {
+  const Tokens q = vec(q_, l), k = vec(k_, l), w = vec(w_, l), G = scal(G_, l), dO = vec(dO_, l), dvl = vec(dvl_, l), dv2 = vec(dv2_, l);
+  const State dht(dht_), dh0(dh0_);
+  const Sequences seq(q.B, q.T, cu);
   const int64_t K = q.D, V = dO.D, HV = dO.H, group = HV / q.H;
   for (int64_t n = 0; n < seq.num_seqs(); ++n)
     for (int64_t hv = 0; hv < HV; ++hv) {
       Mat dH(size_t(K * V), 0.0);
       if (dht.defined())
-        for (int64_t i = 0; i < K * V; ++i) dH[size_t(i)] = dht.f32(n, hv)[i];
-      int64_t nc = seq.chunk_offsets[size_t(n + 1)] - seq.chunk_offsets[size_t(n)];
+        for (int64_t i = 0; i < K * V; ++i) dH[size_t(i)] = dht.get(n, hv, i);
+      int64_t nc = seq.first_chunk[size_t(n + 1)] - seq.first_chunk[size_t(n)];
       for (int64_t c = nc - 1; c >= 0; --c) {
-        detail::ChunkSpan sp = detail::chunk_span(seq, n, c);
+        const Chunk& sp = seq.chunks[size_t(seq.first_chunk[size_t(n)] + c)];
         const int64_t L = sp.L;
-        for (int64_t i = 0; i < K * V; ++i) dh[(seq.chunk_id(n, c) * HV + hv) * K * V + i] = float(dH[size_t(i)]);
+        for (int64_t i = 0; i < K * V; ++i) dh[((seq.first_chunk[size_t(n)] + c) * HV + hv) * K * V + i] = float(dH[size_t(i)]);
         Mat Q = rows(q, sp, hv / group), Kc = rows(k, sp, hv / group), W = rows(w, sp, hv), D = rows(dO, sp, hv), g = rows(G, sp, hv);
         Mat dl = rows(dvl, sp, hv), d2(size_t(L * V));
         double gl = g[size_t(L - 1)];
@@ -292,14 +299,18 @@ void dhu(const Tok& q, const Tok& k, const Tok& w, const Tok& G, const StateRef&
           }
       }
       if (dh0.defined())
-        for (int64_t i = 0; i < K * V; ++i) dh0.f32(n, hv)[i] = float(dH[size_t(i)]);
+        for (int64_t i = 0; i < K * V; ++i) dh0.set(n, hv, i, dH[size_t(i)]);
     }
 }
 
-void dqkwg(const Tok& q, const Tok& k, const Tok& vnew, const float* h, const Tok& G, const Tok& dv2, const Tok& dO, const float* dh, double s,
-           const Tok& dq, const Tok& dk, const Tok& dw, const Tok& dg, const SeqInfo& seq) {
+void dqkwg(const TensorView& q_, const TensorView& k_, const TensorView& vnew_, const float* h, const TensorView& G_, const TensorView& dv2_,
+           const TensorView& dO_, const float* dh, double s, const TensorView& dq_, const TensorView& dk_, const TensorView& dw_,
+           const TensorView& dg_, Layout l, const std::vector<int64_t>& cu) {
+  const Tokens q = vec(q_, l), k = vec(k_, l), vnew = vec(vnew_, l), G = scal(G_, l), dv2 = vec(dv2_, l), dO = vec(dO_, l);
+  const Tokens dq = vec(dq_, l), dk = vec(dk_, l), dw = vec(dw_, l), dg = scal(dg_, l);
+  const Sequences seq(q.B, q.T, cu);
   const int64_t K = q.D, V = dO.D, HV = dO.H;
-  each_chunk(seq, HV, HV / q.H, [&](const detail::ChunkSpan& sp, int64_t id, int64_t hv, int64_t hk) {
+  each_chunk(seq, HV, HV / q.H, [&](const Chunk& sp, int64_t id, int64_t hv, int64_t hk) {
     const int64_t L = sp.L;
     Mat Q = rows(q, sp, hk), Kc = rows(k, sp, hk), Dn = rows(vnew, sp, hv), g = rows(G, sp, hv), d2 = rows(dv2, sp, hv), D = rows(dO, sp, hv);
     const float *S = h + (id * HV + hv) * K * V, *dH = dh + (id * HV + hv) * K * V;
@@ -342,7 +353,7 @@ namespace {
 struct Wy {
   Mat Kc, Vc, b, g, A, dW, dU, dM, E;
 };
-Wy wy_common(const Tok& k, const Tok& v, const Tok& beta, const Tok& A, const Tok& dw, const Tok& du, const Tok& G, const detail::ChunkSpan& sp,
+Wy wy_common(const Tokens& k, const Tokens& v, const Tokens& beta, const Tokens& A, const Tokens& dw, const Tokens& du, const Tokens& G, const Chunk& sp,
              int64_t hv, int64_t hk) {
   const int64_t L = sp.L, K = k.D, V = v.D;
   Wy w{rows(k, sp, hk), rows(v, sp, hv), rows(beta, sp, hv), rows(G, sp, hv), rows(A, sp, hv), rows(dw, sp, hv), rows(du, sp, hv), {}, {}};
@@ -369,18 +380,26 @@ Wy wy_common(const Tok& k, const Tok& v, const Tok& beta, const Tok& A, const To
 }
 }  // namespace
 
-void wy_da(const Tok& k, const Tok& v, const Tok& beta, const Tok& A, const Tok& dw, const Tok& du, const Tok& G, const Tok& dP, const SeqInfo& seq) {
-  each_chunk(seq, v.H, v.H / k.H, [&](const detail::ChunkSpan& sp, int64_t, int64_t hv, int64_t hk) {
+void wy_da(const TensorView& k_, const TensorView& v_, const TensorView& beta_, const TensorView& A_, const TensorView& dw_, const TensorView& du_,
+           const TensorView& G_, const TensorView& dP_, Layout l, const std::vector<int64_t>& cu) {
+  const Tokens k = vec(k_, l), v = vec(v_, l), beta = scal(beta_, l), A = vec(A_, l), dw = vec(dw_, l), du = vec(du_, l), G = scal(G_, l);
+  const Tokens dP = vec(dP_, l);
+  const Sequences seq(k.B, k.T, cu);
+  each_chunk(seq, v.H, v.H / k.H, [&](const Chunk& sp, int64_t, int64_t hv, int64_t hk) {
     Wy w = wy_common(k, v, beta, A, dw, du, G, sp, hv, hk);
     for (int64_t i = 0; i < sp.L; ++i)
       for (int64_t j = 0; j < dP.D; ++j) dP.set(sp.b, sp.t0 + i, hv, j, j < i ? w.dM[size_t(i * sp.L + j)] * w.E[size_t(i * sp.L + j)] : 0.0);
   });
 }
 
-void wy_full(const Tok& k, const Tok& v, const Tok& beta, const Tok& A, const Tok& dP, const Tok& dw, const Tok& du, const Tok& G, const Tok& dk,
-             const Tok& dv, const Tok& dbeta, const Tok& dg, const SeqInfo& seq) {
+void wy_full(const TensorView& k_, const TensorView& v_, const TensorView& beta_, const TensorView& A_, const TensorView& dP_, const TensorView& dw_,
+             const TensorView& du_, const TensorView& G_, const TensorView& dk_, const TensorView& dv_, const TensorView& dbeta_, const TensorView& dg_,
+             Layout l, const std::vector<int64_t>& cu) {
+  const Tokens k = vec(k_, l), v = vec(v_, l), beta = scal(beta_, l), A = vec(A_, l), dP = vec(dP_, l), dw = vec(dw_, l), du = vec(du_, l);
+  const Tokens G = scal(G_, l), dk = vec(dk_, l), dv = vec(dv_, l), dbeta = scal(dbeta_, l), dg = scal(dg_, l);
+  const Sequences seq(k.B, k.T, cu);
   const int64_t K = k.D, V = v.D;
-  each_chunk(seq, v.H, v.H / k.H, [&](const detail::ChunkSpan& sp, int64_t, int64_t hv, int64_t hk) {
+  each_chunk(seq, v.H, v.H / k.H, [&](const Chunk& sp, int64_t, int64_t hv, int64_t hk) {
     const int64_t L = sp.L, C = A.D;
     Mat Kc = rows(k, sp, hk), Vc = rows(v, sp, hv), b = rows(beta, sp, hv), g = rows(G, sp, hv), Am = rows(A, sp, hv);
     Mat dW = rows(dw, sp, hv), dU = rows(du, sp, hv), P = rows(dP, sp, hv), X(size_t(L * K), 0.0), Y(size_t(L * V), 0.0);

@@ -1,28 +1,32 @@
 // Plain fp64 references of the GDN forward (spec sections 3 and 5, appendix C): loops written to
 // be obviously correct, not fast.
+#include "src/ref/gdn_ref.h"
+
 #include <cmath>
 #include <vector>
 
-#include "src/gdn/gdn_ref.h"
+#include "src/ref/gdn_ref_views.h"
 
 namespace ot::gdn::refimpl {
 
 using std::vector;
 
 namespace {
-// Visit every chunk (n, c) with its span.
-template <class F> void each_chunk(const SeqInfo& s, F&& f) {
-  for (int64_t id = 0; id < s.num_chunks(); ++id) f(detail::chunk_span_global(s, id), id);
+// Visit every chunk with its global index.
+template <class F> void each_chunk(const Sequences& s, F&& f) {
+  for (size_t id = 0; id < s.chunks.size(); ++id) f(s.chunks[id], int64_t(id));
 }
-double dot_rows(const Tok& a, int64_t b, int64_t ta, int64_t ha, const Tok& c, int64_t tc, int64_t hc) {
+double dot_rows(const Tokens& a, int64_t b, int64_t ta, int64_t ha, const Tokens& c, int64_t tc, int64_t hc) {
   double acc = 0;
   for (int64_t d = 0; d < a.D; ++d) acc += a.get(b, ta, ha, d) * c.get(b, tc, hc, d);
   return acc;
 }
 }  // namespace
 
-void cumsum(const Tok& g, const Tok& G, const SeqInfo& s, bool reverse, float scale) {
-  each_chunk(s, [&](detail::ChunkSpan sp, int64_t) {
+void cumsum(const TensorView& g_, const TensorView& G_, Layout l, const std::vector<int64_t>& cu, bool reverse, float scale) {
+  const Tokens g = scal(g_, l), G = scal(G_, l);
+  const Sequences s(g.B, g.T, cu);
+  each_chunk(s, [&](const Chunk& sp, int64_t) {
     for (int64_t h = 0; h < g.H; ++h) {
       for (int64_t i = 0; i < sp.L; ++i) {
         double acc = 0;
@@ -45,9 +49,11 @@ void l2norm(const TensorView& x, const TensorView& y, const TensorView& rstd, fl
   }
 }
 
-void kkt(const Tok& k, const Tok& G, const Tok& beta, const Tok& M, const SeqInfo& s) {
+void kkt(const TensorView& k_, const TensorView& G_, const TensorView& beta_, const TensorView& M_, Layout l, const std::vector<int64_t>& cu) {
+  const Tokens k = vec(k_, l), G = scal(G_, l), beta = scal(beta_, l), M = vec(M_, l);
+  const Sequences s(k.B, k.T, cu);
   int64_t group = G.H / k.H;
-  each_chunk(s, [&](detail::ChunkSpan sp, int64_t) {
+  each_chunk(s, [&](const Chunk& sp, int64_t) {
     for (int64_t h = 0; h < G.H; ++h)
       for (int64_t i = 0; i < sp.L; ++i)
         for (int64_t j = 0; j < kChunk; ++j) {
@@ -61,8 +67,10 @@ void kkt(const Tok& k, const Tok& G, const Tok& beta, const Tok& M, const SeqInf
   });
 }
 
-void solve_tril(const Tok& M, const Tok& A, const SeqInfo& s) {
-  each_chunk(s, [&](detail::ChunkSpan sp, int64_t) {
+void solve_tril(const TensorView& M_, const TensorView& A_, Layout l, const std::vector<int64_t>& cu) {
+  const Tokens M = vec(M_, l), A = vec(A_, l);
+  const Sequences s(M.B, M.T, cu);
+  each_chunk(s, [&](const Chunk& sp, int64_t) {
     for (int64_t h = 0; h < M.H; ++h) {
       // Column by column: (I + M) a_j = e_j by forward substitution.
       vector<double> a(size_t(sp.L * sp.L), 0.0);
@@ -78,9 +86,12 @@ void solve_tril(const Tok& M, const Tok& A, const SeqInfo& s) {
   });
 }
 
-void wu(const Tok& k, const Tok& v, const Tok& beta, const Tok& A, const Tok& G, const Tok& w, const Tok& u, const SeqInfo& s) {
+void wu(const TensorView& k_, const TensorView& v_, const TensorView& beta_, const TensorView& A_, const TensorView& G_, const TensorView& w_,
+        const TensorView& u_, Layout l, const std::vector<int64_t>& cu) {
+  const Tokens k = vec(k_, l), v = vec(v_, l), beta = scal(beta_, l), A = vec(A_, l), G = scal(G_, l), w = vec(w_, l), u = vec(u_, l);
+  const Sequences s(k.B, k.T, cu);
   int64_t group = v.H / k.H;
-  each_chunk(s, [&](detail::ChunkSpan sp, int64_t) {
+  each_chunk(s, [&](const Chunk& sp, int64_t) {
     for (int64_t h = 0; h < v.H; ++h)
       for (int64_t i = 0; i < sp.L; ++i) {
         for (int64_t d = 0; d < k.D; ++d) {
@@ -99,18 +110,21 @@ void wu(const Tok& k, const Tok& v, const Tok& beta, const Tok& A, const Tok& G,
   });
 }
 
-void fwd_h(const Tok& k, const Tok& w, const Tok& u, const Tok& G, const StateRef& S0, float* h, const Tok& vnew, const StateRef& fin,
-           const SeqInfo& s) {
+void fwd_h(const TensorView& k_, const TensorView& w_, const TensorView& u_, const TensorView& G_, const TensorView& S0_, float* h,
+           const TensorView& vnew_, const TensorView& fin_, Layout l, const std::vector<int64_t>& cu) {
+  const Tokens k = vec(k_, l), w = vec(w_, l), u = vec(u_, l), G = scal(G_, l), vnew = vec(vnew_, l);
+  const State S0(S0_), fin(fin_);
+  const Sequences s(k.B, k.T, cu);
   int64_t HV = u.H, DK = k.D, DV = u.D, group = HV / k.H;
   vector<double> S(size_t(DK * DV)), dn(static_cast<size_t>(kChunk * DV));
   for (int64_t n = 0; n < s.num_seqs(); ++n)
     for (int64_t hv = 0; hv < HV; ++hv) {
-      for (int64_t i = 0; i < DK * DV; ++i) S[size_t(i)] = S0.defined() ? double(S0.f32(n, hv)[i]) : 0.0;
-      int64_t nc = s.chunk_offsets[size_t(n + 1)] - s.chunk_offsets[size_t(n)];
+      for (int64_t i = 0; i < DK * DV; ++i) S[size_t(i)] = S0.defined() ? S0.get(n, hv, i) : 0.0;
+      int64_t nc = s.first_chunk[size_t(n + 1)] - s.first_chunk[size_t(n)];
       for (int64_t c = 0; c < nc; ++c) {
-        detail::ChunkSpan sp = detail::chunk_span(s, n, c);
+        const Chunk& sp = s.chunks[size_t(s.first_chunk[size_t(n)] + c)];
         if (h)
-          for (int64_t i = 0; i < DK * DV; ++i) h[(s.chunk_id(n, c) * HV + hv) * DK * DV + i] = float(S[size_t(i)]);
+          for (int64_t i = 0; i < DK * DV; ++i) h[((s.first_chunk[size_t(n)] + c) * HV + hv) * DK * DV + i] = float(S[size_t(i)]);
         for (int64_t i = 0; i < sp.L; ++i)
           for (int64_t e = 0; e < DV; ++e) {
             double acc = u.get(sp.b, sp.t0 + i, hv, e);
@@ -128,13 +142,16 @@ void fwd_h(const Tok& k, const Tok& w, const Tok& u, const Tok& G, const StateRe
           }
       }
       if (fin.defined())
-        for (int64_t i = 0; i < DK * DV; ++i) fin.f32(n, hv)[i] = float(S[size_t(i)]);
+        for (int64_t i = 0; i < DK * DV; ++i) fin.set(n, hv, i, S[size_t(i)]);
     }
 }
 
-void fwd_o(const Tok& q, const Tok& k, const Tok& vnew, const float* h, const Tok& G, double scale, const Tok& o, const SeqInfo& s) {
+void fwd_o(const TensorView& q_, const TensorView& k_, const TensorView& vnew_, const float* h, const TensorView& G_, double scale,
+           const TensorView& o_, Layout l, const std::vector<int64_t>& cu) {
+  const Tokens q = vec(q_, l), k = vec(k_, l), vnew = vec(vnew_, l), G = scal(G_, l), o = vec(o_, l);
+  const Sequences s(q.B, q.T, cu);
   int64_t HV = vnew.H, DK = q.D, DV = vnew.D, group = HV / q.H;
-  each_chunk(s, [&](detail::ChunkSpan sp, int64_t id) {
+  each_chunk(s, [&](const Chunk& sp, int64_t id) {
     for (int64_t hv = 0; hv < HV; ++hv) {
       const float* S = h + (id * HV + hv) * DK * DV;
       for (int64_t i = 0; i < sp.L; ++i) {
@@ -152,11 +169,15 @@ void fwd_o(const Tok& q, const Tok& k, const Tok& vnew, const float* h, const To
   });
 }
 
-void recurrence(const Tok& q, const Tok& k, const Tok& v, const Tok& g, const Tok& beta, const StateRef& S0, bool l2norm, double scale,
-                const Tok& o, const StateRef& fin, const SeqInfo& s, const std::vector<int64_t>* commit) {
+void recurrence(const TensorView& q_, const TensorView& k_, const TensorView& v_, const TensorView& g_, const TensorView& beta_,
+                const TensorView& S0_, bool l2norm, double scale, const TensorView& o_, const TensorView& fin_, Layout l,
+                const std::vector<int64_t>& cu, const std::vector<int64_t>* commit) {
+  const Tokens q = vec(q_, l), k = vec(k_, l), v = vec(v_, l), g = scal(g_, l), beta = scal(beta_, l), o = vec(o_, l);
+  const State S0(S0_), fin(fin_);
+  const Sequences s(q.B, q.T, cu);
   int64_t HV = v.H, DK = q.D, DV = v.D, group = HV / q.H;
   vector<double> S(size_t(DK * DV)), qv(static_cast<size_t>(DK)), kv(static_cast<size_t>(DK)), ks(static_cast<size_t>(DV));
-  auto load = [&](const Tok& x, int64_t b, int64_t t, int64_t hk, vector<double>& dst) {
+  auto load = [&](const Tokens& x, int64_t b, int64_t t, int64_t hk, vector<double>& dst) {
     double ss = 0;
     for (int64_t d = 0; d < DK; ++d) ss += (dst[size_t(d)] = x.get(b, t, hk, d)) * dst[size_t(d)];
     if (l2norm)
@@ -164,7 +185,7 @@ void recurrence(const Tok& q, const Tok& k, const Tok& v, const Tok& g, const To
   };
   auto save = [&](int64_t n, int64_t hv) {
     if (!fin.defined()) return;
-    for (int64_t i = 0; i < DK * DV; ++i) fin.f32(n, hv)[i] = float(S[size_t(i)]);
+    for (int64_t i = 0; i < DK * DV; ++i) fin.set(n, hv, i, S[size_t(i)]);
   };
   for (int64_t n = 0; n < s.num_seqs(); ++n)
     for (int64_t hv = 0; hv < HV; ++hv) {
@@ -172,7 +193,7 @@ void recurrence(const Tok& q, const Tok& k, const Tok& v, const Tok& g, const To
       int64_t keep = commit ? (*commit)[size_t(n)] : L;
       for (int64_t i = 0; i < DK * DV; ++i) {
         double x = 0;
-        if (S0.defined()) x = S0.dt == DType::f32 ? double(S0.f32(n, hv)[i]) : get_as_double(TensorView(S0.at(n, hv), S0.dt, {DK * DV}), i);
+        if (S0.defined()) x = S0.get(n, hv, i);
         S[size_t(i)] = x;
       }
       if (keep == 0) save(n, hv);

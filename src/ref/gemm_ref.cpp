@@ -4,7 +4,7 @@
 
 #include "ot/gemm.h"
 #include "ot/numeric.h"
-#include "src/gemm/epilogue_math.h"
+#include "src/ref/act_math.h"
 
 namespace ot::gemm::ref {
 
@@ -44,7 +44,7 @@ void gemm(int64_t M, const AOperand& a, const TensorView& b, BLayout layout, con
     }
     int64_t crow = ep.scatter_rows ? ep.scatter_rows[m] : m;
     for (int64_t n = 0; n < n_out; ++n) {
-      double v = ep.act == Act::swiglu ? silu(acc[size_t(n)]) * acc[size_t(n + n_out)] : activate(ep.act, acc[size_t(n)]);
+      double v = ep.act == Act::swiglu ? refmath::silu(acc[size_t(n)]) * acc[size_t(n + n_out)] : refmath::activate(ep.act, acc[size_t(n)]);
       if (ep.row_scale) v *= ep.row_scale[m];
       int64_t off = crow * c.ld + n;
       if (ep.accumulate) v += load(c.data, c.dtype, off);

@@ -1,16 +1,19 @@
 // Plain references of the MoE backward operators: loops a reader can check by eye, fp64
 // accumulation, element access through the views' strides.
+#include "src/ref/moe_bwd_ref.h"
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "ot/moe_bwd.h"
-#include "src/moe/act_grad_math.h"
-#include "src/moe/bwd_common.h"
-#include "src/moe/ffn_bwd_common.h"
-#include "src/moe/ffn_plan.h"
+#include "ot/moe/router.h"
+#include "src/ref/act_math.h"
+#include "src/ref/group_list.h"
+#include "src/ref/moe_ffn_ref.h"
+#include "src/ref/moe_loss_ref.h"
 
-namespace ot::moe::ref {
+namespace ot::moe::refimpl {
 
 static double at2(const TensorView& v, int64_t i, int64_t j) { return get_as_double(v, i * v.sizes[1] + j); }
 static double at3(const TensorView& v, int64_t g, int64_t i, int64_t j) {
@@ -20,14 +23,13 @@ static double at3(const TensorView& v, int64_t g, int64_t i, int64_t j) {
 // One row of dz = act'(z) * dy in fp64.
 static void act_grad_row(gemm::Act act, const double* z, const double* dy, int64_t n_out, double* dz) {
   if (act == gemm::Act::swiglu) {
-    for (int64_t n = 0; n < n_out; ++n) detail::swiglu_grad(z[n], z[n + n_out], dy[n], &dz[n], &dz[n + n_out]);
+    for (int64_t n = 0; n < n_out; ++n) refmath::swiglu_grad(z[n], z[n + n_out], dy[n], &dz[n], &dz[n + n_out]);
   } else {
-    for (int64_t n = 0; n < n_out; ++n) dz[n] = detail::act_grad(act, z[n], dy[n]);
+    for (int64_t n = 0; n < n_out; ++n) dz[n] = refmath::act_grad(act, z[n], dy[n]);
   }
 }
 
 void act_backward(gemm::Act act, const TensorView& z, const TensorView& dy, const TensorView& dz) {
-  bwd::check_act_backward("act_backward", act, z, dy, dz);
   int64_t M = z.sizes[0], N = z.sizes[1], n_out = dy.sizes[1];
   std::vector<double> zr(static_cast<size_t>(N)), dyr(static_cast<size_t>(n_out)), dzr(static_cast<size_t>(N));
   for (int64_t m = 0; m < M; ++m) {
@@ -40,9 +42,9 @@ void act_backward(gemm::Act act, const TensorView& z, const TensorView& dy, cons
 
 GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorView& x, const TensorView& w,
                                            const TensorView& group_list, const GroupedMatmulBackwardOptions& opt) {
-  const char* op = "grouped_matmul_backward";
-  auto p = bwd::plan_grouped_matmul_backward(op, dy, x, w, group_list, opt);
-  const int64_t M = p.M, K = p.K, N = p.N, G = p.G, n_out = p.n_out;
+  const int64_t M = x.size(0), K = x.size(1), G = w.size(0), N = w.size(2);
+  const int64_t n_out = opt.act == gemm::Act::swiglu ? N / 2 : N;  // swiglu: columns [gate | up]
+  const std::vector<int64_t> group = refgroups::group_of_rows(group_list, opt.group_list_type, M);
   GroupedMatmulGrads r;
   if (opt.need_dx) r.dx = Tensor::zeros(x.dtype, {M, K});
   TensorView dw = opt.dweight_out, db = opt.dbias_out;
@@ -54,9 +56,9 @@ GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorVie
   for (int64_t g = 0; g < G; ++g) {
     std::fill(gw.begin(), gw.end(), 0.0);
     std::fill(gb.begin(), gb.end(), 0.0);
-    for (const auto& s : p.spans) {
-      if (s.group != g) continue;
-      for (int64_t m = s.offset; m < s.offset + s.count; ++m) {
+    for (int64_t m = 0; m < M; ++m) {
+      if (group[size_t(m)] != g) continue;
+      {
         for (int64_t n = 0; n < N; ++n) {
           if (opt.pre_act.defined()) { zr[size_t(n)] = at2(opt.pre_act, m, n); continue; }
           double acc = opt.bias.defined() ? at2(opt.bias, g, n) : 0.0;
@@ -102,7 +104,7 @@ static double dot_rows(const TensorView& a, int64_t ra, const TensorView& b, int
 }
 
 Tensor moe_token_permute_backward(const TensorView& dp, const TensorView& si, int64_t topk) {
-  auto p = bwd::plan_permute_backward("moe_token_permute_backward", dp, si, topk);
+  struct { int64_t T, K, P, H; } p{si.numel() / topk, topk, dp.size(0), dp.size(1)};
   std::vector<double> acc(static_cast<size_t>(p.T * p.H), 0.0);
   for (int64_t j = 0; j < p.T * p.K; ++j) {  // forward: permuted[si[j]] = tokens[j / K]
     int64_t d = si.ptr<int32_t>()[j];
@@ -116,7 +118,7 @@ Tensor moe_token_permute_backward(const TensorView& dp, const TensorView& si, in
 
 TokenUnpermuteGrads moe_token_unpermute_backward(const TensorView& dout, const TensorView& permuted, const TensorView& si,
                                                  const TensorView& probs) {
-  auto p = bwd::plan_unpermute_backward("moe_token_unpermute_backward", dout, permuted, si, probs);
+  struct { int64_t T, K, P, H; } p{dout.size(0), probs.defined() ? probs.size(1) : 1, permuted.size(0), dout.size(1)};
   TokenUnpermuteGrads g;
   g.d_permuted = Tensor::zeros(permuted.dtype, {p.P, p.H});
   if (probs.defined()) g.d_probs = Tensor::zeros(DType::f32, {p.T, p.K});
@@ -131,6 +133,9 @@ TokenUnpermuteGrads moe_token_unpermute_backward(const TensorView& dout, const T
   return g;
 }
 
+// Rows of an expanded tensor: [P, H], or [E, C, H] in drop/pad mode.
+static int64_t expanded_rows(const TensorView& v) { return v.ndim == 2 ? v.size(0) : v.size(0) * v.size(1); }
+
 static Tensor expanded_to_tokens(const TensorView& dex, int64_t N, int64_t K, int64_t H, int64_t P, const std::vector<int64_t>& dst_of_j) {
   std::vector<double> acc(static_cast<size_t>(N * H), 0.0);
   for (int64_t j = 0; j < N * K; ++j) {  // forward: expanded[dst_of_j[j]] = x[j / K]
@@ -144,7 +149,7 @@ static Tensor expanded_to_tokens(const TensorView& dex, int64_t N, int64_t K, in
 }
 
 Tensor moe_init_routing_v2_backward(const TensorView& dex, const TensorView& idx, int64_t N, int64_t K, int type) {
-  auto p = bwd::plan_init_routing_backward("moe_init_routing_v2_backward", dex, idx, N, K, type);
+  struct { int64_t H, P; } p{dex.size(-1), expanded_rows(dex)};
   std::vector<int64_t> dst(static_cast<size_t>(N * K), -1);
   const int32_t* s = idx.ptr<int32_t>();
   if (type == 0) for (int64_t j = 0; j < N * K; ++j) dst[size_t(j)] = s[j];
@@ -153,7 +158,7 @@ Tensor moe_init_routing_v2_backward(const TensorView& dex, const TensorView& idx
 }
 
 Tensor moe_init_routing_backward(const TensorView& dex, const TensorView& idx, int64_t N, int64_t K) {
-  auto p = bwd::plan_init_routing_backward("moe_init_routing_backward", dex, idx, N, K, 0);
+  struct { int64_t H, P; } p{dex.size(-1), expanded_rows(dex)};
   std::vector<int64_t> dst(static_cast<size_t>(N * K));
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) dst[size_t(n * K + k)] = idx.ptr<int32_t>()[k * N + n];  // k-major
@@ -162,8 +167,8 @@ Tensor moe_init_routing_backward(const TensorView& dex, const TensorView& idx, i
 
 FinalizeRoutingGrads moe_finalize_routing_v2_backward(const TensorView& dout, const TensorView& ex, const TensorView& idx, const TensorView& scales,
                                                       const TensorView& bias, const TensorView& expert_idx, int mode) {
-  auto p = bwd::plan_finalize_backward("moe_finalize_routing_v2_backward", dout, ex, idx, scales, bias, expert_idx, mode);
-  const int64_t N = p.T, K = p.K, H = p.H;
+  const int64_t N = dout.size(0), K = scales.defined() ? scales.size(1) : 1, H = dout.size(1);
+  struct { int64_t P, E; } p{expanded_rows(ex), bias.defined() ? bias.size(0) : 0};
   FinalizeRoutingGrads g;
   g.d_expanded_x = Tensor::zeros(ex.dtype, ex.shape());
   TensorView R = ex.reshape({p.P, H}), dR = g.d_expanded_x.view().reshape({p.P, H});
@@ -198,8 +203,8 @@ Tensor moe_gating_top_k_softmax_backward(const TensorView& dy, const TensorView&
 }
 
 Tensor moe_gating_top_k_softmax_v2_backward(const TensorView& dy, const TensorView& x, const TensorView& ids, int renorm, const TensorView& allowed) {
-  auto p = bwd::plan_router_backward("moe_gating_top_k_softmax_backward", dy, x, "x", ids, allowed);
-  const int64_t E = p.E, K = p.K;
+  struct { int64_t T; } p{x.size(0)};
+  const int64_t E = x.size(1), K = dy.size(1);
   Tensor dx = Tensor::zeros(DType::f32, {p.T, E});
   for (int64_t t = 0; t < p.T; ++t) {
     const int32_t* id = ids.ptr<int32_t>() + t * K;
@@ -224,8 +229,8 @@ Tensor moe_gating_top_k_softmax_v2_backward(const TensorView& dy, const TensorVi
 
 Tensor moe_gating_top_k_backward(const TensorView& dy, const TensorView& sc, const TensorView& ids, int renorm, int norm_type, float rsf,
                                  float eps) {
-  auto p = bwd::plan_router_backward("moe_gating_top_k_backward", dy, sc, "scores", ids, {});
-  const int64_t E = p.E, K = p.K;
+  struct { int64_t T; } p{sc.size(0)};
+  const int64_t E = sc.size(1), K = dy.size(1);
   Tensor dx = Tensor::zeros(DType::f32, {p.T, E});
   for (int64_t t = 0; t < p.T; ++t) {
     const int32_t* id = ids.ptr<int32_t>() + t * K;
@@ -264,9 +269,9 @@ Tensor topk_renorm_backward(const TensorView& dw, const TensorView& y) {
 
 // ---- losses ----
 Tensor moe_aux_loss_backward(const TensorView& probs, const TensorView& tpe, int64_t k, float coeff, float d_loss) {
-  bwd::check_loss_input("moe_aux_loss_backward", "probs", probs);
   const int64_t T = probs.size(0), E = probs.size(1);
-  auto counts = bwd::read_counts("moe_aux_loss_backward", tpe, E);
+  std::vector<double> counts(static_cast<size_t>(E));
+  for (int64_t i = 0; i < E; ++i) counts[size_t(i)] = get_as_double(tpe, i);
   Tensor d = Tensor::zeros(DType::f32, {T, E});
   for (int64_t t = 0; t < T; ++t)  // loss = coeff * E * sum_i (counts_i / (T K)) * (sum_t probs[t,i] / T)
     for (int64_t i = 0; i < E; ++i) d.ptr<float>()[t * E + i] = float(double(d_loss) * coeff * double(E) * counts[size_t(i)] / (double(T) * double(k)) / double(T));
@@ -274,9 +279,7 @@ Tensor moe_aux_loss_backward(const TensorView& probs, const TensorView& tpe, int
 }
 
 Tensor moe_z_loss_backward(const TensorView& logits, float coeff, const TensorView& mask, float d_loss) {
-  bwd::check_loss_input("moe_z_loss_backward", "logits", logits);
   const int64_t T = logits.size(0), E = logits.size(1);
-  bwd::check_mask("moe_z_loss_backward", mask, T);
   int64_t n = 0;
   for (int64_t t = 0; t < T; ++t) n += !mask.defined() || mask.ptr<uint8_t>()[t];
   Tensor d = Tensor::zeros(DType::f32, {T, E});
@@ -301,11 +304,8 @@ static Tensor from_doubles(const std::vector<int64_t>& shape, const std::vector<
 // ---- moe_ffn_backward: per token, every projection differentiated in fp64 ----------------------
 MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const MoeFfnWeights& w, const MoeFfnOptions& o,
                              const MoeFfnBackwardOptions& bo) {
-  const char* op = "moe_ffn_backward";
-  bwd::FfnDims d;
-  bwd::check_ffn(op, x, w, o, d);
-  bwd::check_shape(op, "dy", dy, {d.T, d.H});
-  const int64_t T = d.T, H = d.H, E = d.E, K = d.K, I = d.I, Is = d.Is;
+  const int64_t T = x.size(0), E = w.gate.size(0), H = w.gate.size(1), I = w.gate.size(2), K = o.k;
+  const int64_t Is = w.shared_gate.defined() ? w.shared_gate.size(1) : 0;
   // fp64 copies (contiguous) so the loops below index plain arrays.
   auto doubles = [](const TensorView& v) {
     std::vector<double> r(static_cast<size_t>(v.numel()));
@@ -343,7 +343,7 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
     for (int64_t k = 0; k < K; ++k) wts[size_t(t * K + k)] = get_as_double(gr.y, t * K + k) / (renorm ? S : 1.0);
   }
   // Capacity: within an expert, earlier tokens keep their place.
-  int64_t cap = impl::ffn_capacity(op, o, T, E);
+  int64_t cap = ffn_capacity(o, T, E);
   std::vector<int64_t> seen(static_cast<size_t>(E), 0), counts(static_cast<size_t>(E), 0);
   std::vector<char> kept(static_cast<size_t>(T * K));
   for (int64_t t = 0; t < T; ++t)
@@ -365,14 +365,14 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
     for (int64_t i = 0; i < n; ++i) {
       zg[size_t(i)] = zu[size_t(i)] = 0;
       for (int64_t h = 0; h < H; ++h) { zg[size_t(i)] += X(t, h) * Wg[size_t(h * n + i)]; zu[size_t(i)] += X(t, h) * Wu[size_t(h * n + i)]; }
-      a[size_t(i)] = zg[size_t(i)] * detail::sigmoid(zg[size_t(i)]) * zu[size_t(i)];
+      a[size_t(i)] = zg[size_t(i)] * refmath::sigmoid(zg[size_t(i)]) * zu[size_t(i)];
       gv[size_t(i)] = 0;
       for (int64_t h = 0; h < H; ++h) gv[size_t(i)] += Wd[size_t(i * H + h)] * dyd[size_t(t * H + h)];
     }
     double dot = 0;
     for (int64_t i = 0; i < n; ++i) {
       dot += gv[size_t(i)] * a[size_t(i)];
-      detail::swiglu_grad(zg[size_t(i)], zu[size_t(i)], wt * gv[size_t(i)], &dzg[size_t(i)], &dzu[size_t(i)]);
+      refmath::swiglu_grad(zg[size_t(i)], zu[size_t(i)], wt * gv[size_t(i)], &dzg[size_t(i)], &dzu[size_t(i)]);
       for (int64_t h = 0; h < H; ++h) {
         dWd[i * H + h] += float(wt * a[size_t(i)] * dyd[size_t(t * H + h)]);
         dWg[h * n + i] += float(X(t, h) * dzg[size_t(i)]);
@@ -425,8 +425,8 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
       for (int64_t e = 0; e < E; ++e) P[size_t(t * E + e)] = base[size_t(t * E + e)] / S;
     }
     Tensor probs = from_doubles({T, E}, P);
-    g.aux_loss = ref::moe_aux_loss(probs, cnt, K, bo.aux_loss_coeff);
-    Tensor dp = moe_aux_loss_backward(probs, cnt, K, bo.aux_loss_coeff);
+    g.aux_loss = aux_loss(probs, cnt, K, bo.aux_loss_coeff);
+    Tensor dp = moe_aux_loss_backward(probs, cnt, K, bo.aux_loss_coeff, 1.f);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t e = 0; e < E; ++e)
         for (int64_t j = 0; j < E; ++j) {  // d P_e / d x_j
@@ -436,8 +436,8 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
         }
   }
   if (bo.z_loss_coeff > 0) {
-    g.z_loss = ref::moe_z_loss(logits, bo.z_loss_coeff);
-    Tensor dz = moe_z_loss_backward(logits, bo.z_loss_coeff);
+    g.z_loss = z_loss(logits, bo.z_loss_coeff, {});
+    Tensor dz = moe_z_loss_backward(logits, bo.z_loss_coeff, {}, 1.f);
     for (int64_t i = 0; i < T * E; ++i) dlog[size_t(i)] += dz.ptr<float>()[i];
   }
   g.d_router = Tensor::zeros(DType::f32, {E, H});
@@ -452,4 +452,4 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
   return g;
 }
 
-}  // namespace ot::moe::ref
+}  // namespace ot::moe::refimpl

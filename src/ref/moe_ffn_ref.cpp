@@ -1,93 +1,112 @@
 // moe_ffn reference: logits by dot products, the reference router, then for every token and each
 // of its kept experts the SwiGLU FFN on the unpacked weights, weighted and summed in fp64.
 // The intermediate h is rounded to x's dtype, as every GMM pipeline stores it.
+#include "src/ref/moe_ffn_ref.h"
+
 #include <cmath>
+#include <vector>
 
-#include "src/gemm/epilogue_math.h"
-#include "src/moe/common.h"
-#include "src/moe/ffn_plan.h"
+#include "ot/moe/router.h"
+#include "ot/numeric.h"
+#include "src/ref/act_math.h"
 
-namespace ot::moe::ref {
+namespace ot::moe::refimpl {
 
-// y = (silu(x Wg) * (x Wu)) Wd for one token row; EHI weights gate/up [H, I], down [I, H].
-static void expert_row(const float* x, const TensorView& g, const TensorView& u, const TensorView& d, DType act_dt, int64_t H, int64_t I,
-                       std::vector<float>& out) {
-  std::vector<float> ag(static_cast<size_t>(I), 0.f), au(static_cast<size_t>(I), 0.f), w(static_cast<size_t>(std::max(H, I)));
-  for (int64_t h = 0; h < H; ++h) {
-    impl::load_f32(g, h * I, w.data(), I);
-    for (int64_t i = 0; i < I; ++i) ag[size_t(i)] += x[h] * w[size_t(i)];
-    impl::load_f32(u, h * I, w.data(), I);
-    for (int64_t i = 0; i < I; ++i) au[size_t(i)] += x[h] * w[size_t(i)];
-  }
-  out.assign(size_t(H), 0.f);
-  for (int64_t i = 0; i < I; ++i) {
-    float a = round_to(act_dt, gemm::silu(ag[size_t(i)]) * au[size_t(i)]);
-    impl::load_f32(d, i * H, w.data(), H);
-    for (int64_t h = 0; h < H; ++h) out[size_t(h)] += a * w[size_t(h)];
-  }
-}
-
-MoeFfnResult moe_ffn(const TensorView& x_in, const TensorView& router_weight, const TensorView& gate, const TensorView& up, const TensorView& down,
-                     const MoeFfnOptions& o, const TensorView& sg, const TensorView& su, const TensorView& sd) {
-  const char* op = "moe_ffn";
-  impl::check_ndim(op, "router_weight", router_weight, 2);
-  impl::check_ndim(op, "gate", gate, 3);
-  OT_CHECK(up.shape() == gate.shape() && down.ndim == 3 && down.size(0) == gate.size(0) && down.size(1) == gate.size(2) &&
-               down.size(2) == gate.size(1), op, "down", "gate/up [E, H, I] and down [E, I, H]", down.shape_str());
-  OT_CHECK(!o.shared || sg.defined(), op, "shared", "the shared expert's unpacked weights", "none");
-  int64_t E = gate.size(0), H = gate.size(1), I = gate.size(2);
-  // The shared expert has its own intermediate size Is: gate/up [H, Is] (or [1, H, Is]), down [Is, H].
-  int64_t Is = o.shared ? sg.size(sg.ndim - 1) : 0;
-  if (o.shared) {
-    auto is_2d = [](const TensorView& v, int64_t r, int64_t c) {
-      return (v.ndim == 2 && v.size(0) == r && v.size(1) == c) || (v.ndim == 3 && v.size(0) == 1 && v.size(1) == r && v.size(2) == c);
-    };
-    OT_CHECK(is_2d(sg, H, Is) && is_2d(su, H, Is) && is_2d(sd, Is, H), op, "shared_down",
-             detail::cat("shared gate/up [H, Is] and down [Is, H] with H = ", H), sg.shape_str(), ", ", su.shape_str(), ", ", sd.shape_str());
-  }
-  impl::FfnPlan p = impl::plan_ffn(x_in, router_weight.size(1), router_weight.size(0), H, I, gate.dtype, E, o, H, gate.dtype);
-  Tensor hold[8];
-  TensorView x = impl::contig(x_in, hold[0]), rw = impl::contig(router_weight, hold[1]);
-  TensorView G = impl::contig(gate, hold[2]), U = impl::contig(up, hold[3]), D = impl::contig(down, hold[4]);
-  TensorView SG = impl::contig(sg, hold[5]), SU = impl::contig(su, hold[6]), SD = impl::contig(sd, hold[7]);
-  MoeFfnResult r;
-  r.router_logits = Tensor::empty(DType::f32, {p.T, E});
-  std::vector<float> xr(static_cast<size_t>(H)), rr(static_cast<size_t>(H));
-  for (int64_t t = 0; t < p.T; ++t) {
-    impl::load_f32(x, t * H, xr.data(), H);
-    for (int64_t e = 0; e < E; ++e) {
-      impl::load_f32(rw, e * H, rr.data(), H);
-      double s = 0;
-      for (int64_t h = 0; h < H; ++h) s += double(xr[size_t(h)]) * double(rr[size_t(h)]);
-      r.router_logits.ptr<float>()[t * E + e] = float(s);
-    }
-  }
-  GatingResult g = impl::run_router(r.router_logits, o, true);
-  r.topk_ids = g.expert_idx;
-  r.topk_weights = g.y;
-  r.expert_counts = Tensor::zeros(DType::i64, {E});
-  std::vector<double> acc(static_cast<size_t>(p.T * H), 0.0);
-  if (o.residual.defined())
-    for (int64_t i = 0; i < p.T * H; ++i) acc[size_t(i)] = get_as_double(o.residual, i);
-  std::vector<float> out;
-  for (int64_t t = 0; t < p.T; ++t) {
-    impl::load_f32(x, t * H, xr.data(), H);
-    if (o.shared) {
-      expert_row(xr.data(), SG, SU, SD, x.dtype, H, Is, out);
-      for (int64_t h = 0; h < H; ++h) acc[size_t(t * H + h)] += out[size_t(h)];
-    }
-    for (int64_t k = 0; k < p.K; ++k) {
-      int32_t e = r.topk_ids.ptr<int32_t>()[t * p.K + k];
-      int64_t before = r.expert_counts.ptr<int64_t>()[e]++;
-      if (p.cap >= 0 && before >= p.cap) { ++r.dropped; continue; }  // later tokens lose their place
-      expert_row(xr.data(), G.select(0, e), U.select(0, e), D.select(0, e), x.dtype, H, I, out);
-      double w = r.topk_weights.ptr<float>()[t * p.K + k];
-      for (int64_t h = 0; h < H; ++h) acc[size_t(t * H + h)] += w * out[size_t(h)];
-    }
-  }
-  r.y = Tensor::empty(x.dtype, {p.T, H});
-  for (int64_t i = 0; i < p.T * H; ++i) set_from_double(r.y, i, acc[size_t(i)]);
+// Every element of v (any strides) in row-major order, in fp32.
+static std::vector<float> floats(const TensorView& v) {
+  std::vector<float> r(static_cast<size_t>(v.numel()));
+  for (size_t i = 0; i < r.size(); ++i) r[i] = float(get_as_double(v, int64_t(i)));
   return r;
 }
 
-}  // namespace ot::moe::ref
+// y = (silu(x Wg) * (x Wu)) Wd for one token row; gate/up [H, I], down [I, H] row-major.
+static void expert_row(const float* x, const float* g, const float* u, const float* d, DType act_dt, int64_t H, int64_t I,
+                       std::vector<float>& out) {
+  std::vector<float> ag(static_cast<size_t>(I), 0.f), au(static_cast<size_t>(I), 0.f);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < I; ++i) {
+      ag[size_t(i)] += x[h] * g[h * I + i];
+      au[size_t(i)] += x[h] * u[h * I + i];
+    }
+  out.assign(size_t(H), 0.f);
+  for (int64_t i = 0; i < I; ++i) {
+    float a = round_to(act_dt, float(refmath::silu(ag[size_t(i)])) * au[size_t(i)]);
+    for (int64_t h = 0; h < H; ++h) out[size_t(h)] += a * d[i * H + h];
+  }
+}
+
+int64_t ffn_capacity(const MoeFfnOptions& o, int64_t T, int64_t E) {
+  if (o.capacity_factor > 0) return int64_t(std::ceil(double(T) * double(o.k) / double(E) * o.capacity_factor));
+  return o.expert_capacity;
+}
+
+GatingResult ffn_router(const TensorView& logits, const MoeFfnOptions& o) {
+  GatingResult g;
+  switch (o.router) {
+    case RouterKind::softmax_topk: g = ref::moe_gating_top_k_softmax(logits, o.k, {}, o.allowed); break;
+    case RouterKind::softmax_topk_v2: g = ref::moe_gating_top_k_softmax_v2(logits, o.k, {}, o.renorm, false, o.allowed); break;
+    case RouterKind::gating_top_k: {
+      GatingTopKOptions go = o.gating;
+      go.k = o.k;
+      go.allowed = o.allowed;
+      g = ref::moe_gating_top_k(logits, go);
+      break;
+    }
+  }
+  if (o.norm_topk_prob && o.router != RouterKind::gating_top_k) {
+    float* w = g.y.ptr<float>();
+    for (int64_t t = 0; t < logits.size(0); ++t) {
+      float s = 0;
+      for (int64_t j = 0; j < o.k; ++j) s += w[t * o.k + j];
+      for (int64_t j = 0; j < o.k; ++j) w[t * o.k + j] /= s;
+    }
+  }
+  return g;
+}
+
+MoeFfnResult moe_ffn(const TensorView& x, const TensorView& router_weight, const TensorView& gate, const TensorView& up, const TensorView& down,
+                     const MoeFfnOptions& o, const TensorView& sg, const TensorView& su, const TensorView& sd) {
+  const int64_t T = x.size(0), E = gate.size(0), H = gate.size(1), I = gate.size(2), K = o.k;
+  const int64_t Is = o.shared ? sg.size(sg.ndim - 1) : 0;  // the shared expert's own intermediate size
+  const int64_t cap = ffn_capacity(o, T, E);
+  const std::vector<float> xf = floats(x), rw = floats(router_weight);
+  MoeFfnResult r;
+  r.router_logits = Tensor::empty(DType::f32, {T, E});
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < E; ++e) {
+      double s = 0;
+      for (int64_t h = 0; h < H; ++h) s += double(xf[size_t(t * H + h)]) * double(rw[size_t(e * H + h)]);
+      r.router_logits.ptr<float>()[t * E + e] = float(s);
+    }
+  GatingResult g = ffn_router(r.router_logits, o);
+  r.topk_ids = g.expert_idx;
+  r.topk_weights = g.y;
+  r.expert_counts = Tensor::zeros(DType::i64, {E});
+  const std::vector<float> G = floats(gate), U = floats(up), D = floats(down);
+  std::vector<float> SG, SU, SD;
+  if (o.shared) SG = floats(sg), SU = floats(su), SD = floats(sd);
+  std::vector<double> acc(static_cast<size_t>(T * H), 0.0);
+  if (o.residual.defined())
+    for (int64_t i = 0; i < T * H; ++i) acc[size_t(i)] = get_as_double(o.residual, i);
+  std::vector<float> out;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = xf.data() + t * H;
+    if (o.shared) {
+      expert_row(xr, SG.data(), SU.data(), SD.data(), x.dtype, H, Is, out);
+      for (int64_t h = 0; h < H; ++h) acc[size_t(t * H + h)] += out[size_t(h)];
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      int32_t e = r.topk_ids.ptr<int32_t>()[t * K + k];
+      int64_t before = r.expert_counts.ptr<int64_t>()[e]++;
+      if (cap >= 0 && before >= cap) { ++r.dropped; continue; }  // later tokens lose their place
+      expert_row(xr, G.data() + e * H * I, U.data() + e * H * I, D.data() + e * I * H, x.dtype, H, I, out);
+      double w = r.topk_weights.ptr<float>()[t * K + k];
+      for (int64_t h = 0; h < H; ++h) acc[size_t(t * H + h)] += w * out[size_t(h)];
+    }
+  }
+  r.y = Tensor::empty(x.dtype, {T, H});
+  for (int64_t i = 0; i < T * H; ++i) set_from_double(r.y, i, acc[size_t(i)]);
+  return r;
+}
+
+}  // namespace ot::moe::refimpl

@@ -1,12 +1,12 @@
 // Loss references: the Megatron formulas term by term in fp64.
+#include "src/ref/moe_loss_ref.h"
+
 #include <cmath>
-#include <vector>
 
-#include "ot/tensor.h"
+namespace ot::moe::refimpl {
 
-namespace ot::moe::ref {
-
-float aux_loss_ref_impl(const TensorView& probs, const std::vector<int64_t>& counts, int64_t T, int64_t E, int64_t k, float coeff) {
+float aux_loss(const TensorView& probs, const TensorView& tokens_per_expert, int64_t k, float coeff) {
+  const int64_t T = probs.size(0), E = probs.size(1);
   if (T == 0) return 0.f;
   // coeff * E * sum_i f_i * P_i with f_i = counts_i / (T*K), P_i = mean_t probs[t, i].
   double loss = 0;
@@ -14,13 +14,14 @@ float aux_loss_ref_impl(const TensorView& probs, const std::vector<int64_t>& cou
     double P = 0;
     for (int64_t t = 0; t < T; ++t) P += get_as_double(probs, t * E + i);
     P /= double(T);
-    double f = double(counts[size_t(i)]) / (double(T) * double(k));
+    double f = get_as_double(tokens_per_expert, i) / (double(T) * double(k));
     loss += f * P;
   }
   return float(double(coeff) * double(E) * loss);
 }
 
-float z_loss_ref_impl(const TensorView& logits, const TensorView& mask, int64_t T, int64_t E, float coeff) {
+float z_loss(const TensorView& logits, float coeff, const TensorView& mask) {
+  const int64_t T = logits.size(0), E = logits.size(1);
   double s = 0;
   int64_t n = 0;
   for (int64_t t = 0; t < T; ++t) {
@@ -36,4 +37,4 @@ float z_loss_ref_impl(const TensorView& logits, const TensorView& mask, int64_t 
   return float(double(coeff) * s / double(n > 0 ? n : 1));
 }
 
-}  // namespace ot::moe::ref
+}  // namespace ot::moe::refimpl

@@ -13,7 +13,7 @@
 #include "ot/gdn_bwd.h"
 #include "gdn_bwd_test_util.h"
 #include "gdn_test_util.h"
-#include "src/gdn/gdn_bwd_ref.h"
+#include "src/ref/gdn_bwd_ref.h"
 #include "src/gdn/gdn_internal.h"
 
 namespace {

@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "src/gdn/gdn_bwd_ref.h"
+#include "src/ref/gdn_bwd_ref.h"
 
 namespace {
 
