@@ -126,7 +126,8 @@ Timing time_interleaved(const std::function<void()>& fast, const std::function<v
   // drop two such tests.
   if (window_peak) out.window_gbps = *std::max_element(out.window_tests.begin(), out.window_tests.end());
   // Beside it, the median of every burst: the case's rate is a median over calls, so this divides
-  // like by like (dec11b: over 4000 bursts the read test's median was 59-61 GB/s, its best 76-92).
+  // like by like (AMD Zen 5 VM, 2026-12-01: over 4000 bursts the read test's median was 59-61 GB/s,
+  // its best 76-92).
   if (window_peak) out.window_median_gbps = median(bursts);
   return out;
 }
