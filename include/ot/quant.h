@@ -7,8 +7,8 @@ namespace ot {
 
 // d = max|x| / 127, q = round_half_even(x / d) saturated to [-128, 127]; returns d. A zero row
 // gives d = 0 and q = 0. A row holding a NaN or an Inf gives d = NaN and q = 0: it dequantises to
-// NaN, so non-finite input never turns into finite codes. (Before session 14 init routing converted
-// a NaN to int8 undefined, EP clamped it to -128, and an Inf zeroed every other value of its row.)
+// NaN, so non-finite input never turns into finite codes (rather than an undefined int8, a clamp to
+// -128, or a row whose other values an Inf zeroed).
 float quantize_row_i8_dynamic(const float* x, int64_t n, int8_t* q);
 
 }  // namespace ot

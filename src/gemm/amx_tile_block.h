@@ -1,7 +1,7 @@
 // The AMX bf16 micro-kernel's body, written once over a tile backend: the hardware tile unit
 // (kernel_bf16__amx.cpp) or the software model of it (amx_emulator.cpp), which runs the same
 // code, tile numbers, strides and configuration on machines without AMX, so the tests check this
-// path everywhere (no session's machine has exposed AMX).
+// path everywhere (no machine of this project has exposed AMX).
 //
 // A 32 x 48 fp32 block held in six C tiles (2 row blocks x 3 column blocks), tile 6 = A (16 rows x
 // 32 k), tile 7 = B (16 k-pairs x 16 columns, read from the 48-wide vnni panel with a 192-byte row

@@ -28,7 +28,7 @@ knobs::Knob g_bf16_kernel("gemm.bf16_kernel", 0, 0, 2,
 knobs::Knob g_spread_pf("gemm.spread_pf", 1, 0, 1, "row tiles of a K chunk prefetch shares of the next chunk (1) or the kernel's own distance (0)");
 // L1 prefetches are bounded by the core's few fill buffers, so a near prefetch alone keeps about 16
 // lines in flight, short of one core's share of DRAM bandwidth: an L2 prefetch further ahead
-// raises that (Intel Emerald Rapids VM, session 20: moe_ffn T1 b/a 0.86-0.90 with the near one
+// raises that (Intel Emerald Rapids VM, 2026-12-02: moe_ffn T1 b/a 0.86-0.90 with the near one
 // kept, 1.10-1.14 without it; 64 and 256 pairs no better). Not measured on AMD: off there.
 knobs::Knob g_far_pf("gemm.far_pf", cpu::features().intel ? 128 : 0, 0, 1024,
                      "streaming kernels (decode pair tile, single-tile widening blocks): L2 prefetch this many k pairs ahead (0 = none)");

@@ -7,8 +7,8 @@
 // vector ops per row and k pair, more than the B widening, and held the kernel near half the FMA peak. The driver packs A as fp32 once per
 // row block for kernel_avx2_bf16_f32a; kernel_avx2_bf16 (bf16 A, its other callers) widens a
 // group's A rows once per K chunk into an L1 buffer, ~5% of the kernel's time in L1 and more when
-// A comes from L2. A tile of 5-6 rows is one group (docs/gemm.md "Decode 4-8 rows on AVX2,
-// session 17"), of 7-8 rows a group of 4 and the rest over each K chunk in turn (with full 8-row
+// A comes from L2. A tile of 5-6 rows is one group (docs/gemm.md "AVX2 kernels"), of 7-8 rows a
+// group of 4 and the rest over each K chunk in turn (with full 8-row
 // tiles in the driver, 29 rows are 7 groups of 4 and 1 row, not 5 of 4 and 3 of 3): each
 // accumulator takes two dependent FMAs per k pair, so a 4-row group (8 chains, 16 FMAs) runs at the
 // FMA bound and a 3-row one at the latency bound, 3/4 of it (in L1: 4 rows 87% of one core's peak,

@@ -5,9 +5,9 @@
 // one, four: +5-20%). 16 ymm registers hold 12 accumulators, so a tile of MR rows x 48 columns x 2
 // panels is computed in column passes of NV ymm (8 columns) each, k in chunks whose later passes
 // read the two panels from L1 (24 KiB of a 32 KiB L1). Widening as in kernel_avx2_bf16: k even =
-// lane << 16, k odd = the lane's high half; fp32 FMAs. Measured in docs/moe.md "Decode on AVX2,
-// session 15" (A pairs precomputed per chunk instead of widened per pass: no gain). 3 rows run
-// chunk-major 16-column passes instead (passes_tile, docs/gemm.md "Decode on AVX2, session 16").
+// lane << 16, k odd = the lane's high half; fp32 FMAs. A pairs precomputed per chunk instead of
+// widened per pass gave no gain (AMD EPYC AVX2-only VM, 2026-12-02). 3 rows run chunk-major
+// 16-column passes instead (passes_tile, docs/gemm.md "AVX2 kernels").
 #include <immintrin.h>
 
 #include <algorithm>

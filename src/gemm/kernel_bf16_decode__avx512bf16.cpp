@@ -1,12 +1,12 @@
 // Decode micro-kernel (M = 1..2 rows, one whole B panel per call): the weights are read once per
 // call, so the kernel is a DRAM stream, not a dot-product loop. A single sequential stream per
 // thread reaches only ~49 GB/s on two threads here, two concurrent streams per thread ~61 GB/s
-// (plain read loops over the same 76 MB of Qwen3 T1 expert weights, docs/moe.md "decode, session 8"):
+// (plain read loops over the same 76 MB of Qwen3 T1 expert weights, AMD Zen 5 VM, 2026-11-30):
 // the hardware prefetcher keeps a bounded number of lines in flight per stream. So the panel's
 // k-pairs are cut into S contiguous ranges read side by side, each with its own accumulators
 // (3 * MR * S zmm), summed at the end. Software prefetch on Intel only (gemm.decode_pf, gemm.far_pf).
 // The driver hands a decode unit's panels over at once (kernel_decode_panels_bf16): two whole
-// panels side by side give longer streams than two halves of one panel (docs/moe.md session 9).
+// panels side by side give longer streams than two halves of one panel (AMD Zen 5 VM, 2026-12-01).
 #include <immintrin.h>
 
 #include <cstring>
@@ -20,8 +20,8 @@ namespace ot::gemm::detail {
 // Software prefetch distance of the pair tile's two streams, in k pairs (0: none). Intel's L2
 // streamer does not run across 4 KiB page boundaries, so each stream restarts its ramp every 4 KiB:
 // 32 pairs (6 KiB) ahead, 3 lines a step on each stream, made moe_ffn decode 11-15% faster on an
-// Emerald Rapids VM (docs/moe.md, session 19; 16 and 64 pairs, T1/T2 hints the same). On AMD Zen 5
-// it was 5-10% slower (sessions 10-12): its prefetchers already run these streams.
+// Emerald Rapids VM (2026-12-02; 16 and 64 pairs, T1/T2 hints the same). On the AMD Zen 5 VM it
+// was 5-10% slower (2026-12-01): its prefetchers already run these streams.
 static knobs::Knob g_decode_pf("gemm.decode_pf", cpu::features().intel ? 32 : 0, 0, 256,
                                "decode pair tile: software prefetch this many k pairs ahead (0 = none; default 32 on Intel, 0 elsewhere)");
 

@@ -66,7 +66,7 @@ void init_v1_fast(const InitV1Plan& p, InitRoutingResult& r) {
   char* ex = static_cast<char*>(r.expanded_x.view().data);
   // In token order: output row i holds the pair of row index value v = rid[perm[i]] (token v % N),
   // so token n's rows are eri[k * N + n], k < K. Each x row is read once and written K times (in
-  // output order x was fetched K times from far caches or memory; docs/moe.md, session 12).
+  // output order x was fetched K times from far caches or memory; AMD Zen 5 VM, 2026-12-01).
   parallel_for(p.N, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t k = 0; k < p.K; ++k) {

@@ -119,7 +119,7 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
   g.d_down = given ? bo.d_down_out : Tensor::empty(gdt, {E, I, H});
   // Fresh gradients (2.4 GB fp32 at qwen3 T512) fault in once per page as the TN stores reach
   // them: 2 MiB pages take 1/512 of the faults (cpu-clock: 4 KiB faults were ~30 % of the backward
-  // on the AVX2 VM; A/B in docs/moe_bwd.md, session 17).
+  // on the AMD EPYC AVX2-only VM, 2026-12-02).
   if (!given)
     for (const Tensor* t : {&g.d_gate, &g.d_up, &g.d_down}) advise_huge_pages(*t);
   // Rows in expert order (x and dy gathered where each expert's chain reads them); the routed

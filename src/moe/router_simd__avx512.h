@@ -52,7 +52,7 @@ inline __m512 exp2_ps(__m512 t) {
 // The softmax exps take 2^(x log2 e - m) with m = fl(max log2 e): the max's own exp is 2^d, d the
 // rounding error of m, a factor common to the row that cancels in the normalisation while it stays
 // in range. From |max| ~1.5e9 on, d reaches +-128 and the exps overflow or underflow (NaN weights:
-// the rows of +-1e30 in the tests, hidden until their compare counted NaN, route12): rows whose
+// the rows of +-1e30 in the tests, hidden until their compare counted NaN): rows whose
 // max is at least this large (d <= 1 below it) go to the scalar row.
 inline constexpr float kExpOffsetLimit = 16777216.f;  // 2^24
 inline __mmask16 exp_offset_too_large(__m512 mx) {
@@ -72,8 +72,8 @@ inline __m512 sigmoid_add_ps(__m512 x, __m512 b) { return _mm512_add_ps(sigmoid_
 // row[id] in the lanes of `valid` (-inf elsewhere) for a row of NV (even) vectors, by two-source
 // permutes of its 32-expert pairs, then a blend tree on the id's pair bits (5, 6, ..): 2 loads and
 // ~2 ops a pair instead of a vgatherdps (16 element loads; ~10% of the softmax router's time). The
-// tree (NV / 2 - 1 blends, one bit test a level) replaced a compare + masked move a pair (route12:
-// E 128 softmax b/a 0.97-0.98 in cache), and makes the E 256 rows (8 pairs) cheaper than the gather.
+// tree (NV / 2 - 1 blends, one bit test a level) replaced a compare + masked move a pair (AMD Zen 5
+// VM, 2026-12-01: E 128 softmax b/a 0.97-0.98 in cache), and makes the E 256 rows (8 pairs) cheaper than the gather.
 template <int NV> __attribute__((always_inline)) inline __m512 gather_perm(const float* row, __m512i id, __mmask16 valid) {
   static_assert(NV % 2 == 0);
   __m512 p[NV / 2];

@@ -45,7 +45,7 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
     const char* xb = static_cast<const char*>(s.x.data) + size_t(rb) * row_bytes;
     const float* xf = Direct ? reinterpret_cast<const float*>(xb) : copy;
     // Pass 1: column maxima, the fp32 copy, finiteness (x * 0 is NaN exactly for NaN / +-Inf; a
-    // chain a row, so pass 2 has no check: route12, softmax E 128 b/a 0.94-0.99).
+    // chain a row, so pass 2 has no check: softmax E 128 b/a 0.94-0.99, AMD Zen 5 VM, 2026-12-01).
     __m512 cm[16], nonfinite = zero;
     for (int i = 0; i < 16; ++i) {
       const char* xp = xb + size_t(i) * row_bytes;

@@ -158,7 +158,7 @@ OT_T16_AI inline __m512i ordered(__m512i u) { return _mm512_xor_si512(u, _mm512_
 // lower id: id[j] and val[j] for j < k, the values read from xf (rows E floats apart, +0 for -0).
 // Rows of an even NV vectors (E = 16 NV, up to 256): the values by gather_perm a row and one
 // transpose (a vgatherdps zmm measured ~19 cycles here, Zen 5: 5% of the E 128 softmax router;
-// E 256 since gather_perm's blend tree, route12: sigmoid E 256 b/a 0.98-0.99); else (NV 0, odd)
+// E 256 since gather_perm's blend tree: sigmoid E 256 b/a 0.98-0.99, 2026-12-01); else (NV 0, odd)
 // by a vgatherdps a candidate slot.
 template <int Live, int NV = 0>
 OT_T16_AI inline void select16(const uint8_t* cb, __m512i nc, __mmask16 slow, const float* xf, int64_t E, int64_t k, __m512i* id, __m512* val) {

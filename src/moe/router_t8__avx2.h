@@ -99,7 +99,7 @@ void insert_slots(int k, const float* V, const int32_t* I, int n, __m256* kv, __
 // A row's candidates (keys >= its threshold) as a bitmask in expert order, NV vectors of keys: the
 // compare masks of 4 vectors packed to bytes (packs interleave the 128-bit halves: dwords c0lo c1lo
 // c2lo c3lo c0hi ...; one vpermd restores the order), one movemask -> 32 bits. Replaces a movemask
-// and test a vector and the compress table (session 16): the slots are filled per set bit.
+// and test a vector and the compress table (an earlier form): the slots are filled per set bit.
 template <int NV> struct Cands {
   static constexpr int kWords = (NV + 7) / 8;
   uint64_t m[kWords] = {};

@@ -122,10 +122,12 @@ Timing time_interleaved(const std::function<void()>& fast, const std::function<v
   }
   // The best of the three (the window's peak, as `ot peak` takes the best of its bursts): this VM
   // sometimes stalls a read test far below the case's own rate (1.7 and 11 GB/s beside a case
-  // streaming 50 GB/s in the session-10 report), and a median of three cannot drop two such tests.
+  // streaming 50 GB/s in one report on the AMD Zen 5 VM, 2026-12-01), and a median of three cannot
+  // drop two such tests.
   if (window_peak) out.window_gbps = *std::max_element(out.window_tests.begin(), out.window_tests.end());
   // Beside it, the median of every burst: the case's rate is a median over calls, so this divides
-  // like by like (dec11b: over 4000 bursts the read test's median was 59-61 GB/s, its best 76-92).
+  // like by like (AMD Zen 5 VM, 2026-12-01: over 4000 bursts the read test's median was 59-61 GB/s,
+  // its best 76-92).
   if (window_peak) out.window_median_gbps = median(bursts);
   return out;
 }

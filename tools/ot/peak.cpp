@@ -96,7 +96,7 @@ double rate(int threads, double seconds, double work_per_iter, float (*fn)(int64
 // (the buffer is made once per process and kept: the benchmarks run this test beside their cases).
 // On transparent huge pages, like the packed weights the benchmarks stream: on this VM a 4 KiB-page
 // buffer made after gigabytes of weights read at 0.6-1.4 GB/s in some processes (no guest page
-// faults; the weights beside it read at 50+ GB/s), the huge-page one did not (docs/moe.md, session 10).
+// faults; the weights beside it read at 50+ GB/s), the huge-page one did not (AMD Zen 5 VM, 2026-12-01).
 double read_bandwidth_gbps(int threads, double seconds, std::vector<double>* bursts) {
   const int64_t total = int64_t(128) << 20, window = int64_t(2) << 20;  // floats
   static const Tensor buf = [&] {
