@@ -90,8 +90,9 @@ Tensor chunk_fwd_o(const TensorView& q, const TensorView& k, const TensorView& v
 
 struct ChunkOptions : Common {
   std::optional<float> scale;          // default 1/sqrt(DK)
-  TensorView initial_state;            // [N,HV,DK,DV] fp32
+  TensorView initial_state;            // [N,HV,DK,DV] fp32, bf16 or fp16 (read as fp32)
   bool output_final_state = false;
+  DType final_state_dtype = DType::f32;  // fp32 (fla's convention), bf16 or fp16; computed in fp32
   bool use_qk_l2norm_in_kernel = false;
   bool save_for_backward = true;       // return g_cumsum and A (and the rstd of q, k with l2norm)
   // bf16 q, k, v on AVX512-BF16: every chunk product takes bf16 operands with fp32 accumulation
@@ -102,7 +103,7 @@ struct ChunkOptions : Common {
 };
 struct ChunkFwd {
   Tensor o;             // like v's layout, q's dtype
-  Tensor final_state;   // [N,HV,DK,DV] fp32, when output_final_state
+  Tensor final_state;   // [N,HV,DK,DV] in final_state_dtype (fp32 by default), when output_final_state
   Tensor g_cumsum;      // like g, fp32 (save_for_backward)
   Tensor A;             // like chunk_scaled_dot_kkt_fwd's output, fp32 (save_for_backward)
   Tensor q_rstd, k_rstd;  // [..] fp32 over q's/k's leading dims (with l2norm and save_for_backward)
@@ -115,10 +116,12 @@ ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, co
 struct RecurrentOptions : Common {
   std::optional<float> scale;          // default 1/sqrt(DK)
   bool use_qk_l2norm_in_kernel = false;
-  // State in/out mode: initial_state [N,HV,DK,DV] fp32 or bf16 (undefined: zeros); final_state
-  // returned (fp32) when output_final_state.
+  // State in/out mode: initial_state [N,HV,DK,DV] fp32, bf16 or fp16 (undefined: zeros); final_state
+  // returned when output_final_state, in final_state_dtype (fp32 by default). The state is fp32 in
+  // between whatever the two dtypes.
   TensorView initial_state;
   bool output_final_state = false;
+  DType final_state_dtype = DType::f32;
   // State-cache mode (when state_cache is defined): [num_slots,HV,DK,DV] fp32 or bf16 (bf16 halves
   // the traffic at ~3 significant digits of state), updated in place. state_indices int32:
   //   [N]       sequence n reads and writes slot state_indices[n]; with num_accepted_tokens only

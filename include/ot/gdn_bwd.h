@@ -16,7 +16,7 @@ namespace ot::gdn {
 
 struct ChunkBwdOptions : Common {
   std::optional<float> scale;      // default 1/sqrt(DK)
-  TensorView initial_state;        // [N,HV,DK,DV] fp32, as given to the forward (dh0 returned when defined)
+  TensorView initial_state;        // [N,HV,DK,DV] fp32, bf16 or fp16, as given to the forward (dh0 returned when defined)
   TensorView dht;                  // gradient of the final state, [N,HV,DK,DV] fp32 (undefined: zero)
   bool use_qk_l2norm_in_kernel = false;
   TensorView A;                    // the forward's saved (I + M)^-1 (fp32, like its output); undefined: recomputed

@@ -23,6 +23,11 @@ gdn::RecurrentOptions recurrent_options(const char* op, c10::string_view layout,
   return o;
 }
 
+// The final state's dtype: fp32 unless the caller asks for another (fla returns fp32).
+ot::DType state_dtype(const c10::optional<c10::ScalarType>& t, const char* op) {
+  return t ? to_ot(*t, op, "final_state_dtype") : ot::DType::f32;
+}
+
 gdn::RecurrentOut run_recurrent(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& g,
                                 const OptTensor& beta, const gdn::RecurrentOptions& o) {
   return gdn::recurrent_gated_delta_rule(view(q, op, "q"), view(k, op, "k"), view(v, op, "v"), view(g, op, "g"),
@@ -34,13 +39,14 @@ gdn::RecurrentOut run_recurrent(const char* op, const Tensor& q, const Tensor& k
 GdnChunkFwd chunk_gated_delta_rule_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                                        c10::optional<double> scale, const OptTensor& initial_state, bool output_final_state,
                                        const OptTensor& cu_seqlens, bool use_qk_l2norm_in_kernel, c10::string_view layout,
-                                       bool save_for_backward) {
+                                       bool save_for_backward, c10::optional<c10::ScalarType> final_state_dtype) {
   const char* op = "chunk_gated_delta_rule";
   gdn::ChunkOptions o;
   set_common(o, op, layout, cu_seqlens);
   o.scale = opt_float(scale);
   o.initial_state = view(initial_state, op, "initial_state");
   o.output_final_state = output_final_state;
+  o.final_state_dtype = state_dtype(final_state_dtype, op);
   o.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel;
   o.save_for_backward = save_for_backward;
   auto r = gdn::chunk_gated_delta_rule_fwd(view(q, op, "q"), view(k, op, "k"), view(v, op, "v"), view(g, op, "g"),
@@ -51,20 +57,23 @@ GdnChunkFwd chunk_gated_delta_rule_fwd(const Tensor& q, const Tensor& k, const T
 std::tuple<Tensor, OptTensor> chunk_gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                                      const Tensor& beta, c10::optional<double> scale, const OptTensor& initial_state,
                                                      bool output_final_state, const OptTensor& cu_seqlens,
-                                                     bool use_qk_l2norm_in_kernel, c10::string_view layout) {
+                                                     bool use_qk_l2norm_in_kernel, c10::string_view layout,
+                                                     c10::optional<c10::ScalarType> final_state_dtype) {
   auto r = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                      use_qk_l2norm_in_kernel, layout, false);
+                                      use_qk_l2norm_in_kernel, layout, false, final_state_dtype);
   return {std::get<0>(r), std::get<1>(r)};
 }
 
 std::tuple<Tensor, OptTensor> fused_recurrent_gated_delta_rule(
     const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& g, const OptTensor& beta, c10::optional<double> scale,
     const OptTensor& initial_state, bool output_final_state, const OptTensor& cu_seqlens, bool use_qk_l2norm_in_kernel,
-    const OptTensor& A_log, const OptTensor& dt_bias, bool beta_sigmoid, c10::string_view layout) {
+    const OptTensor& A_log, const OptTensor& dt_bias, bool beta_sigmoid, c10::string_view layout,
+    c10::optional<c10::ScalarType> final_state_dtype) {
   const char* op = "fused_recurrent_gated_delta_rule";
   gdn::RecurrentOptions o = recurrent_options(op, layout, cu_seqlens, scale, use_qk_l2norm_in_kernel, A_log, dt_bias, beta_sigmoid);
   o.initial_state = view(initial_state, op, "initial_state");
   o.output_final_state = output_final_state;
+  o.final_state_dtype = state_dtype(final_state_dtype, op);
   auto r = run_recurrent(op, q, k, v, g, beta, o);
   return {wrap(r.o), wrap_opt(r.final_state)};
 }

@@ -155,15 +155,17 @@ using GdnChunkFwd = std::tuple<Tensor, OptTensor, OptTensor, OptTensor, OptTenso
 GdnChunkFwd chunk_gated_delta_rule_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                                        c10::optional<double> scale, const OptTensor& initial_state, bool output_final_state,
                                        const OptTensor& cu_seqlens, bool use_qk_l2norm_in_kernel, c10::string_view layout,
-                                       bool save_for_backward);
+                                       bool save_for_backward, c10::optional<c10::ScalarType> final_state_dtype);
 std::tuple<Tensor, OptTensor> chunk_gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                                      const Tensor& beta, c10::optional<double> scale, const OptTensor& initial_state,
                                                      bool output_final_state, const OptTensor& cu_seqlens,
-                                                     bool use_qk_l2norm_in_kernel, c10::string_view layout);
+                                                     bool use_qk_l2norm_in_kernel, c10::string_view layout,
+                                                     c10::optional<c10::ScalarType> final_state_dtype);
 std::tuple<Tensor, OptTensor> fused_recurrent_gated_delta_rule(
     const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& g, const OptTensor& beta, c10::optional<double> scale,
     const OptTensor& initial_state, bool output_final_state, const OptTensor& cu_seqlens, bool use_qk_l2norm_in_kernel,
-    const OptTensor& A_log, const OptTensor& dt_bias, bool beta_sigmoid, c10::string_view layout);
+    const OptTensor& A_log, const OptTensor& dt_bias, bool beta_sigmoid, c10::string_view layout,
+    c10::optional<c10::ScalarType> final_state_dtype);
 Tensor recurrent_gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& g, const OptTensor& beta,
                                   const Tensor& state_cache, const Tensor& state_indices, c10::optional<double> scale,
                                   const OptTensor& cu_seqlens, const OptTensor& num_accepted_tokens, bool use_qk_l2norm_in_kernel,

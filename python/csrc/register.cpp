@@ -164,16 +164,17 @@ TORCH_LIBRARY(ops_transformer, m) {
   // ---- Gated DeltaNet (fla functional API; layout: "BTHD" default, "BNSD" head-major)
   m.def("chunk_gated_delta_rule(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float? scale=None, "
         "Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None, "
-        "bool use_qk_l2norm_in_kernel=False, *, str layout=\"BTHD\") -> (Tensor, Tensor?)", OT_OP(chunk_gated_delta_rule));
+        "bool use_qk_l2norm_in_kernel=False, *, str layout=\"BTHD\", ScalarType? final_state_dtype=None) -> (Tensor, Tensor?)",
+        OT_OP(chunk_gated_delta_rule));
   m.def("chunk_gated_delta_rule_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float? scale=None, "
         "Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None, "
-        "bool use_qk_l2norm_in_kernel=False, *, str layout=\"BTHD\", bool save_for_backward=True) "
+        "bool use_qk_l2norm_in_kernel=False, *, str layout=\"BTHD\", bool save_for_backward=True, ScalarType? final_state_dtype=None) "
         "-> (Tensor o, Tensor? final_state, Tensor? g_cumsum, Tensor? A, Tensor? q_rstd, Tensor? k_rstd)",
         OT_OP(chunk_gated_delta_rule_fwd));
   m.def("fused_recurrent_gated_delta_rule(Tensor q, Tensor k, Tensor v, Tensor? g=None, Tensor? beta=None, "
         "float? scale=None, Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None, "
         "bool use_qk_l2norm_in_kernel=False, *, Tensor? A_log=None, Tensor? dt_bias=None, bool beta_sigmoid=False, "
-        "str layout=\"BTHD\") -> (Tensor, Tensor?)", OT_OP(fused_recurrent_gated_delta_rule));
+        "str layout=\"BTHD\", ScalarType? final_state_dtype=None) -> (Tensor, Tensor?)", OT_OP(fused_recurrent_gated_delta_rule));
   m.def("recurrent_gated_delta_rule(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor? beta, Tensor(a!) state_cache, "
         "Tensor state_indices, *, float? scale=None, Tensor? cu_seqlens=None, Tensor? num_accepted_tokens=None, "
         "bool use_qk_l2norm_in_kernel=False, Tensor? A_log=None, Tensor? dt_bias=None, bool beta_sigmoid=False, "

@@ -33,10 +33,11 @@ def _as_tensor_cu(cu_seqlens):
 
 class _ChunkGDN(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, cu_seqlens, l2norm, layout):
+    def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, cu_seqlens, l2norm, layout,
+                final_state_dtype):
         o, final, g_cumsum, A, _, _ = ops.chunk_gated_delta_rule_fwd(
             q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, l2norm,
-            layout=layout, save_for_backward=True)
+            layout=layout, save_for_backward=True, final_state_dtype=final_state_dtype)
         ctx.save_for_backward(q, k, v, g, beta, initial_state, g_cumsum, A, cu_seqlens)
         ctx.args = (scale, l2norm, layout)
         return o, final
@@ -49,41 +50,50 @@ class _ChunkGDN(torch.autograd.Function):
         q, k, v, g, beta, s0, g_cumsum, A, cu = ctx.saved_tensors
         scale, l2norm, layout = ctx.args
         dq, dk, dv, dg, dbeta, dh0 = ops.chunk_gated_delta_rule_bwd(
-            q, k, v, g_cumsum, beta, do.contiguous(), scale=scale, initial_state=s0, dht=dht,
+            q, k, v, g_cumsum, beta, do.contiguous(), scale=scale, initial_state=s0,
+            dht=None if dht is None else dht.float(),
             use_qk_l2norm_in_kernel=l2norm, A=A, cu_seqlens=cu, layout=layout)
-        return (dq, dk, dv, dg.to(g.dtype), dbeta.to(beta.dtype), dh0, None, None, None, None, None)
+        if dh0 is not None:
+            dh0 = dh0.to(s0.dtype)
+        return (dq, dk, dv, dg.to(g.dtype), dbeta.to(beta.dtype), dh0, None, None, None, None, None, None)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           cu_seqlens=None, use_qk_l2norm_in_kernel=False, layout="BTHD"):
-    """Chunked Gated DeltaNet (prefill / training). Returns (o, final_state or None)."""
+                           cu_seqlens=None, use_qk_l2norm_in_kernel=False, layout="BTHD", final_state_dtype=None):
+    """Chunked Gated DeltaNet (prefill / training). Returns (o, final_state or None).
+    initial_state may be fp32, bf16 or fp16 (read as fp32); the state is carried in fp32 and the
+    final state returned in fp32 (fla's convention) unless final_state_dtype asks otherwise."""
     cu_seqlens = _as_tensor_cu(cu_seqlens)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state))
     if not needs_grad:
         return ops.chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                          use_qk_l2norm_in_kernel, layout=layout)
+                                          use_qk_l2norm_in_kernel, layout=layout, final_state_dtype=final_state_dtype)
     return _ChunkGDN.apply(q, k, v, g, beta, initial_state, scale, output_final_state, cu_seqlens,
-                           use_qk_l2norm_in_kernel, layout)
+                           use_qk_l2norm_in_kernel, layout, final_state_dtype)
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state=None,
                                      output_final_state=False, cu_seqlens=None, use_qk_l2norm_in_kernel=False,
-                                     A_log=None, dt_bias=None, beta_sigmoid=False, layout="BTHD"):
+                                     A_log=None, dt_bias=None, beta_sigmoid=False, layout="BTHD", final_state_dtype=None):
     """Token-by-token recurrence (decode, speculative verification); forward only, as in fla.
+    initial_state fp32, bf16 or fp16; final state fp32 unless final_state_dtype asks otherwise.
     With A_log and dt_bias, g holds the raw `a` (g = -exp(A_log) softplus(a + dt_bias)); with
     beta_sigmoid, beta holds the raw `b` (beta = sigmoid(b))."""
     cu = _as_tensor_cu(cu_seqlens)
-    if A_log is None and dt_bias is None and not beta_sigmoid and layout == "BTHD":  # positional: cheapest call
+    if A_log is None and dt_bias is None and not beta_sigmoid and layout == "BTHD" and final_state_dtype is None:
+        # positional: the cheapest call
         return _FUSED_RECURRENT(q, k, v, g, beta, scale, initial_state, output_final_state, cu, use_qk_l2norm_in_kernel)
     return _FUSED_RECURRENT(q, k, v, g, beta, scale, initial_state, output_final_state, cu, use_qk_l2norm_in_kernel,
-                            A_log=A_log, dt_bias=dt_bias, beta_sigmoid=beta_sigmoid, layout=layout)
+                            A_log=A_log, dt_bias=dt_bias, beta_sigmoid=beta_sigmoid, layout=layout,
+                            final_state_dtype=final_state_dtype)
 
 
 def recurrent_gated_delta_rule(q, k, v, g, beta, state_cache, state_indices, scale=None, cu_seqlens=None,
                                num_accepted_tokens=None, use_qk_l2norm_in_kernel=False, A_log=None, dt_bias=None,
                                beta_sigmoid=False, layout="BTHD"):
-    """Decode on a state cache [num_slots, HV, DK, DV] updated in place, addressed by int32
+    """Decode on a state cache [num_slots, HV, DK, DV] (fp32, or bf16 at half the traffic and ~3
+    significant digits; updated in fp32 and rounded once per write) updated in place, addressed by int32
     state_indices ([N] per sequence, or [T] per-token snapshots as Ascend/vLLM MTP). Returns o."""
     return _RECURRENT(
         q, k, v, g, beta, state_cache, state_indices, scale=scale, cu_seqlens=_as_tensor_cu(cu_seqlens),

@@ -69,3 +69,28 @@ def hf_gated_delta_net(layer, x, keep_grad=False):
     h = (p["norm.weight"] * h.to(x.dtype)) * F.silu(zz.float())
     o = h.to(x.dtype).reshape(B, T, -1)
     return F.linear(o, p["out_proj.weight"])
+
+
+def recurrence_seq(q, k, v, g, beta, scale, S, block=64):
+    """One sequence, differentiable and memory-light: q, k [L, HK, DK], v [L, HV, DV], g, beta
+    [L, HV], S [HV, DK, DV] (float64 tensors). Blocks of `block` tokens are checkpointed, so the
+    backward keeps ~L/block states instead of one per token. Returns o [L, HV, DV] and the final S."""
+    import torch.utils.checkpoint as cp
+    G = v.shape[1] // q.shape[1]
+
+    def run(S, q, k, v, g, beta):
+        outs = []
+        for t in range(q.shape[0]):
+            kt, qt = k[t].repeat_interleave(G, 0), q[t].repeat_interleave(G, 0)
+            S = S * g[t].exp()[:, None, None]
+            delta = beta[t][:, None] * (v[t] - torch.einsum("hk,hkv->hv", kt, S))
+            S = S + torch.einsum("hk,hv->hkv", kt, delta)
+            outs.append(scale * torch.einsum("hk,hkv->hv", qt, S))
+        return torch.stack(outs) if outs else v[:0], S
+
+    os = []
+    for t0 in range(0, q.shape[0], block):
+        sl = slice(t0, t0 + block)
+        o, S = cp.checkpoint(run, S, q[sl], k[sl], v[sl], g[sl], beta[sl])
+        os.append(o)
+    return (torch.cat(os) if os else v[:0]), S

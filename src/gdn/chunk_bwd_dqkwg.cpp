@@ -42,11 +42,11 @@ BwdDqkwg chunk_bwd_dqkwg(const TensorView& q, const TensorView& k, const TensorV
     return r;
   }
   const int64_t group = HV / qt.H;
-  StageScratch scr(9, 2, 2, std::max(DK, DV), 0);
+  StageScratch scr(8, 3, 2, std::max(DK, DV), 0);
   for_chunk_heads(s, HV, [&](int tid, const ChunkSpan& sp, int64_t id, int64_t hv) {
     float *bq = scr.row(tid, 0), *bk = scr.row(tid, 1), *bv = scr.row(tid, 2), *b2 = scr.row(tid, 3), *bo = scr.row(tid, 4);
-    float *rq = scr.row(tid, 5), *rk = scr.row(tid, 6), *rw = scr.row(tid, 7), *t = scr.row(tid, 8);
-    float *E = scr.mat(tid, 0), *P = scr.mat(tid, 1), *G = scr.vec(tid, 0), *rg = scr.vec(tid, 1);
+    float *rq = scr.row(tid, 5), *rk = scr.row(tid, 6), *rw = scr.row(tid, 7);
+    float *E = scr.mat(tid, 0), *P = scr.mat(tid, 1), *QK = scr.mat(tid, 2), *G = scr.vec(tid, 0), *rg = scr.vec(tid, 1);
     load_rows(qt, sp, hv / group, bq, DK);
     load_rows(kt, sp, hv / group, bk, DK);
     load_rows(vt, sp, hv, bv, DV);
@@ -55,7 +55,7 @@ BwdDqkwg chunk_bwd_dqkwg(const TensorView& q, const TensorView& k, const TensorV
     load_scal(Gt, sp, hv, G);
     decay_matrix(G, sp.L, E);
     const size_t off = size_t((id * HV + hv) * DK * DV);
-    dqkwg_chunk(BwdChunk{sp.L, DK, DV, sc, bq, bk, nullptr, bo, G, nullptr, E}, bv, hp + off, dhp + off, b2, rq, rk, rw, rg, P, t);
+    dqkwg_chunk(BwdChunk{sp.L, DK, DV, sc, bq, bk, nullptr, bo, G, nullptr, E}, bv, hp + off, dhp + off, b2, rq, rk, rw, rg, P, QK);
     store_rows(rq, DK, dq, sp, hv);
     store_rows(rk, DK, dk, sp, hv);
     store_rows(rw, DK, dw, sp, hv);

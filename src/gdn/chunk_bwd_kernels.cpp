@@ -63,34 +63,50 @@ void dh_update_chunk(const BwdChunk& c, float* dH, const float* W, const float* 
 }
 
 void dqkwg_chunk(const BwdChunk& c, const float* vnew, const float* S, const float* dH, const float* dv2, float* dq, float* dk, float* dw,
-                 float* dG, float* P, float* scratch) {
+                 float* dG, float* P, float* QK) {
   const int64_t L = c.L, DK = c.DK, DV = c.DV;
   const float gl = c.G[L - 1];
   // dS_ij = s E_ij (dO_i . vnew_j), j <= i.
   gemm::matmul(cm(c.dO, L, DV, DV), cm(vnew, L, DV, DV).t(), mm(P, L, L, C));
   causal_scores(c, P);
-  // dq = s diag(e^G) dO S^T + dS K
+  // dq = s diag(e^G) dO S^T + dS K; the inter part's gate term q_i . dq_inter_i first.
   gemm::matmul(cm(c.dO, L, DV, DV), cm(S, DK, DV, DV).t(), mm(dq, L, DK, DK));
   for (int64_t i = 0; i < L; ++i) {
     float f = c.scale * std::exp(c.G[i]);
     for (int64_t d = 0; d < DK; ++d) dq[i * DK + d] *= f;
+    dG[i] = dot(c.q + i * DK, dq + i * DK, DK);
   }
   gemm::matmul(cm(P, L, L, C), cm(c.k, L, DK, DK), mm(dq, L, DK, DK), 1.f, 1.f);
-  // dk_inter = diag(e^{G_last - G}) vnew dH^T (kept in scratch for the last-row gate term), dk = dk_inter + dS^T Q
-  gemm::matmul(cm(vnew, L, DV, DV), cm(dH, DK, DV, DV).t(), mm(scratch, L, DK, DK));
+  // dG is summed from per-pair terms instead of q . dq - k . dk: the diagonal of dS (E_ii = 1) and
+  // the last row's own dk_inter term (e^{G_last - G_last} = 1) cancel exactly there, but as computed
+  // they leave rounding noise of their O(1) size where the true dG is tiny (saturated gates).
+  // Pair term Z_ij = dS_ij (q_i . k_j), j < i: + to row i, - to column j.
+  gemm::matmul(cm(c.q, L, DK, DK), cm(c.k, L, DK, DK).t(), mm(QK, L, L, C));
+  for (int64_t i = 1; i < L; ++i) {
+    float row = 0.f;
+    for (int64_t j = 0; j < i; ++j) {
+      float z = P[i * C + j] * QK[i * C + j];
+      row += z;
+      dG[j] -= z;
+    }
+    dG[i] += row;
+  }
+  // dk_inter = diag(e^{G_last - G}) vnew dH^T, dk = dk_inter + dS^T Q.
+  gemm::matmul(cm(vnew, L, DV, DV), cm(dH, DK, DV, DV).t(), mm(dk, L, DK, DK));
   float last = 0.f;
   for (int64_t i = 0; i < L; ++i) {
     float f = std::exp(gl - c.G[i]);
-    float* r = scratch + i * DK;
+    float* r = dk + i * DK;
     for (int64_t d = 0; d < DK; ++d) r[d] *= f;
-    last += dot(c.k + i * DK, r, DK);
+    if (i == L - 1) break;
+    float kd = dot(c.k + i * DK, r, DK);
+    dG[i] -= kd;
+    last += kd;
   }
-  std::memcpy(dk, scratch, sizeof(float) * size_t(L * DK));
+  dG[L - 1] += std::exp(gl) * dot(S, dH, DK * DV) + last;
   gemm::matmul(cm(P, L, L, C).t(), cm(c.q, L, DK, DK), mm(dk, L, DK, DK), 1.f, 1.f);
   // dw = -dv2 S^T
   gemm::matmul(cm(dv2, L, DV, DV), cm(S, DK, DV, DV).t(), mm(dw, L, DK, DK), -1.f);
-  for (int64_t i = 0; i < L; ++i) dG[i] = dot(c.q + i * DK, dq + i * DK, DK) - dot(c.k + i * DK, dk + i * DK, DK);
-  dG[L - 1] += std::exp(gl) * dot(S, dH, DK * DV) + last;
 }
 
 void wy_bwd_da_chunk(const BwdChunk& c, const float* A, const float* dW, const float* dU, float* dP, float* T1, float* T2, float* scratch) {

@@ -28,9 +28,10 @@ void dh_update_chunk(const BwdChunk& c, float* dH, const float* W, const float* 
 
 // chunk_bwd_dqkwg: S = h[c] (state before the chunk), dH = dh[c] (gradient of the state after it),
 // vnew = v_new, dv2. Writes dq, dk, dw [L][DK] and dG (w.r.t. the cumulative gate) [L].
-// P: kChunk x kChunk scratch, scratch: L x DK.
+// dG is summed from per-token and per-pair terms that carry their own decay factor (no
+// cancellation of O(1) terms: accurate where the gates saturate). P, QK: kChunk x kChunk scratch.
 void dqkwg_chunk(const BwdChunk& c, const float* vnew, const float* S, const float* dH, const float* dv2, float* dq, float* dk, float* dw,
-                 float* dG, float* P, float* scratch);
+                 float* dG, float* P, float* QK);
 
 // prepare_wy_repr_bwd_da: dP = strict(-A^T strict(dW kbg^T + dU vb^T) A^T) o E, [L][kChunk]
 // (row i, column j < i; zero elsewhere). A: (I + M)^-1 [L][kChunk]. T1, T2: kChunk x kChunk scratch;

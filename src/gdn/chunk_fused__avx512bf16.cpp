@@ -1,7 +1,8 @@
 // bf16 fused chunk forward on AVX512-BF16 (see chunk_fused_bf16.h). The engine's matmul packs
 // its operands on every call, which dominates at 64 x 128 x 128; here each operand is produced
 // once per chunk directly in the layout the micro-kernel reads (A: bf16 rows, B: bf16 pairs of
-// rows interleaved, "VNNI"), and the state is packed once per chunk for both of its products.
+// rows interleaved, "VNNI"). The state recurrence (W, U, v_new = U - W S, the state update) runs
+// on fp32 operands; only the output products (Q S, P v_new) take bf16 copies of S and v_new.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -94,19 +95,53 @@ inline void micro_widen(const float* A, int64_t lda, const uint32_t* B, int64_t 
   store_tile(acc, Cp, ldc, e, i0);
 }
 
-// m % MR == 0, n % NR == 0, k even. a32 (m x k floats), when set: run on micro_widen with A widened into it.
-void mm(const uint16_t* A, int64_t lda, const uint32_t* B, int64_t n, int64_t k, float* Cp, int64_t ldc, int64_t m, const Epi& e,
-        float* a32) {
+// fp32 A (ld lda) times VNNI B (bf16 pairs, exact): m % MR == 0, n % NR == 0, k even.
+void mm_wide(const float* A, int64_t lda, const uint32_t* B, int64_t n, int64_t k, float* Cp, int64_t ldc, int64_t m, const Epi& e) {
   const int64_t kp = k / 2;
-  if (a32)
-    for (int64_t i = 0; i < m; ++i) convert_to_f32(A + i * lda, DType::bf16, a32 + i * k, k);
   for (int64_t j0 = 0; j0 < n; j0 += NR)
     for (int64_t i0 = 0; i0 < m; i0 += MR) {
       if (e.tri_n && j0 > i0 + MR - 1) continue;
       int64_t kk = e.tri_k ? std::min(kp, (i0 + MR) / 2) : kp;
-      if (a32) micro_widen(a32 + i0 * k, k, B + j0, n, kk, Cp + i0 * ldc + j0, ldc, e, i0);
-      else micro(A + i0 * lda, lda, B + j0, n, kk, Cp + i0 * ldc + j0, ldc, e, i0);
+      micro_widen(A + i0 * lda, lda, B + j0, n, kk, Cp + i0 * ldc + j0, ldc, e, i0);
     }
+}
+
+// m % MR == 0, n % NR == 0, k even. a32 (m x k floats), when set: run on micro_widen with A widened into it.
+void mm(const uint16_t* A, int64_t lda, const uint32_t* B, int64_t n, int64_t k, float* Cp, int64_t ldc, int64_t m, const Epi& e,
+        float* a32) {
+  if (a32) {
+    for (int64_t i = 0; i < m; ++i) convert_to_f32(A + i * lda, DType::bf16, a32 + i * k, k);
+    mm_wide(a32, k, B, n, k, Cp, ldc, m, e);
+    return;
+  }
+  const int64_t kp = k / 2;
+  for (int64_t j0 = 0; j0 < n; j0 += NR)
+    for (int64_t i0 = 0; i0 < m; i0 += MR) {
+      if (e.tri_n && j0 > i0 + MR - 1) continue;
+      int64_t kk = e.tri_k ? std::min(kp, (i0 + MR) / 2) : kp;
+      micro(A + i0 * lda, lda, B + j0, n, kk, Cp + i0 * ldc + j0, ldc, e, i0);
+    }
+}
+
+// The state recurrence's products in fp32 (A, B row-major fp32, B ld ldb): an operand rounded to
+// bf16 there would put ~2^-9 relative error into the carried state every chunk.
+inline void micro_f32(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t k, float* Cp, int64_t ldc, const Epi& e, int64_t i0) {
+  __m512 acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < k; ++p) {
+    const __m512 b0 = _mm512_loadu_ps(B + p * ldb), b1 = _mm512_loadu_ps(B + p * ldb + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 a = _mm512_set1_ps(A[r * lda + p]);
+      acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
+    }
+  }
+  store_tile(acc, Cp, ldc, e, i0);
+}
+void mm_f32(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t n, int64_t k, float* Cp, int64_t ldc, int64_t m, const Epi& e) {
+  for (int64_t j0 = 0; j0 < n; j0 += NR)
+    for (int64_t i0 = 0; i0 < m; i0 += MR) micro_f32(A + i0 * lda, lda, B + j0, ldb, k, Cp + i0 * ldc + j0, ldc, e, i0);
 }
 
 // Pair-interleave two rows into words: dst[j] = r0[j] | r1[j] << 16 (bf16 sources).
@@ -151,7 +186,8 @@ struct Bufs {
   float *rk, *rq;        // C
   float *kk, *qk;        // C x C Gram (lower part)
   float *g, *G, *beta, *gam, *fk, *fv, *fs, *ro, *E, *M, *A;
-  uint16_t *aw, *au, *p, *wb, *ktb;
+  float *aw, *au, *ktd;  // fp32 operands of the state recurrence: A diag(fk), A diag(fv), K^T diag(fs)
+  uint16_t* p;
   uint32_t *vv, *sv, *dv;
   uint16_t* vb;          // C x DV raw v rows
   float *w, *u, *o;
@@ -217,7 +253,7 @@ size_t carve(Bufs& b, char* base, int64_t DK, int64_t DV, int64_t group, bool wi
   take(b.kt, DK * C), take(b.rk, C), take(b.rq, C), take(b.kk, C * C), take(b.qk, C * C);
   take(b.g, C), take(b.G, C), take(b.beta, C), take(b.gam, C), take(b.fk, C), take(b.fv, C), take(b.fs, C), take(b.ro, C);
   take(b.E, C * C), take(b.M, C * C), take(b.A, C * C);
-  take(b.aw, C * C), take(b.au, C * C), take(b.p, C * C), take(b.wb, C * DK), take(b.ktb, DK * C);
+  take(b.aw, C * C), take(b.au, C * C), take(b.p, C * C), take(b.ktd, DK * C);
   take(b.vv, C / 2 * DV), take(b.sv, DK / 2 * DV), take(b.dv, C / 2 * DV), take(b.vb, C * DV);
   take(b.w, C * DK), take(b.u, C * DV), take(b.o, C * DV), take(b.states, group * DK * DV);
   const int64_t side = std::max(C, DK);  // A of every product is C or DK square at most
@@ -309,22 +345,23 @@ void bf16_fused_task(const Bf16Fwd& a, int64_t n, int64_t hk) {
       }
       solve_unit_lower(b.M, L, b.A);
       if (a.A.defined()) store_rows(b.A, C, a.A, sp.b, sp.t0, L, hv);
-      for (int64_t i = 0; i < C; ++i) {
-        row_bf16(b.A + i * C, b.fk, b.aw + i * C, C);
-        row_bf16(b.A + i * C, b.fv, b.au + i * C, C);
-      }
+      for (int64_t i = 0; i < C; ++i)
+        for (int64_t jj = 0; jj < C; ++jj) {
+          b.aw[i * C + jj] = b.A[i * C + jj] * b.fk[jj];
+          b.au[i * C + jj] = b.A[i * C + jj] * b.fv[jj];
+        }
       load_bf16_rows(a.v, sp.b, sp.t0, L, hv, b.vb);
       for (int64_t p = 0; p < C / 2; ++p) pair_u16(b.vb + 2 * p * DV, b.vb + (2 * p + 1) * DV, b.vv + p * DV, DV);
       Epi tk;
       tk.tri_k = true;
-      mm(b.aw, C, b.kv, DK, C, b.w, DK, C, tk, b.a32);  // W = A diag(beta e^G rk) K
-      mm(b.au, C, b.vv, DV, C, b.u, DV, C, tk, b.a32);  // U = A diag(beta) V
-      // v_new = U - W S (S packed once, reused by the output).
+      // W = A diag(beta e^G rk) K, U = A diag(beta) V: fp32 A times the exact bf16 K, V pairs.
+      mm_wide(b.aw, C, b.kv, DK, C, b.w, DK, C, tk);
+      mm_wide(b.au, C, b.vv, DV, C, b.u, DV, C, tk);
+      // v_new = U - W S in fp32 (the state recurrence); the bf16 copy of S only feeds the output.
       for (int64_t p = 0; p < DK / 2; ++p) pair_f32(S + 2 * p * DV, S + (2 * p + 1) * DV, b.sv + p * DV, DV);
-      for (int64_t i = 0; i < C; ++i) row_bf16(b.w + i * DK, nullptr, b.wb + i * DK, DK);
       Epi vn;
       vn.alpha = -1.f, vn.beta = 1.f;
-      mm(b.wb, DK, b.sv, DV, DK, b.u, DV, C, vn, b.a32);
+      mm_f32(b.w, DK, S, DV, DV, DK, b.u, DV, C, vn);
       float* dn = b.u;
       for (int64_t p = 0; p < C / 2; ++p) pair_f32(dn + 2 * p * DV, dn + (2 * p + 1) * DV, b.dv + p * DV, DV);
       // O = diag(s e^G rq) Q S + P v_new, P = s causal(E) o (Q K^T) rq_i rk_j.
@@ -349,11 +386,12 @@ void bf16_fused_task(const Bf16Fwd& a, int64_t n, int64_t hk) {
       mm(b.p, C, b.dv, DV, C, b.o, DV, C, op, b.a32);
       store_rows(b.o, DV, a.o, sp.b, sp.t0, L, hv);
       if (a.G.defined()) store_scal(b.G, a.G, sp.b, sp.t0, L, hv);
-      // S = e^{G_last} S + (diag(e^{G_last - G}) K)^T v_new.
-      for (int64_t d = 0; d < DK; ++d) row_bf16(b.kt + d * C, b.fs, b.ktb + d * C, C);
+      // S = e^{G_last} S + (diag(e^{G_last - G}) K)^T v_new, all fp32 (v_new unrounded).
+      for (int64_t d = 0; d < DK; ++d)
+        for (int64_t i = 0; i < C; ++i) b.ktd[d * C + i] = b.kt[d * C + i] * b.fs[i];
       Epi su;
       su.beta = std::exp(gl);
-      mm(b.ktb, C, b.dv, DV, C, S, DV, DK, su, b.a32);
+      mm_f32(b.ktd, C, dn, DV, DV, C, S, DV, DK, su);
     }
   }
   for (int64_t j = 0; j < group; ++j)

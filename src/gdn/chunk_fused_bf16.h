@@ -1,8 +1,9 @@
-// The bf16 fused chunk forward (AVX512-BF16): for bf16 q/k/v every chunk product runs on
-// vdpbf16ps with fp32 accumulation (the "bf16 operands, fp32 accumulation"; fla's
-// precision profile: A, W, S, v_new, P rounded to bf16 as matmul operands, the state, A and every
-// accumulator fp32). Gram matrices come from the raw bf16 rows times the fp32 l2norm factors, so
-// K K^T, Q K^T and hence A are as accurate as in the fp32 path.
+// The bf16 fused chunk forward (AVX512-BF16): for bf16 q/k/v the output products (Q S, P v_new)
+// and the Gram matrices run on vdpbf16ps with fp32 accumulation; the state recurrence (W, U from
+// the fp32 A and the exact bf16 K, V; v_new = U - W S; the state update) runs on fp32 operands, so
+// the carried state only sees fp32 rounding (fla keeps it fp32 too; bf16 there grew the final
+// state's error with T). Gram matrices come from the raw bf16 rows times the fp32 l2norm factors,
+// so K K^T, Q K^T and hence A are as accurate as in the fp32 path.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -100,18 +100,25 @@ bool detail::bf16_fused_ok(const Tok& q, const Tok& k, const Tok& v) {
   return cpu::has(cpu::Isa::avx512_bf16) && ok(q) && ok(k) && ok(v);
 }
 
-ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
-                                    const TensorView& beta, const ChunkOptions& opt) {
+namespace {
+
+// The forward with an fp32 final state (opt_in.initial_state in any accepted dtype).
+ChunkFwd forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
+                 const ChunkOptions& opt_in) {
   const char* op = "chunk_gated_delta_rule_fwd";
   trace::OpScope scope(op);
-  Args a = check(q, k, v, g, beta, opt.layout, opt.scale, op);
+  Args a = check(q, k, v, g, beta, opt_in.layout, opt_in.scale, op);
   OT_CHECK(g.defined(), op, "g", "a gate tensor", "undefined");
   OT_CHECK(beta.defined(), op, "beta", "a beta tensor", "undefined");
   SeqInfo st;
-  const SeqInfo& s = resolve_seq(opt, a.B, a.T, st, op);
+  const SeqInfo& s = resolve_seq(opt_in, a.B, a.T, st, op);
   int64_t N = s.num_seqs(), HV = a.HV, DK = a.DK, DV = a.DV, group = HV / a.HK;
-  if (opt.initial_state.defined()) expect_state(opt.initial_state, N, HV, DK, DV, false, op, "initial_state");
+  if (opt_in.initial_state.defined()) expect_state_input(opt_in.initial_state, N, HV, DK, DV, op, "initial_state");
   check_values(a, op);
+  // The state recurrence runs in fp32 whatever the initial state's dtype.
+  ChunkOptions opt = opt_in;
+  Tensor s0_f32;
+  opt.initial_state = state_f32(opt_in.initial_state, s0_f32);
   double flops = double(a.B * a.T * HV) * (6.0 * kChunk * DK + 4.0 * kChunk * DV + 6.0 * DK * DV + kChunk * kChunk / 3.0);
   bool save = opt.save_for_backward;
   bool bf16 = !cpu::force_ref() && opt.bf16_compute && bf16_fused_ok(a.q, a.k, a.v);
@@ -213,6 +220,17 @@ ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, co
   return r;
 }
 
+}  // namespace
+
+ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                                    const TensorView& beta, const ChunkOptions& opt) {
+  const char* op = "chunk_gated_delta_rule_fwd";
+  state_as(Tensor(), opt.final_state_dtype, op, "final_state_dtype");  // rejected before any work
+  ChunkFwd r = forward(q, k, v, g, beta, opt);
+  r.final_state = state_as(std::move(r.final_state), opt.final_state_dtype, op, "final_state_dtype");
+  return r;
+}
+
 namespace ref {
 ChunkFwd recurrence(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g, const TensorView& beta,
                     const ChunkOptions& opt) {
@@ -220,8 +238,11 @@ ChunkFwd recurrence(const TensorView& q, const TensorView& k, const TensorView& 
   Args a = check(q, k, v, g, beta, opt.layout, opt.scale, op);
   SeqInfo st;
   const SeqInfo& s = resolve_seq(opt, a.B, a.T, st, op);
-  if (opt.initial_state.defined()) expect_state(opt.initial_state, s.num_seqs(), a.HV, a.DK, a.DV, true, op, "initial_state");
-  return forward_ref(a, opt, s, DType::f32, false);
+  if (opt.initial_state.defined()) expect_state_input(opt.initial_state, s.num_seqs(), a.HV, a.DK, a.DV, op, "initial_state");
+  ChunkOptions o = opt;
+  Tensor s0_f32;
+  o.initial_state = state_f32(opt.initial_state, s0_f32);
+  return forward_ref(a, o, s, DType::f32, false);
 }
 }  // namespace ref
 

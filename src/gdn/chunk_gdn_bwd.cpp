@@ -174,7 +174,7 @@ ChunkBwd chunk_gated_delta_rule_bwd(const TensorView& q, const TensorView& k, co
           const float *W = b.W + c * C * DK, *vn = b.vnew + c * C * DV, *hc = b.h + c * DK * DV;
           dv_local_chunk(bc, b.dv2, b.P);
           dv2_chunk(bc, b.dH, b.dv2, b.dv2, b.t);
-          dqkwg_chunk(bc, vn, hc, b.dH, b.dv2, b.dqc, b.dkc, b.dw, b.dG1, b.P, b.t);
+          dqkwg_chunk(bc, vn, hc, b.dH, b.dv2, b.dqc, b.dkc, b.dw, b.dG1, b.P, b.T1);
           dh_update_chunk(bc, b.dH, W, b.dv2, b.t);
           wy_bwd_da_chunk(bc, b.A, b.dw, b.dv2, b.dP, b.T1, b.T2, b.t);
           wy_bwd_full_chunk(bc, b.A, b.dP, b.dw, b.dv2, b.dk2, b.dvc, b.db, b.dG2, b.Gram, b.X, b.Y, b.t);

@@ -17,7 +17,7 @@ void check_bwd(BwdArgs& a, const TensorView& q, const TensorView& k, const Tenso
   a.beta = opt_scal(beta, l, a.B, a.T, a.HV, op, "beta");
   a.seq = &resolve_seq(opt, a.B, a.T, a.storage, op);
   const int64_t N = a.seq->num_seqs();
-  if (opt.initial_state.defined()) expect_state(opt.initial_state, N, a.HV, a.DK, a.DV, false, op, "initial_state");
+  if (opt.initial_state.defined()) expect_state_input(opt.initial_state, N, a.HV, a.DK, a.DV, op, "initial_state");
   if (opt.dht.defined()) expect_state(opt.dht, N, a.HV, a.DK, a.DV, false, op, "dht");
   if (opt.A.defined()) {
     a.A = tok_vec(opt.A, l, op, "A");
@@ -25,7 +25,7 @@ void check_bwd(BwdArgs& a, const TensorView& q, const TensorView& k, const Tenso
     expect_dim(a.A, kChunk, op, "A");
   }
   a.scale = scale_or_default(opt.scale, a.DK);
-  a.S0 = state_ref(opt.initial_state);
+  a.S0 = state_ref(state_f32(opt.initial_state, a.s0_f32));
   a.dht = state_ref(opt.dht);
   expect_finite(a.q, op, "q");
   expect_finite(a.k, op, "k");

@@ -8,7 +8,8 @@ namespace ot::gdn::detail {
 struct BwdArgs : Qkv {
   Tok g, beta, dO, A;  // g: the cumulative gate (composition) or the raw gate (reference)
   float scale = 1.f;
-  StateRef S0, dht;
+  StateRef S0, dht;     // S0 always fp32 (a bf16 / fp16 initial state widened into s0_f32)
+  Tensor s0_f32;
   SeqInfo storage;
   const SeqInfo* seq = nullptr;
   int64_t group() const { return HV / HK; }

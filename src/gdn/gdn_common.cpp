@@ -256,12 +256,43 @@ void expect_finite(const TensorView& x, const char* op, const char* arg) {
   for (int64_t i = 0; i < n; ++i) OT_CHECK(std::isfinite(get_as_double(x, i)), op, arg, "finite values", "NaN or Inf at element ", i);
 }
 
-void expect_state(const TensorView& s, int64_t N, int64_t HV, int64_t DK, int64_t DV, bool allow_bf16, const char* op, const char* arg) {
+namespace {
+void expect_state_shape(const TensorView& s, int64_t N, int64_t HV, int64_t DK, int64_t DV, const char* op, const char* arg) {
   OT_CHECK(s.ndim == 4 && s.sizes[0] == N && s.sizes[1] == HV && s.sizes[2] == DK && s.sizes[3] == DV, op, arg,
            ::ot::detail::cat("[", N, ", ", HV, ", ", DK, ", ", DV, "] (N, HV, DK, DV)"), s.shape_str());
+}
+void expect_state_rows(const TensorView& s, int64_t DV, const char* op, const char* arg) {
+  OT_CHECK(s.strides[3] == 1 && s.strides[2] == DV, op, arg, "rows of DK x DV contiguous", s.shape_str());
+}
+}  // namespace
+
+void expect_state(const TensorView& s, int64_t N, int64_t HV, int64_t DK, int64_t DV, bool allow_bf16, const char* op, const char* arg) {
+  expect_state_shape(s, N, HV, DK, DV, op, arg);
   OT_CHECK(s.dtype == DType::f32 || (allow_bf16 && s.dtype == DType::bf16), op, arg, allow_bf16 ? "fp32 or bf16" : "fp32",
            dtype_name(s.dtype));
-  OT_CHECK(s.strides[3] == 1 && s.strides[2] == DV, op, arg, "rows of DK x DV contiguous", s.shape_str());
+  expect_state_rows(s, DV, op, arg);
+}
+
+void expect_state_input(const TensorView& s, int64_t N, int64_t HV, int64_t DK, int64_t DV, const char* op, const char* arg) {
+  expect_state_shape(s, N, HV, DK, DV, op, arg);
+  OT_CHECK(s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16, op, arg, "fp32, bf16 or fp16",
+           dtype_name(s.dtype));
+  expect_state_rows(s, DV, op, arg);
+}
+
+TensorView state_f32(const TensorView& s, Tensor& storage) {
+  if (!s.defined() || s.dtype == DType::f32) return s;
+  storage = Tensor::empty(DType::f32, s.shape());
+  copy_into(s, storage.view());
+  return storage.view();
+}
+
+Tensor state_as(Tensor fp32_state, DType dt, const char* op, const char* arg) {
+  OT_CHECK(dt == DType::f32 || dt == DType::bf16 || dt == DType::f16, op, arg, "fp32, bf16 or fp16", dtype_name(dt));
+  if (!fp32_state.defined() || dt == DType::f32) return fp32_state;
+  Tensor r = Tensor::empty(dt, fp32_state.shape());
+  copy_into(fp32_state.view(), r.view());
+  return r;
 }
 
 const SeqInfo& resolve_seq(const Common& c, int64_t B, int64_t T, SeqInfo& storage, const char* op) {

@@ -90,6 +90,14 @@ void expect_finite(const TensorView& x, const char* op, const char* arg);
 // [N,HV,DK,DV] state (any float dtype listed in `allowed_bf16`).
 void expect_state(const TensorView& s, int64_t N, int64_t HV, int64_t DK, int64_t DV, bool allow_bf16, const char* op, const char* arg);
 
+// An initial state [N,HV,DK,DV] in fp32, bf16 or fp16 (fla passes it in the input dtype).
+void expect_state_input(const TensorView& s, int64_t N, int64_t HV, int64_t DK, int64_t DV, const char* op, const char* arg);
+// s as fp32 for the kernels: s itself when fp32 (or undefined), else its exact widening kept in
+// `storage` (the recurrences run in fp32 whatever the state's storage type).
+TensorView state_f32(const TensorView& s, Tensor& storage);
+// A final state computed in fp32, returned as dt (fp32, bf16 or fp16; arg names the option).
+Tensor state_as(Tensor fp32_state, DType dt, const char* op, const char* arg);
+
 // The sequence metadata of a call: c.seq when given (checked against B, T), else derived.
 const SeqInfo& resolve_seq(const Common& c, int64_t B, int64_t T, SeqInfo& storage, const char* op);
 

@@ -79,6 +79,7 @@ RecurrentOut recurrent_gated_delta_rule(const TensorView& q, const TensorView& k
     OT_CHECK(g.defined(), op, "g", "the raw gate input `a` when A_log/dt_bias are given", "undefined");
   }
   OT_CHECK(!opt.beta_sigmoid || beta.defined(), op, "beta", "the raw `b` when beta_sigmoid", "undefined");
+  state_as(Tensor(), opt.final_state_dtype, op, "final_state_dtype");
   SeqInfo sst;
   const SeqInfo& s = resolve_seq(opt, B, T, sst, op);
   int64_t N = s.num_seqs();
@@ -104,7 +105,7 @@ RecurrentOut recurrent_gated_delta_rule(const TensorView& q, const TensorView& k
     per_token = si.sizes[0] != N;
   } else {
     OT_CHECK(!opt.state_indices.defined(), op, "state_indices", "undefined without state_cache", opt.state_indices.shape_str());
-    if (opt.initial_state.defined()) expect_state(opt.initial_state, N, HV, DK, DV, true, op, "initial_state");
+    if (opt.initial_state.defined()) expect_state_input(opt.initial_state, N, HV, DK, DV, op, "initial_state");
   }
   const TensorView& na = opt.num_accepted_tokens;
   if (na.defined())
@@ -156,7 +157,11 @@ RecurrentOut recurrent_gated_delta_rule(const TensorView& q, const TensorView& k
   bool want_final = !cache && opt.output_final_state;
   if (want_final) r.final_state = Tensor::empty(DType::f32, {N, HV, DK, DV});
   Tok ot = tok_vec(r.o, l, op, "o");
-  StateRef S0 = state_ref(opt.initial_state), fin = state_ref(r.final_state);
+  // An fp16 initial state is widened once (the kernels read fp32 and bf16 states directly).
+  Tensor s0_f32;
+  StateRef S0 = state_ref(opt.initial_state.defined() && opt.initial_state.dtype == DType::f16 ? state_f32(opt.initial_state, s0_f32)
+                                                                                                 : opt.initial_state);
+  StateRef fin = state_ref(r.final_state);
   const float* A_log = fused_gate ? opt.A_log.ptr<float>() : nullptr;
   const float* dt_bias = fused_gate ? opt.dt_bias.ptr<float>() : nullptr;
   bool ref = cpu::force_ref();
@@ -249,6 +254,7 @@ RecurrentOut recurrent_gated_delta_rule(const TensorView& q, const TensorView& k
       if (!cache && L == 0 && target) copy_state(src, src_dt, target, tgt_dt, SS);
     }
   });
+  r.final_state = state_as(std::move(r.final_state), opt.final_state_dtype, op, "final_state_dtype");
   return r;
 }
 
