@@ -164,21 +164,20 @@ int64_t ffn_capacity(const char* op, const MoeFfnOptions& o, int64_t T, int64_t 
 }
 
 // Router stage on fp32 logits; returns fp32 weights (renormalised if asked) and ids.
-GatingResult run_router(const TensorView& logits, const MoeFfnOptions& o, bool ref) {
+GatingResult run_router(const TensorView& logits, const MoeFfnOptions& o) {
   GatingResult g;
   switch (o.router) {
     case RouterKind::softmax_topk:
-      g = ref ? ref::moe_gating_top_k_softmax(logits, o.k, {}, o.allowed) : moe_gating_top_k_softmax(logits, o.k, {}, o.allowed);
+      g = moe_gating_top_k_softmax(logits, o.k, {}, o.allowed);
       break;
     case RouterKind::softmax_topk_v2:
-      g = ref ? ref::moe_gating_top_k_softmax_v2(logits, o.k, {}, o.renorm, false, o.allowed)
-              : moe_gating_top_k_softmax_v2(logits, o.k, {}, o.renorm, false, o.allowed);
+      g = moe_gating_top_k_softmax_v2(logits, o.k, {}, o.renorm, false, o.allowed);
       break;
     case RouterKind::gating_top_k: {
       GatingTopKOptions go = o.gating;
       go.k = o.k;
       go.allowed = o.allowed;
-      g = ref ? ref::moe_gating_top_k(logits, go) : moe_gating_top_k(logits, go);
+      g = moe_gating_top_k(logits, go);
       break;
     }
   }
@@ -208,7 +207,7 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const 
   MoeFfnResult r;
   r.router_logits = Tensor::empty(DType::f32, {p.T, p.E});
   gemm::gemm(p.T, {x.data, x.dtype, p.H, nullptr}, router, {r.router_logits.view().data, DType::f32, p.E});
-  GatingResult g = impl::run_router(r.router_logits, o, false);
+  GatingResult g = impl::run_router(r.router_logits, o);
   r.topk_ids = g.expert_idx;
   r.topk_weights = g.y;
   RoutingPlan plan = moe_routing_plan(r.topk_ids, r.topk_weights, p.E, p.cap);

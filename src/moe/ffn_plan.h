@@ -12,5 +12,5 @@ FfnPlan plan_ffn(const TensorView& x, int64_t router_h, int64_t router_e, int64_
 // else expert_capacity. A NaN, infinite or negative factor is an error (it used to fall through to
 // dropless silently).
 int64_t ffn_capacity(const char* op, const MoeFfnOptions& o, int64_t T, int64_t E);
-GatingResult run_router(const TensorView& logits, const MoeFfnOptions& o, bool ref);
+GatingResult run_router(const TensorView& logits, const MoeFfnOptions& o);
 }  // namespace ot::moe::impl
