@@ -307,13 +307,13 @@ int run_bench(const BenchOptions& opt, const EpArgs& a) {
 }
 
 RegisterBench reg_ep("ep", "Expert-parallel dispatch + combine under mpirun (bytes sent, time vs a per-(token,expert) baseline)",
-                     [](CLI::App* sub, const BenchOptions& common) {
+                     [](Options& sub, const BenchOptions& common) {
                        auto args = std::make_shared<EpArgs>();
-                       sub->add_flag("--quant", args->quant, "Dynamic int8 dispatch (per-row scale)");
-                       sub->add_flag("--all-gather", args->all_gather, "All-gather dispatcher instead of all-to-all");
-                       sub->add_flag("--per-slot", args->per_slot, "Combine sends one row per (token, expert) back");
-                       sub->add_flag("--comm-quant", args->comm_quant, "Combine rows as int8 with a per-row scale (comm_quant_mode 2)");
-                       sub->add_flag("--no-window", args->no_window, "MPI messages only between the ranks of a node (no shared-memory window)");
+                       sub.flag("--quant", args->quant, "Dynamic int8 dispatch (per-row scale)");
+                       sub.flag("--all-gather", args->all_gather, "All-gather dispatcher instead of all-to-all");
+                       sub.flag("--per-slot", args->per_slot, "Combine sends one row per (token, expert) back");
+                       sub.flag("--comm-quant", args->comm_quant, "Combine rows as int8 with a per-row scale (comm_quant_mode 2)");
+                       sub.flag("--no-window", args->no_window, "MPI messages only between the ranks of a node (no shared-memory window)");
                        return [&common, args] { return run_bench(common, *args); };
                      });
 

@@ -216,9 +216,9 @@ int run_decode(const BenchOptions& opt) {
 }
 
 RegisterBench chunk_bench("chunk_gated_delta_rule_fwd", "Chunked Gated DeltaNet forward (Qwen3.5 shapes), GFLOP/s by the spec's forward formula",
-                          [](CLI::App*, const BenchOptions& o) { return [&o] { return run_chunk(o); }; }, {"gdn_chunk_fwd"});
+                          [](Options&, const BenchOptions& o) { return [&o] { return run_chunk(o); }; }, {"gdn_chunk_fwd"});
 RegisterBench decode_bench("recurrent_gated_delta_rule", "Recurrent Gated DeltaNet decode from a state cache, GB/s of state traffic",
-                           [](CLI::App*, const BenchOptions& o) { return [&o] { return run_decode(o); }; }, {"gdn_decode"});
+                           [](Options&, const BenchOptions& o) { return [&o] { return run_decode(o); }; }, {"gdn_decode"});
 
 }  // namespace
 }  // namespace ot::cli

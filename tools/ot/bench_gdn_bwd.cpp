@@ -204,11 +204,11 @@ int run(const BenchOptions& opt, const std::string& dtype, int ref_tokens) {
 }
 
 RegisterBench reg("chunk_gated_delta_rule_bwd", "Gated DeltaNet chunked backward at Qwen3.5 shapes",
-                  [](CLI::App* sub, const BenchOptions& common) -> std::function<int()> {
+                  [](Options& sub, const BenchOptions& common) -> std::function<int()> {
                     auto dtype = std::make_shared<std::string>("bf16");
                     auto ref_tokens = std::make_shared<int>(128);
-                    sub->add_option("--dtype", *dtype, "q, k, v, dO dtype: bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
-                    sub->add_option("--ref-tokens", *ref_tokens, "Tokens per sequence in the reference's timed slice");
+                    sub.choice("--dtype", *dtype, {"bf16", "fp32"}, "q, k, v, dO dtype: bf16 or fp32");
+                    sub.value("--ref-tokens", *ref_tokens, "Tokens per sequence in the reference's timed slice");
                     return [&common, dtype, ref_tokens] { return run(common, *dtype, *ref_tokens); };
                   },
                   {"gdn_chunk_bwd"});

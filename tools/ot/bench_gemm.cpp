@@ -156,17 +156,16 @@ static void run_nt_case(const BenchOptions& opt, const NtCaseSpec& cs, const NtM
     std::printf("  %-26s cpu %.3f ms/call -> idle estimate %.3f ms: %.1f GFLOP/s\n", "", cpu_ms, est_ms, flops / (est_ms * 1e-3) / 1e9);
 }
 
-static RegisterBench reg("gemm", "Matrix engine: 2048^3, expert and decode shapes (or --m/--n/--k)", [](CLI::App* sub, const BenchOptions& o) {
+static RegisterBench reg("gemm", "Matrix engine: 2048^3, expert and decode shapes (or --m/--n/--k)", [](Options& sub, const BenchOptions& o) {
   struct Args { int64_t m = 0, n = 2048, k = 2048; std::string dtype = "bf16", form = "packed"; NtModes nt; };
   auto args = std::make_shared<Args>();
-  sub->add_option("--m", args->m, "Rows of A (omit for the named cases)");
-  sub->add_option("--n", args->n, "Columns of B");
-  sub->add_option("--k", args->k, "Inner dimension");
-  sub->add_option("--dtype", args->dtype, "bf16 | fp16 | fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
-  sub->add_option("--form", args->form, "packed: gemm on prepacked weights; nt: grouped_gemm_nt at Qwen3 T512's backward shapes")
-      ->check(CLI::IsMember({"packed", "nt"}));
-  sub->add_flag("--per-thread-jobs", args->nt.per_thread_jobs, "nt: one job per thread at a time (nested single-threaded calls)");
-  sub->add_flag("--same-w", args->nt.same_w, "nt: every job reads expert 0's weights (L3-resident)");
+  sub.value("--m", args->m, "Rows of A (omit for the named cases)");
+  sub.value("--n", args->n, "Columns of B");
+  sub.value("--k", args->k, "Inner dimension");
+  sub.choice("--dtype", args->dtype, {"bf16", "fp16", "fp32"}, "bf16 | fp16 | fp32");
+  sub.choice("--form", args->form, {"packed", "nt"}, "packed: gemm on prepacked weights; nt: grouped_gemm_nt at Qwen3 T512's backward shapes");
+  sub.flag("--per-thread-jobs", args->nt.per_thread_jobs, "nt: one job per thread at a time (nested single-threaded calls)");
+  sub.flag("--same-w", args->nt.same_w, "nt: every job reads expert 0's weights (L3-resident)");
   const BenchOptions* opt = &o;
   return [args, opt]() -> int {
     if (args->form == "nt") {

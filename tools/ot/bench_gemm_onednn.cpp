@@ -68,12 +68,12 @@ static void run_vs_onednn(const BenchOptions& opt, const Shape& s) {
 }
 
 static RegisterBench reg("gemm_onednn", "Our bf16 GEMM vs oneDNN matmul on the expert shapes (speedup = ours over oneDNN)",
-                         [](CLI::App* sub, const BenchOptions& o) {
+                         [](Options& sub, const BenchOptions& o) {
                            struct Args { int64_t m = 0, n = 4096, k = 4096; };
                            auto args = std::make_shared<Args>();
-                           sub->add_option("--m", args->m, "Rows of A (omit for the expert shapes)");
-                           sub->add_option("--n", args->n, "Columns of B");
-                           sub->add_option("--k", args->k, "Inner dimension");
+                           sub.value("--m", args->m, "Rows of A (omit for the expert shapes)");
+                           sub.value("--n", args->n, "Columns of B");
+                           sub.value("--k", args->k, "Inner dimension");
                            const BenchOptions* opt = &o;
                            return [args, opt]() -> int {
                              std::vector<Shape> shapes;

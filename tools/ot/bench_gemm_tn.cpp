@@ -82,9 +82,9 @@ int run(const BenchOptions& opt, const std::string& grads) {
   return 0;
 }
 
-RegisterBench reg("gemm_tn", "The TN form (weight gradients) on the MoE backward's expert jobs", [](CLI::App* sub, const BenchOptions& opt) {
+RegisterBench reg("gemm_tn", "The TN form (weight gradients) on the MoE backward's expert jobs", [](Options& sub, const BenchOptions& opt) {
   auto grads = std::make_shared<std::string>("both");
-  sub->add_option("--grad-dtype", *grads, "C in fp32, bf16 or both")->check(CLI::IsMember({"fp32", "bf16", "both"}))->capture_default_str();
+  sub.choice("--grad-dtype", *grads, {"fp32", "bf16", "both"}, "C in fp32, bf16 or both").show_default();
   return std::function<int()>([&opt, grads] { return run(opt, *grads); });
 });
 

@@ -130,11 +130,11 @@ int run(const BenchOptions& opt, const std::vector<int64_t>& only_tokens) {
 }
 
 RegisterBench reg("moe_ffn", "Fused MoE layer (router, grouped SwiGLU FFN, weighted combine) at Qwen3-30B-A3B / E64 / Mixtral shapes",
-                  [](CLI::App* sub, const BenchOptions& common) {
+                  [](Options& sub, const BenchOptions& common) {
                     // --tokens 1,16,512: only these T (with --case as a substring filter on the
                     // model, e.g. `--case mixtral --tokens 1,16,512`; "-T1" alone also matches T16, T128).
                     static std::vector<int64_t> tokens;
-                    sub->add_option("--tokens", tokens, "Only these token counts (of 1, 16, 128, 512, 2048)")->delimiter(',');
+                    sub.value("--tokens", tokens, "Only these token counts (of 1, 16, 128, 512, 2048)");
                     return [&common] { return run(common, tokens); };
                   });
 

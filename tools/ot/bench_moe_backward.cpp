@@ -112,20 +112,16 @@ int run(const BenchOptions& opt, bool all, double ref_max_gflop, const std::stri
   return 0;
 }
 
-RegisterBench reg("moe_ffn_backward", "Backward of the whole MoE layer vs its forward (moe_ffn) and the reference", [](CLI::App* sub, const BenchOptions& opt) {
+RegisterBench reg("moe_ffn_backward", "Backward of the whole MoE layer vs its forward (moe_ffn) and the reference", [](Options& sub, const BenchOptions& opt) {
   auto all = std::make_shared<bool>(false);
   auto ref_max = std::make_shared<double>(2.0);
   auto grads = std::make_shared<std::string>("both");
   auto sched = std::make_shared<std::string>("auto");
-  sub->add_flag("--all", *all, "Every case (3 layer shapes x T in 1, 16, 128, 512, 2048); default: qwen3-30b-a3b-T16 and -T512");
-  sub->add_option("--ref-max-gflop", *ref_max, "Run the fp64 reference only for cases up to this many GFLOP")->capture_default_str();
-  sub->add_option("--grad-dtype", *grads, "Expert weight gradients in fp32, bf16 or both (one row each)")
-      ->check(CLI::IsMember({"fp32", "bf16", "both"}))
-      ->capture_default_str();
-  sub->add_option("--schedule", *sched, "Backward schedule: auto (by shape), call (each projection one call over all experts) or expert "
-                                         "(one thread per expert's whole chain)")
-      ->check(CLI::IsMember({"auto", "call", "expert"}))
-      ->capture_default_str();
+  sub.flag("--all", *all, "Every case (3 layer shapes x T in 1, 16, 128, 512, 2048); default: qwen3-30b-a3b-T16 and -T512");
+  sub.value("--ref-max-gflop", *ref_max, "Run the fp64 reference only for cases up to this many GFLOP").show_default();
+  sub.choice("--grad-dtype", *grads, {"fp32", "bf16", "both"}, "Expert weight gradients in fp32, bf16 or both (one row each)").show_default();
+  sub.choice("--schedule", *sched, {"auto", "call", "expert"}, "Backward schedule: auto (by shape), call (each projection one call over all experts) or expert "
+                                         "(one thread per expert's whole chain)").show_default();
   return std::function<int()>([&opt, all, ref_max, grads, sched] {
     using moe::bwd::FfnSchedule;
     moe::bwd::set_ffn_schedule(*sched == "call" ? FfnSchedule::per_call : *sched == "expert" ? FfnSchedule::expert_major : FfnSchedule::automatic);

@@ -136,7 +136,7 @@ int run(const BenchOptions& opt) {
 }
 
 RegisterBench reg("moe_routing", "MoE routing operators (routers, init routing, permute, unpermute, finalize) in GB/s",
-                  [](CLI::App*, const BenchOptions& common) { return [&common] { return run(common); }; });
+                  [](Options&, const BenchOptions& common) { return [&common] { return run(common); }; });
 
 }  // namespace
 }  // namespace ot::cli

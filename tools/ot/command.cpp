@@ -1,5 +1,7 @@
 #include "command.h"
 
+#include <CLI/CLI.hpp>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <vector>
@@ -9,10 +11,41 @@
 
 namespace ot::cli {
 
+template <class T>
+Options& Options::value(const std::string& name, T& v, const std::string& help) {
+  last_ = app_->add_option(name, v, help);
+  if constexpr (std::is_same_v<T, std::vector<int64_t>>) last_->delimiter(',');
+  return *this;
+}
+template Options& Options::value(const std::string&, int&, const std::string&);
+template Options& Options::value(const std::string&, int64_t&, const std::string&);
+template Options& Options::value(const std::string&, uint64_t&, const std::string&);
+template Options& Options::value(const std::string&, float&, const std::string&);
+template Options& Options::value(const std::string&, double&, const std::string&);
+template Options& Options::value(const std::string&, std::string&, const std::string&);
+template Options& Options::value(const std::string&, std::vector<std::string>&, const std::string&);
+template Options& Options::value(const std::string&, std::vector<int64_t>&, const std::string&);
+
+Options& Options::choice(const std::string& name, std::string& v, const std::vector<std::string>& choices, const std::string& help) {
+  last_ = app_->add_option(name, v, help)->check(CLI::IsMember(choices));
+  return *this;
+}
+
+Options& Options::flag(const std::string& name, bool& v, const std::string& help) {
+  last_ = app_->add_flag(name, v, help);
+  return *this;
+}
+
+Options& Options::show_default() {
+  if (last_) last_->capture_default_str();
+  return *this;
+}
+
 namespace {
+struct CommandEntry { std::string name, description; CommandSetup setup; };
 struct BenchEntry { std::string op, description; BenchSetup setup; std::vector<std::string> aliases; };
-std::vector<std::pair<std::string, CommandSetup>>& commands() {
-  static std::vector<std::pair<std::string, CommandSetup>> v;
+std::vector<CommandEntry>& commands() {
+  static std::vector<CommandEntry> v;
   return v;
 }
 std::vector<BenchEntry>& benches() {
@@ -21,13 +54,20 @@ std::vector<BenchEntry>& benches() {
 }
 }  // namespace
 
-RegisterCommand::RegisterCommand(const char* name, CommandSetup setup) { commands().emplace_back(name, std::move(setup)); }
+RegisterCommand::RegisterCommand(const char* name, const char* description, CommandSetup setup) {
+  commands().push_back({name, description, std::move(setup)});
+}
 RegisterBench::RegisterBench(const char* op, const char* description, BenchSetup setup, std::vector<std::string> aliases) {
   benches().push_back({op, description, std::move(setup), std::move(aliases)});
 }
 
 void build_app(CLI::App& app, int* exit_code) {
-  for (auto& [name, setup] : commands()) setup(app);
+  for (auto& c : commands()) {
+    CLI::App* sub = app.add_subcommand(c.name, c.description);
+    Options options(sub);
+    auto run = std::make_shared<Run>(c.setup(options));
+    sub->callback([run, exit_code] { *exit_code = (*run)(); });
+  }
   if (benches().empty()) return;
   CLI::App* bench = app.add_subcommand("bench", "Benchmark an operator against its reference (GFLOP/s or GB/s, peak fraction, speed-up)");
   bench->require_subcommand(1);
@@ -45,7 +85,8 @@ void build_app(CLI::App& app, int* exit_code) {
     sub->add_option("--ab", o->ab,
                     "KNOB=A,B: time each repetition with an internal tuning knob at A and at B (ABBA order), report both medians "
                     "and the paired ratios B/A (docs/gemm.md, \"In-process A/B\")");
-    auto run = std::make_shared<std::function<int()>>(e.setup(sub, *o));
+    Options options(sub);
+    auto run = std::make_shared<Run>(e.setup(options, *o));
     sub->callback([o, run, exit_code] {
       if (o->threads > 0) ot::set_num_threads(o->threads);
       set_ab(o->ab.empty() ? AbSpec{} : parse_ab(o->ab));

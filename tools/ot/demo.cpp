@@ -176,17 +176,17 @@ int run_demo(const DemoConfig& cfg, const std::string& trace_file, RunContext& c
 
 namespace {
 
-const cli::RegisterCommand reg("demo", [](CLI::App& app) {
+const cli::RegisterCommand reg("demo", "Run a Qwen3-Next-like GDN + MoE decoder stack: prefill, decode, per-operator tables, verification",
+                              [](cli::Options& sub) -> cli::Run {
   auto opt = std::make_shared<Options>();
-  CLI::App* sub = app.add_subcommand("demo", "Run a Qwen3-Next-like GDN + MoE decoder stack: prefill, decode, per-operator tables, verification");
-  sub->add_option("--config", opt->config_file, "JSON config (keys as printed by --print-config; missing keys keep the default)");
-  sub->add_flag("--print-config", opt->print_config, "Print the configuration as JSON and exit");
-  sub->add_option("--trace", opt->trace_file, "Write the timeline of every operator call as a Chrome trace (JSON)");
-  sub->add_flag("--no-verify", opt->no_verify, "Skip the reference-path verification");
-  sub->add_option("--decode-steps", opt->decode_steps, "Override run.decode_steps");
-  sub->add_option("--threads", opt->threads, "Threads (0 = all; overrides run.threads)");
-  sub->add_flag("--ep", opt->ep, "Under mpirun: run the MoE layers expert-parallel across the ranks");
-  sub->callback([opt, &app] {
+  sub.value("--config", opt->config_file, "JSON config (keys as printed by --print-config; missing keys keep the default)");
+  sub.flag("--print-config", opt->print_config, "Print the configuration as JSON and exit");
+  sub.value("--trace", opt->trace_file, "Write the timeline of every operator call as a Chrome trace (JSON)");
+  sub.flag("--no-verify", opt->no_verify, "Skip the reference-path verification");
+  sub.value("--decode-steps", opt->decode_steps, "Override run.decode_steps");
+  sub.value("--threads", opt->threads, "Threads (0 = all; overrides run.threads)");
+  sub.flag("--ep", opt->ep, "Under mpirun: run the MoE layers expert-parallel across the ranks");
+  return [opt] {
     DemoConfig cfg = opt->config_file.empty() ? DemoConfig{} : load_config(opt->config_file);
     if (opt->decode_steps >= 0) cfg.run.decode_steps = opt->decode_steps;
     if (opt->threads > 0) cfg.run.threads = opt->threads;
@@ -194,15 +194,15 @@ const cli::RegisterCommand reg("demo", [](CLI::App& app) {
     validate(cfg);
     if (opt->print_config) {
       std::printf("%s\n", config_to_json(cfg).dump(2).c_str());
-      return;
+      return 0;
     }
     if (cfg.run.threads > 0) set_num_threads(cfg.run.threads);
     int rc = opt->ep ? run_demo_ep(cfg, opt->trace_file) : [&] {
       RunContext ctx;
       return run_demo(cfg, opt->trace_file, ctx);
     }();
-    if (rc != 0) throw CLI::RuntimeError(rc);
-  });
+    return rc;
+  };
 });
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <exception>
 #include <string>
 
+#include <CLI/CLI.hpp>
+
 #include "command.h"
 #include "ot/error.h"
 #include "ot/version.h"

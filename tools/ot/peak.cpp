@@ -255,13 +255,13 @@ double memory_peak_gbps(int threads) {
   return by_threads(p.mem_gbps_1t, p.mem_gbps_all, threads);
 }
 
-static RegisterCommand reg("peak", [](CLI::App& app) {
-  auto* sub = app.add_subcommand("peak", "Measure this machine's AMX bf16, AVX-512 BF16, fp32 FMA (AVX-512 or AVX2) and memory read peaks (1 and all threads)");
+static RegisterCommand reg("peak", "Measure this machine's AMX bf16, AVX-512 BF16, fp32 FMA (AVX-512 or AVX2) and memory read peaks (1 and all threads)",
+                           [](Options& sub) -> Run {
   static bool json = false;
   static double seconds = 1.0;
-  sub->add_flag("--json", json, "Print one JSON object");
-  sub->add_option("--seconds", seconds, "Seconds per compute measurement (memory: 2x)");
-  sub->callback([] {
+  sub.flag("--json", json, "Print one JSON object");
+  sub.value("--seconds", seconds, "Seconds per compute measurement (memory: 2x)");
+  return [] {
     // Both figures: this run's (the machine's state now) and the cached best of every run, which
     // is what the benchmarks' peak% divides by. Printing only the best hid a slow state.
     const MachinePeak now = measure(seconds);
@@ -272,7 +272,7 @@ static RegisterCommand reg("peak", [](CLI::App& app) {
       nlohmann::json j = to_json(p);
       j["this_run"] = to_json(now);
       std::printf("%s\n", j.dump().c_str());
-      return;
+      return 0;
     }
     auto na = [](double v, const char* unit) {
       char b[64];
@@ -300,7 +300,8 @@ static RegisterCommand reg("peak", [](CLI::App& app) {
       std::printf("bf16 GEMM kernel: %s; this run's rates favour %s%s\n", dot ? "vdpbf16ps" : "widen to fp32 FMAs",
                   faster ? "vdpbf16ps" : "widening", dot == faster ? "" : faster ? " (try OT_BF16_KERNEL=dot)" : " (try OT_BF16_KERNEL=widen)");
     }
-  });
+    return 0;
+  };
 });
 
 }  // namespace ot::cli

@@ -258,21 +258,17 @@ int run_report(const Options& o) {
   return 0;
 }
 
-const RegisterCommand reg("report", [](CLI::App& app) {
+const RegisterCommand reg("report", "Run the headline benchmarks and write a Markdown report with charts (DIR/report.md)", [](cli::Options& sub) -> Run {
   auto o = std::make_shared<Options>();
-  CLI::App* sub = app.add_subcommand("report", "Run the headline benchmarks and write a Markdown report with charts (DIR/report.md)");
-  sub->add_option("--out", o->out, "Output directory (report.md, report.json, PNG charts)")->capture_default_str();
-  sub->add_option("--cases", o->cases, "Comma-separated op:case list instead of the headline set (op alone: its default cases)");
-  sub->add_option("--threads", o->threads, "Threads (0 = all)");
-  sub->add_flag("--quick", o->quick, "Tiny stand-in cases, 2 repetitions (checks the tool in seconds; not for figures)");
-  sub->add_option("--ep-ranks", o->ep_ranks, "MPI ranks of the expert-parallel benchmark")->capture_default_str();
-  sub->add_flag("--no-ep", o->no_ep, "Skip the expert-parallel benchmark (mpirun)");
-  sub->add_flag("--no-charts", o->no_charts, "Skip the PNG charts");
-  sub->add_option("--charts-script", o->script, "Path of report_charts.py");
-  sub->callback([o] {
-    int rc = run_report(*o);
-    if (rc) throw CLI::RuntimeError(rc);
-  });
+  sub.value("--out", o->out, "Output directory (report.md, report.json, PNG charts)").show_default();
+  sub.value("--cases", o->cases, "Comma-separated op:case list instead of the headline set (op alone: its default cases)");
+  sub.value("--threads", o->threads, "Threads (0 = all)");
+  sub.flag("--quick", o->quick, "Tiny stand-in cases, 2 repetitions (checks the tool in seconds; not for figures)");
+  sub.value("--ep-ranks", o->ep_ranks, "MPI ranks of the expert-parallel benchmark").show_default();
+  sub.flag("--no-ep", o->no_ep, "Skip the expert-parallel benchmark (mpirun)");
+  sub.flag("--no-charts", o->no_charts, "Skip the PNG charts");
+  sub.value("--charts-script", o->script, "Path of report_charts.py");
+  return [o] { return run_report(*o); };
 });
 
 }  // namespace

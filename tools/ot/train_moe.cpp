@@ -158,29 +158,26 @@ int run_train(const TrainOptions& o) {
   return rc;
 }
 
-RegisterCommand reg("train-moe", [](CLI::App& app) {
+RegisterCommand reg("train-moe", "Train a small byte-level MoE language model (forward + backward of moe_ffn) on a packaged text corpus",
+                    [](Options& sub) -> std::function<int()> {
   auto o = std::make_shared<TrainOptions>();
-  CLI::App* sub = app.add_subcommand("train-moe", "Train a small byte-level MoE language model (forward + backward of moe_ffn) on a packaged text corpus");
-  sub->add_option("--steps", o->steps, "Optimizer steps")->capture_default_str();
-  sub->add_option("--layers", o->layers, "Blocks (token mixing + MoE)")->capture_default_str();
-  sub->add_option("--experts", o->experts, "Experts per MoE layer")->capture_default_str();
-  sub->add_option("--topk", o->topk, "Experts per token")->capture_default_str();
-  sub->add_option("--dim", o->dim, "Model width H")->capture_default_str();
-  sub->add_option("--inter", o->inter, "Expert intermediate size I")->capture_default_str();
-  sub->add_option("--batch", o->batch, "Sequences per step")->capture_default_str();
-  sub->add_option("--seq", o->seq, "Bytes per sequence")->capture_default_str();
-  sub->add_option("--lr", o->lr, "Peak learning rate")->capture_default_str();
-  sub->add_option("--aux", o->aux, "Aux (load-balancing) loss coefficient")->capture_default_str();
-  sub->add_option("--dtype", o->dtype, "MoE compute dtype")->check(CLI::IsMember({"bf16", "fp32"}))->capture_default_str();
-  sub->add_option("--corpus", o->corpus, "Text files (default: the fortunes-min package's files)");
-  sub->add_option("--seed", o->seed, "Seed of weights and batches")->capture_default_str();
-  sub->add_option("--log-every", o->log_every, "Steps between log lines when stdout is not a terminal")->capture_default_str();
-  sub->add_flag("--ref", o->ref, "Run through the reference path (OT_FORCE_REF)");
-  sub->add_flag("--check-ref", o->check_ref, "Run fast and reference paths and compare their loss curves");
-  sub->callback([o] {
-    int rc = run_train(*o);
-    if (rc) throw CLI::RuntimeError(rc);
-  });
+  sub.value("--steps", o->steps, "Optimizer steps").show_default();
+  sub.value("--layers", o->layers, "Blocks (token mixing + MoE)").show_default();
+  sub.value("--experts", o->experts, "Experts per MoE layer").show_default();
+  sub.value("--topk", o->topk, "Experts per token").show_default();
+  sub.value("--dim", o->dim, "Model width H").show_default();
+  sub.value("--inter", o->inter, "Expert intermediate size I").show_default();
+  sub.value("--batch", o->batch, "Sequences per step").show_default();
+  sub.value("--seq", o->seq, "Bytes per sequence").show_default();
+  sub.value("--lr", o->lr, "Peak learning rate").show_default();
+  sub.value("--aux", o->aux, "Aux (load-balancing) loss coefficient").show_default();
+  sub.choice("--dtype", o->dtype, {"bf16", "fp32"}, "MoE compute dtype").show_default();
+  sub.value("--corpus", o->corpus, "Text files (default: the fortunes-min package's files)");
+  sub.value("--seed", o->seed, "Seed of weights and batches").show_default();
+  sub.value("--log-every", o->log_every, "Steps between log lines when stdout is not a terminal").show_default();
+  sub.flag("--ref", o->ref, "Run through the reference path (OT_FORCE_REF)");
+  sub.flag("--check-ref", o->check_ref, "Run fast and reference paths and compare their loss curves");
+  return [o] { return run_train(*o); };
 });
 
 }  // namespace
