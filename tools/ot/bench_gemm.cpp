@@ -71,8 +71,8 @@ static void run_shape(const BenchOptions& opt, const Shape& s) {
   report(opt, r);
   if (!opt.json)
     std::printf("  %-26s cpu %.3f ms/call -> idle estimate %.3f ms: %.1f %s (%.1f%% of peak)\n", "", cpu_ms, est_ms,
-                s.decode ? r.extra["cpu_gbps"].get<double>() : r.extra["cpu_gflops"].get<double>(), s.decode ? "GB/s" : "GFLOP/s",
-                100 * r.extra["cpu_peak_fraction"].get<double>());
+                s.decode ? std::get<double>(r.extra["cpu_gbps"]) : std::get<double>(r.extra["cpu_gflops"]), s.decode ? "GB/s" : "GFLOP/s",
+                100 * std::get<double>(r.extra["cpu_peak_fraction"]));
 }
 
 

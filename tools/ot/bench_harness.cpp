@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "ot/error.h"
@@ -141,6 +142,12 @@ void set_bandwidth(BenchResult& r, double gbps, const Timing& t) {
   r.window_tests = t.window_tests;
 }
 
+BenchExtras::Value& BenchExtras::operator[](const std::string& key) {
+  for (auto& [k, v] : items_)
+    if (k == key) return v;
+  return items_.emplace_back(key, Value{}).second;
+}
+
 void report(const BenchOptions& opt, const BenchResult& r) {
   double speedup = r.ref_ms > 0 && r.ms > 0 ? r.ref_ms / r.ms : 0;
   const AbTiming ab = g_last_ab;
@@ -148,7 +155,8 @@ void report(const BenchOptions& opt, const BenchResult& r) {
   OT_CHECK(g_ab.knob.empty() || ab.pairs > 0, "ot bench", "--ab", "a benchmark timed by the harness's interleaved timing",
            r.name, " did not alternate the knob");
   if (opt.json) {
-    nlohmann::json j = r.extra;
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [k, v] : r.extra.items()) std::visit([&j, &k](const auto& x) { j[k] = x; }, v);
     j["name"] = r.name;
     j["shape"] = r.shape;
     j["dtype"] = r.dtype;

@@ -1,11 +1,13 @@
 // Shared pieces of every `ot bench <op>`: interleaved timing with medians, this machine's measured
 // peaks, and the one output form (table row or JSON line) all benchmarks use.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 
 #include "command.h"
 
@@ -64,6 +66,18 @@ double read_bandwidth_gbps(int threads, double seconds, std::vector<double>* bur
 // Seconds of one read test beside a case (time_interleaved's window_peak).
 constexpr double kWindowTestSeconds = 0.05;
 
+// A result's op-specific keys (bytes_sent, ...) for its JSON line, in the order they were set.
+// Kept free of nlohmann/json so the benchmarks do not each compile it.
+class BenchExtras {
+ public:
+  using Value = std::variant<int64_t, double, std::string>;
+  Value& operator[](const std::string& key);
+  const std::vector<std::pair<std::string, Value>>& items() const { return items_; }
+
+ private:
+  std::vector<std::pair<std::string, Value>> items_;
+};
+
 struct BenchResult {
   std::string name, shape, dtype;
   int threads = 1;
@@ -75,7 +89,7 @@ struct BenchResult {
   double window_median_gbps = 0;   // GB/s results: Timing::window_median_gbps (0: not measured)
   std::vector<double> window_tests;
   std::string kernel;
-  nlohmann::json extra = nlohmann::json::object();  // op-specific keys (bytes_sent, ...)
+  BenchExtras extra;
 };
 // A GB/s result (r.threads set): its rate, the fraction of the cached memory peak at r.threads, and
 // the window bandwidth time_interleaved measured beside it (t: run with window_peak).

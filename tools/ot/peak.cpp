@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "bench_harness.h"
 #include "ot/cpu.h"
 #include "ot/output_pool.h"
