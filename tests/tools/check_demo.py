@@ -33,6 +33,12 @@ print(r.stdout)
 print(r.stderr, file=sys.stderr)
 check(r.returncode == 0, f"default run exited {r.returncode}")
 check("verification passed" in r.stdout, "default run did not report a passed verification")
+# Each phase ends with its roofline: prefill against the matrix peak, decode against the read bandwidth.
+import re
+prefill_roof = re.search(r"roofline: ([0-9.]+) GFLOP counted in [0-9.]+ ms = [0-9.]+ GFLOP/s, ([0-9]+)% of the \w+ matrix peak", r.stdout)
+decode_roof = re.search(r"roofline: ([0-9.]+) MB counted per step in [0-9.]+ ms = [0-9.]+ GB/s, ([0-9]+)% of the read bandwidth", r.stdout)
+check(prefill_roof is not None and float(prefill_roof.group(1)) > 0, "prefill printed no roofline line with counted GFLOP")
+check(S == 0 or (decode_roof is not None and float(decode_roof.group(1)) > 0), "decode printed no roofline line with counted MB")
 
 with open(trace_path) as f:
     trace = json.load(f)  # raises (test fails) when the file is not JSON

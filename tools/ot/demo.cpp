@@ -143,11 +143,11 @@ int run_demo(const DemoConfig& cfg, const std::string& trace_file, RunContext& c
     std::printf("\n== prefill: %zu sequences (lengths", b.lengths.size());
     for (auto l : b.lengths) std::printf(" %lld", (long long)l);
     std::printf("), %lld tokens, varlen cu_seqlens, one batched call per operator and layer\n", (long long)b.tokens());
-    print_phase(prefill, dt, threads);
+    print_phase(prefill, dt, threads, Roofline::compute);
     if (steps > 0) {
       std::printf("\n== decode: %lld steps x %zu sequences, one token each, GDN state cache (slot per sequence)\n", (long long)steps,
                   b.lengths.size());
-      print_phase(decode, dt, threads);
+      print_phase(decode, dt, threads, Roofline::memory);
       std::printf("\n  greedy tokens of sequence 0:");
       for (size_t i = 0; i < generated[0].size() && i < 16; ++i) std::printf(" %d", generated[0][i]);
       std::printf("%s\n", generated[0].size() > 16 ? " ..." : "");

@@ -65,7 +65,7 @@ PhaseStats summarize(const std::string& phase, const std::vector<trace::Event>& 
   return s;
 }
 
-void print_phase(const PhaseStats& s, const std::string& dtype, int threads) {
+void print_phase(const PhaseStats& s, const std::string& dtype, int threads, Roofline bound) {
   const double peak_f = cli::matrix_peak_gflops(dtype, threads), peak_b = cli::memory_peak_gbps(threads);
   double op_ms = 0;
   for (const auto& r : s.rows)
@@ -90,6 +90,20 @@ void print_phase(const PhaseStats& s, const std::string& dtype, int threads) {
   if (s.steps > 1) std::printf(", %.2f ms per step", s.wall_ms / double(s.steps));
   std::printf("\n  (%% peak: F = of the %s matrix peak %.0f GFLOP/s, M = of memory bandwidth %.1f GB/s, %d threads)\n", dtype.c_str(), peak_f,
               peak_b, threads);
+  // The operators' own counts (top-level rows: a child's work is inside its parent's).
+  double flops = 0, bytes = 0;
+  for (const auto& r : s.rows)
+    if (r.depth == 0) flops += r.flops, bytes += r.bytes;
+  const double sec = s.wall_ms / 1e3, per_step = 1.0 / double(std::max<int64_t>(1, s.steps));
+  if (bound == Roofline::compute) {
+    const double rate = sec > 0 ? flops / sec / 1e9 : 0;
+    std::printf("  roofline: %.2f GFLOP counted in %.2f ms = %.1f GFLOP/s, %.0f%% of the %s matrix peak (%.0f GFLOP/s)\n", flops / 1e9, s.wall_ms, rate,
+                peak_f > 0 ? 100 * rate / peak_f : 0.0, dtype.c_str(), peak_f);
+  } else {
+    const double rate = sec > 0 ? bytes / sec / 1e9 : 0;
+    std::printf("  roofline: %.1f MB counted per step in %.2f ms = %.1f GB/s, %.0f%% of the read bandwidth (%.1f GB/s)\n", bytes * per_step / 1e6,
+                s.wall_ms * per_step, rate, peak_b > 0 ? 100 * rate / peak_b : 0.0, peak_b);
+  }
 }
 
 bool print_verification(const Verifier& v, double tol) {

@@ -29,8 +29,12 @@ struct PhaseStats {
 // Fills FLOPs/bytes of events that lack them from `work` (same name, call order).
 void attach_work(std::vector<trace::Event>& events, const std::vector<Work>& work);
 PhaseStats summarize(const std::string& phase, const std::vector<trace::Event>& events, double wall_ms, int64_t tokens, int64_t steps);
-// dtype: "bf16"/"fp16"/"fp32" for the matrix peak; threads for both peaks.
-void print_phase(const PhaseStats& s, const std::string& dtype, int threads);
+// What a phase is judged against: prefill's counted FLOPs against the matrix peak, decode's counted
+// bytes (weights touched, states, caches, activations) against the read bandwidth.
+enum class Roofline { compute, memory };
+// dtype: "bf16"/"fp16"/"fp32" for the matrix peak; threads for both peaks. Ends with the phase's
+// roofline line: its operators' counted work over the phase's wall time, as a fraction of the bound.
+void print_phase(const PhaseStats& s, const std::string& dtype, int threads, Roofline bound);
 // Returns false when an operator's error exceeds tol.
 bool print_verification(const Verifier& v, double tol);
 
