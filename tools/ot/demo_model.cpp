@@ -217,11 +217,9 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
     Tensor g = Tensor::empty(DType::f32, {1, T, HV}), beta = Tensor::empty(DType::f32, {1, T, HV});
     gdn_gates(columns(proj, ca, HV), columns(proj, cb, HV), L.A_log.data(), L.dt_bias.data(), g.view().reshape({T, HV}),
               beta.view().reshape({T, HV}));
-    Tensor cu = Tensor::empty(DType::i64, {N + 1});
-    cu.ptr<int64_t>()[0] = 0;
-    for (int64_t n = 0; n < N; ++n) cu.ptr<int64_t>()[n + 1] = cu.ptr<int64_t>()[n] + batch.lengths[size_t(n)];
     gdn::ChunkOptions opt;
-    opt.cu_seqlens = cu;
+    opt.cu_seqlens = cu_seqlens_;
+    opt.seq = seq_.get();
     opt.use_qk_l2norm_in_kernel = true;
     opt.output_final_state = true;
     opt.save_for_backward = false;
@@ -381,6 +379,15 @@ std::vector<int32_t> Model::step(const std::vector<int32_t>& tokens, const Batch
   Tensor x = Tensor::empty(m.dtype, {T, m.hidden});
   embedding(embed_, tokens, x);
   const int64_t nl = layers < 0 ? num_layers() : std::min(layers, num_layers());
+#if OT_DEMO_GDN
+  if (prefill) {
+    cu_seqlens_ = Tensor::empty(DType::i64, {N + 1});
+    int64_t* cu = cu_seqlens_.ptr<int64_t>();
+    cu[0] = 0;
+    for (int64_t n = 0; n < N; ++n) cu[n + 1] = cu[n] + batch.lengths[size_t(n)];
+    seq_ = std::make_unique<gdn::SeqInfo>(gdn::make_seq_info(1, T, cu_seqlens_, "ot demo"));
+  }
+#endif
   for (int64_t l = 0; l < nl; ++l) {
     Layer& L = *layers_[size_t(l)];
     mixer(L, l, x, batch, prefill, v);

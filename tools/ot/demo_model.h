@@ -19,6 +19,9 @@
 namespace ot::moe {
 class MoeExperts;
 }
+namespace ot::gdn {
+struct SeqInfo;
+}
 
 namespace ot::demo {
 
@@ -87,6 +90,10 @@ class Model {
   Linear lm_head_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Tensor> cache_;  // per layer [slots, HV, DK, DV] fp32
+  // A prefill step's sequence boundaries (cu_seqlens and its chunks), derived once per step and
+  // shared by every GDN layer of it.
+  Tensor cu_seqlens_;
+  std::unique_ptr<gdn::SeqInfo> seq_;
   std::vector<Work> work_;
   ExpertParallel ep_;
   bool use_ep_ = false;
