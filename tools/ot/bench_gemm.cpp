@@ -176,7 +176,7 @@ static RegisterBench reg("gemm", "Matrix engine: 2048^3, expert and decode shape
     std::vector<Shape> shapes;
     if (args->m > 0) {
       shapes.push_back({"gemm_m" + std::to_string(args->m) + "_n" + std::to_string(args->n) + "_k" + std::to_string(args->k) + "_" + args->dtype,
-                        args->m, args->n, args->k, args->dtype, 0, args->m <= 4});
+                        args->m, args->n, args->k, args->dtype, 0, args->m <= 16});
     } else {
       shapes.push_back({"square_2048_bf16_1t", 2048, 2048, 2048, "bf16", 1});
       shapes.push_back({"square_2048_fp32_1t", 2048, 2048, 2048, "fp32", 1});
