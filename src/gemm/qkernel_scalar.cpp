@@ -43,4 +43,25 @@ void qkernel_scalar_int4(int rows, const float* a, int64_t lda, const float* asu
   qkernel_scalar<true>(rows, a, lda, asum, ldas, panel, groups, len, c);
 }
 
+template <bool I4> void qdequant_scalar(const char* group, int64_t k0, int64_t kc, float* w) {
+  const size_t rb = row_bytes(I4 ? WeightFormat::int4 : WeightFormat::int8);
+  const float* s = reinterpret_cast<const float*>(group);
+  const float* m = s + kQNR;
+  const unsigned char* codes = reinterpret_cast<const unsigned char*>(group + kQHeader) + size_t(k0) * rb;
+  for (int64_t k = 0; k < kc; ++k)
+    for (int n = 0; n < kQNR; ++n) {
+      const unsigned char* row = codes + size_t(k) * rb;
+      const int u = I4 ? int((row[n & 15] >> (n < 16 ? 0 : 4)) & 0xF) : int(static_cast<signed char>(row[n]));
+      w[k * kQNR + n] = s[n] * float(u) + m[n];
+    }
+}
+void qdequant_scalar_int8(const char* group, int64_t k0, int64_t kc, float* w) { qdequant_scalar<false>(group, k0, kc, w); }
+void qdequant_scalar_int4(const char* group, int64_t k0, int64_t kc, float* w) { qdequant_scalar<true>(group, k0, kc, w); }
+
+void qtile_scalar(int rows, int64_t kc, const float* a, int64_t lda, const float* w, float* c) {
+  for (int r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < kc; ++k)
+      for (int n = 0; n < kQNR; ++n) c[r * kQNR + n] += a[r * lda + k] * w[k * kQNR + n];
+}
+
 }  // namespace ot::gemm::qdetail

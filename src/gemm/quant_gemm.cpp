@@ -53,10 +53,10 @@ std::vector<float> f32_copy(const TensorView& v) {
 
 // The kernel table: the first row whose ISA is active and whose format matches.
 const QKernel kTable[] = {
-    {cpu::Isa::avx2, WeightFormat::int8, qkernel_avx2_int8, 3, "avx2_w8"},
-    {cpu::Isa::avx2, WeightFormat::int4, qkernel_avx2_int4, 3, "avx2_w4"},
-    {cpu::Isa::scalar, WeightFormat::int8, qkernel_scalar_int8, 4, "scalar_w8"},
-    {cpu::Isa::scalar, WeightFormat::int4, qkernel_scalar_int4, 4, "scalar_w4"},
+    {cpu::Isa::avx2, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, "avx2_w8"},
+    {cpu::Isa::avx2, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, "avx2_w4"},
+    {cpu::Isa::scalar, WeightFormat::int8, qkernel_scalar_int8, 4, qdequant_scalar_int8, qtile_scalar, 4, "scalar_w8"},
+    {cpu::Isa::scalar, WeightFormat::int4, qkernel_scalar_int4, 4, qdequant_scalar_int4, qtile_scalar, 4, "scalar_w4"},
 };
 
 void epilogue(const detail::EpiArgs& e, const detail::EpiBlock& b) {
@@ -168,12 +168,15 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
   });
   // Work items: (group, panel unit); a unit is a gate/up panel pair when the halves interleave.
   const int64_t per_unit = im.split ? 2 : 1, units_per_group = im.npanels / per_unit;
+  const size_t group_bytes = kQHeader + size_t(im.len) * row_bytes(im.format);
   std::vector<int64_t> items;
   for (int64_t i = 0; i < count; ++i)
     if (groups[i].M > 0)
       for (int64_t u = 0; u < units_per_group; ++u) items.push_back(i * units_per_group + u);
   parallel_for_dynamic(int64_t(items.size()), 1, [&](int64_t b0, int64_t b1) {
     alignas(64) float tile[2][4 * kQNR];
+    alignas(64) float wblk[kQKC * kQNR];
+    std::vector<float> acc;
     for (int64_t it = b0; it < b1; ++it) {
       const int64_t i = items[size_t(it)] / units_per_group, unit = items[size_t(it)] % units_per_group;
       const QuantGroup& g = groups[i];
@@ -185,10 +188,39 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
       e.ldc = g.c.ld;
       const float* a = a32.data() + row0[size_t(i)] * K;
       const float* as = asum.data() + row0[size_t(i)] * im.groups;
-      for (int64_t m0 = 0; m0 < g.M; m0 += kern.mr) {
-        const int rows_t = int(std::min<int64_t>(kern.mr, g.M - m0));
+      // One row: codes to fp32 in registers. More rows: each chunk of K is dequantised once into an
+      // L1 block that all row tiles reuse; the tiles accumulate into acc [per_unit][M][32].
+      const bool single = g.M == 1;
+      const int64_t tile_rows = single ? 1 : g.M;
+      float* accp = tile[0];
+      if (!single) {
+        acc.resize(size_t(per_unit * g.M * kQNR));
+        std::fill(acc.begin(), acc.end(), 0.f);
+        accp = acc.data();
+        const int64_t ntiles = (g.M + kern.tile_mr - 1) / kern.tile_mr;
+        for (int64_t q = 0; q < per_unit; ++q) {
+          const char* panel = im.panel(g.expert, unit * per_unit + q);
+          for (int64_t j = 0; j < im.groups; ++j, panel += group_bytes)
+            for (int64_t k0 = 0; k0 < im.len; k0 += kQKC) {
+              const int64_t kc = std::min<int64_t>(kQKC, im.len - k0);
+              kern.dequant(panel, k0, kc, wblk);
+              // Balanced tile heights (4 rows: 2 + 2, not 3 + 1: a one-row tile is FMA-latency bound).
+              for (int64_t t = 0, m0 = 0; m0 < g.M; ++t) {
+                const int64_t h = (g.M - m0 + (ntiles - t) - 1) / (ntiles - t);
+                kern.tile(int(h), kc, a + m0 * K + j * im.len + k0, K, wblk, accp + (q * g.M + m0) * kQNR);
+                m0 += h;
+              }
+            }
+        }
+      } else {
         for (int64_t q = 0; q < per_unit; ++q)
-          kern.fn(rows_t, a + m0 * K, K, as + m0 * im.groups, im.groups, im.panel(g.expert, unit * per_unit + q), im.groups, im.len, tile[q]);
+          kern.fn(1, a, K, as, im.groups, im.panel(g.expert, unit * per_unit + q), im.groups, im.len, tile[q]);
+      }
+      {
+        const int64_t m0 = 0;
+        const int rows_t = int(tile_rows);
+        float* t0 = accp;
+        float* t1 = single ? tile[1] : accp + g.M * kQNR;
         detail::EpiBlock blk;
         blk.m0 = m0;
         blk.rows = rows_t;
@@ -197,8 +229,8 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
         int width;
         if (g.act == Act::swiglu) {  // gate tile 0, up tile 1: output columns of the gate half
           im.cols(unit * 2, &col0, &width);
-          blk.t = tile[0];
-          blk.u = tile[1];
+          blk.t = t0;
+          blk.u = t1;
           blk.col0 = col0;
           blk.bcol = col0;
           blk.ucol = col0 + N / 2;
@@ -207,7 +239,7 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
         } else {
           for (int64_t q = 0; q < per_unit; ++q) {
             im.cols(unit * per_unit + q, &col0, &width);
-            blk.t = tile[q];
+            blk.t = q ? t1 : t0;
             blk.col0 = col0;
             blk.bcol = col0;
             blk.width = width;

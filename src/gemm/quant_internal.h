@@ -28,13 +28,25 @@ inline size_t row_bytes(WeightFormat f) { return f == WeightFormat::int4 ? kQNR 
 using QKernelFn = void (*)(int rows, const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups,
                            int64_t len, float* c);
 
+// The row-block path (more than one row): a chunk of kc <= kQKC rows of one K group is turned
+// into fp32 weights w = s * u + m once into an L1 block [kc][32] (per thread, reused by every row
+// tile of the expert), then fp32 FMA tiles run over it.
+inline constexpr int64_t kQKC = 64;
+// w[k][j] for rows [k0, k0 + kc) of the group whose header starts at `group`.
+using QDequantFn = void (*)(const char* group, int64_t k0, int64_t kc, float* w);
+// c[r * 32 + j] += sum_k a[r * lda + k] * w[k * 32 + j] for r < rows (rows <= the tile's mr).
+using QTileFn = void (*)(int rows, int64_t kc, const float* a, int64_t lda, const float* w, float* c);
+
 // One row of the kernel table: the entry point takes the first row whose ISA is active and whose
 // format matches.
 struct QKernel {
   cpu::Isa isa;
   WeightFormat format;
-  QKernelFn fn;
-  int mr;  // rows per call
+  QKernelFn fn;    // a single row (and any row count)
+  int mr;          // rows per call of fn
+  QDequantFn dequant;  // the row-block path
+  QTileFn tile;
+  int tile_mr;     // rows per call of tile
   const char* name;
 };
 const QKernel& select_qkernel(WeightFormat f);
@@ -47,9 +59,11 @@ void qkernel_avx2_int8(int rows, const float* a, int64_t lda, const float* asum,
                        float* c);
 void qkernel_avx2_int4(int rows, const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups, int64_t len,
                        float* c);
-void qkernel_avx512_int8(int rows, const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups, int64_t len,
-                         float* c);
-void qkernel_avx512_int4(int rows, const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups, int64_t len,
-                         float* c);
+void qdequant_scalar_int8(const char* group, int64_t k0, int64_t kc, float* w);
+void qdequant_scalar_int4(const char* group, int64_t k0, int64_t kc, float* w);
+void qtile_scalar(int rows, int64_t kc, const float* a, int64_t lda, const float* w, float* c);
+void qdequant_avx2_int8(const char* group, int64_t k0, int64_t kc, float* w);
+void qdequant_avx2_int4(const char* group, int64_t k0, int64_t kc, float* w);
+void qtile_avx2(int rows, int64_t kc, const float* a, int64_t lda, const float* w, float* c);
 
 }  // namespace ot::gemm::qdetail
