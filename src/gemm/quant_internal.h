@@ -7,9 +7,10 @@
 //   codes[len][row_bytes]       int8: 32 signed bytes (u = q, m = offset * s);
 //                               int4: 16 bytes, byte b = column b (low nibble) | column b + 16
 //                               (high nibble), u = q + 8 in [0, 15] (m = (offset - 8) * s)
-// Columns past the edge have s = m = 0 and code 0. The kernels compute, per row r and group j,
-// s * sum_k a[r][k] * u[k] + m * asum[r][j] with asum the group's sum of a: the offset never
-// touches the inner loop and the codes only need a widening and an int -> float conversion.
+// Columns past the edge have s = m = 0 and code 0. The single-row kernel computes, per group j,
+// s * sum_k a[k] * u[k] + m * asum[j] with asum the group's sum of a: the offset never touches the
+// inner loop and the codes only need a widening and an int -> float conversion. More rows take
+// the row-block path below.
 #pragma once
 #include <cstddef>
 #include <cstdint>
