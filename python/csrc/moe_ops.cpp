@@ -179,7 +179,8 @@ Tensor moe_token_unpermute(const Tensor& permuted_tokens, const Tensor& sorted_i
 std::vector<Tensor> grouped_matmul(const std::vector<Tensor>& x, const std::vector<Tensor>& weight,
                                    const c10::optional<std::vector<Tensor>>& bias, const OptTensor& group_list, int64_t split_item,
                                    c10::optional<int64_t> group_type, int64_t group_list_type, int64_t act_type,
-                                   c10::optional<c10::ScalarType> output_dtype) {
+                                   c10::optional<c10::ScalarType> output_dtype, const c10::optional<std::vector<Tensor>>& antiquant_scale,
+                                   const c10::optional<std::vector<Tensor>>& antiquant_offset, int64_t antiquant_group_size) {
   const char* op = "grouped_matmul";
   OT_CHECK(x.size() == 1, op, "x", "one tensor [M, K] (M-split grouping)", x.size(), " tensors");
   OT_CHECK(!weight.empty(), op, "weight", "[W] with W [G, K, N], or G tensors [K, N]", "[]");
@@ -193,8 +194,22 @@ std::vector<Tensor> grouped_matmul(const std::vector<Tensor>& x, const std::vect
   Tensor w = weight.size() == 1 ? weight[0] : at::stack(weight);
   OptTensor b;
   if (bias && !bias->empty()) b = (bias->size() == 1 ? (*bias)[0] : at::stack(*bias)).to(c10::ScalarType::Float);
-  Tensor y = wrap(moe::grouped_matmul(view(x[0], op, "x"), view(w, op, "weight"), view(*group_list, op, "group_list"),
-                                      moe::GroupListType(group_list_type), view(b, op, "bias"), act_of(act_type, op)));
+  const bool quant = antiquant_scale && !antiquant_scale->empty();
+  OT_CHECK(quant || !(antiquant_offset && !antiquant_offset->empty()), op, "antiquant_offset", "given only with antiquant_scale", "no scale");
+  Tensor y;
+  if (quant) {
+    // Quantised weights: int8 codes (torch.int8) or int4 codes two a byte (torch.uint8); see quantize_weights.
+    Tensor s = antiquant_scale->size() == 1 ? (*antiquant_scale)[0] : at::stack(*antiquant_scale);
+    OptTensor o;
+    if (antiquant_offset && !antiquant_offset->empty()) o = antiquant_offset->size() == 1 ? (*antiquant_offset)[0] : at::stack(*antiquant_offset);
+    QuantWeightView qv{view(w, op, "weight"), view(s, op, "antiquant_scale"), view(o, op, "antiquant_offset"),
+                       w.scalar_type() == c10::ScalarType::Byte ? WeightFormat::int4 : WeightFormat::int8, antiquant_group_size};
+    y = wrap(moe::grouped_matmul(view(x[0], op, "x"), qv, view(*group_list, op, "group_list"), moe::GroupListType(group_list_type),
+                                 view(b, op, "bias"), act_of(act_type, op)));
+  } else {
+    y = wrap(moe::grouped_matmul(view(x[0], op, "x"), view(w, op, "weight"), view(*group_list, op, "group_list"),
+                                 moe::GroupListType(group_list_type), view(b, op, "bias"), act_of(act_type, op)));
+  }
   if (split_item >= 2) return {y};
   // One output per group (split_item 0/1): views into y.
   Tensor gl = group_list->to(c10::ScalarType::Long).contiguous();
@@ -209,6 +224,22 @@ std::vector<Tensor> grouped_matmul(const std::vector<Tensor>& x, const std::vect
     off += cnt;
   }
   return out;
+}
+
+std::tuple<Tensor, Tensor, OptTensor> quantize_weights(const Tensor& w, c10::string_view format, int64_t group_size, bool symmetric) {
+  const char* op = "quantize_weights";
+  OT_CHECK(format == "int8" || format == "int4", op, "format", "'int8' or 'int4'", std::string(format));
+  QuantizedWeights q = ot::quantize_weights(view(w, op, "w"), format == "int4" ? WeightFormat::int4 : WeightFormat::int8, group_size, symmetric);
+  OptTensor o;
+  if (q.offset.defined()) o = wrap(q.offset);
+  return {wrap(q.data), wrap(q.scale), o};
+}
+
+Tensor dequantize_weights(const Tensor& weight, const Tensor& antiquant_scale, const OptTensor& antiquant_offset, int64_t antiquant_group_size) {
+  const char* op = "dequantize_weights";
+  QuantWeightView qv{view(weight, op, "weight"), view(antiquant_scale, op, "antiquant_scale"), view(antiquant_offset, op, "antiquant_offset"),
+                     weight.scalar_type() == c10::ScalarType::Byte ? WeightFormat::int4 : WeightFormat::int8, antiquant_group_size};
+  return wrap(ot::dequantize_weights(qv));
 }
 
 Tensor moe_finalize_routing(const Tensor& expanded_permuted_rows, const OptTensor& skip1, const OptTensor& skip2,

@@ -58,7 +58,11 @@ Tensor moe_token_unpermute(const Tensor& permuted_tokens, const Tensor& sorted_i
 std::vector<Tensor> grouped_matmul(const std::vector<Tensor>& x, const std::vector<Tensor>& weight,
                                    const c10::optional<std::vector<Tensor>>& bias, const OptTensor& group_list, int64_t split_item,
                                    c10::optional<int64_t> group_type, int64_t group_list_type, int64_t act_type,
-                                   c10::optional<c10::ScalarType> output_dtype);
+                                   c10::optional<c10::ScalarType> output_dtype, const c10::optional<std::vector<Tensor>>& antiquant_scale,
+                                   const c10::optional<std::vector<Tensor>>& antiquant_offset, int64_t antiquant_group_size);
+// Weight-only quantisation (ot/quant_weights.h): int8 codes (int8 tensor) or int4 codes two a byte (uint8).
+std::tuple<Tensor, Tensor, OptTensor> quantize_weights(const Tensor& w, c10::string_view format, int64_t group_size, bool symmetric);
+Tensor dequantize_weights(const Tensor& weight, const Tensor& antiquant_scale, const OptTensor& antiquant_offset, int64_t antiquant_group_size);
 Tensor moe_finalize_routing(const Tensor& expanded_permuted_rows, const OptTensor& skip1, const OptTensor& skip2,
                             const OptTensor& bias, const OptTensor& scales, const Tensor& expanded_src_to_dst_row,
                             const OptTensor& export_for_source_row, c10::optional<int64_t> drop_pad_mode);

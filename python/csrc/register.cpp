@@ -58,8 +58,13 @@ TORCH_LIBRARY(ops_transformer, m) {
   m.def("moe_token_unpermute(Tensor permuted_tokens, Tensor sorted_indices, Tensor? probs=None, bool padded_mode=False, "
         "int[]? restore_shape=None) -> Tensor", OT_OP(moe_token_unpermute));
   m.def("grouped_matmul(Tensor[] x, Tensor[] weight, *, Tensor[]? bias=None, Tensor? group_list=None, int split_item=0, "
-        "int? group_type=None, int group_list_type=0, int act_type=0, ScalarType? output_dtype=None) -> Tensor[]",
+        "int? group_type=None, int group_list_type=0, int act_type=0, ScalarType? output_dtype=None, "
+        "Tensor[]? antiquant_scale=None, Tensor[]? antiquant_offset=None, int antiquant_group_size=0) -> Tensor[]",
         OT_OP(grouped_matmul));
+  m.def("quantize_weights(Tensor w, str format='int8', int group_size=0, bool symmetric=True) "
+        "-> (Tensor weight, Tensor antiquant_scale, Tensor? antiquant_offset)", OT_OP(quantize_weights));
+  m.def("dequantize_weights(Tensor weight, Tensor antiquant_scale, Tensor? antiquant_offset=None, int antiquant_group_size=0) -> Tensor",
+        OT_OP(dequantize_weights));
   m.def("moe_finalize_routing(Tensor expanded_permuted_rows, Tensor? skip1, Tensor? skip2, Tensor? bias, Tensor? scales, "
         "Tensor expanded_src_to_dst_row, Tensor? export_for_source_row, int? drop_pad_mode=0) -> Tensor",
         OT_OP(moe_finalize_routing));

@@ -25,7 +25,7 @@ __all__ = [
     "moe_gating_top_k_softmax", "moe_gating_top_k_softmax_v2", "moe_gating_top_k", "moe_init_routing",
     "moe_init_routing_v2", "moe_compute_expert_tokens", "moe_re_routing", "moe_token_permute", "moe_token_unpermute",
     "grouped_matmul", "moe_finalize_routing", "moe_finalize_routing_v2", "moe_final_optimizer_mm", "moe_aux_loss",
-    "moe_z_loss", "moe_capacity", "moe_ffn", "PackedWeight", "MoeExperts", "ExpertParallel", "SparseMoeBlock",
+    "moe_z_loss", "moe_capacity", "quantize_weights", "dequantize_weights", "moe_ffn", "PackedWeight", "MoeExperts", "ExpertParallel", "SparseMoeBlock",
     "HAS_BACKWARD",
 ]
 
@@ -274,11 +274,19 @@ class _GroupedMatmul(torch.autograd.Function):
 
 
 def grouped_matmul(x, weight, *, bias=None, group_list=None, split_item=0, group_type=None, group_list_type=0,
-                   act_type=0, output_dtype=None):
+                   act_type=0, output_dtype=None, antiquant_scale=None, antiquant_offset=None, antiquant_group_size=0):
     """torch_npu.npu_grouped_matmul, M-split: y[rows of g] = act(x[rows of g] @ weight[g] + bias[g]).
     x = [x [M, K]]; weight = [W [G, K, N]] (or its transposed view of [G, N, K]) or G tensors [K, N];
     act_type 0 none, 1 relu, 2 gelu, 5 silu, 6 swiglu. Differentiable (x, weight, bias) when the
-    library's grouped_matmul_backward is built and one x and one weight tensor are given."""
+    library's grouped_matmul_backward is built and one x and one weight tensor are given.
+    Quantised weights (forward only): weight = [codes] from quantize_weights (int8 [G, K, N], or int4
+    two a byte as uint8 [G, K, (N + 1) / 2]) with antiquant_scale = [scale] ([G, N] or
+    [G, K / group, N]), antiquant_offset = [offset] or None, antiquant_group_size = 0 or the group."""
+    if antiquant_scale is not None:
+        return ops.grouped_matmul(x, weight, bias=bias, group_list=group_list, split_item=split_item,
+                                  group_type=group_type, group_list_type=group_list_type, act_type=act_type,
+                                  output_dtype=output_dtype, antiquant_scale=antiquant_scale,
+                                  antiquant_offset=antiquant_offset, antiquant_group_size=antiquant_group_size)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in list(x) + list(weight) + list(bias or []))
     if needs_grad and HAS_GMM_BACKWARD and len(x) == 1 and len(weight) == 1 and (bias is None or len(bias) == 1):
@@ -292,6 +300,19 @@ def grouped_matmul(x, weight, *, bias=None, group_list=None, split_item=0, group
     return ops.grouped_matmul(x, weight, bias=bias, group_list=group_list, split_item=split_item,
                               group_type=group_type, group_list_type=group_list_type, act_type=act_type,
                               output_dtype=output_dtype)
+
+
+def quantize_weights(w, format="int8", group_size=0, symmetric=True):
+    """Weight-only quantisation of w [G, K, N] or [K, N] (fp32 / bf16 / fp16): returns (codes,
+    antiquant_scale, antiquant_offset or None) with w ~= (q + offset) * scale. format 'int8' (codes
+    int8 [G, K, N]) or 'int4' (uint8 [G, K, (N + 1) / 2], column 2j in the low nibble); group_size 0
+    (per output channel) or 32 / 64 / 128 along K. Round to nearest, ties away from zero, clamped."""
+    return ops.quantize_weights(w, format, group_size, symmetric)
+
+
+def dequantize_weights(weight, antiquant_scale, antiquant_offset=None, antiquant_group_size=0):
+    """(q + offset) * scale as fp32 [G, K, N]: the plain dequantisation of quantize_weights' output."""
+    return ops.dequantize_weights(weight, antiquant_scale, antiquant_offset, antiquant_group_size)
 
 
 def _group_sizes(group_list, group_list_type):

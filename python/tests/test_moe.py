@@ -496,3 +496,51 @@ def test_grouped_matmul_gradcheck():
             torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True),
             torch.randn(3, 8, dtype=torch.float64, requires_grad=True))
     assert torch.autograd.gradcheck(f, args, eps=1e-3, atol=2e-3, rtol=2e-3)
+
+
+@need("quantize_weights", "dequantize_weights")
+def test_quantize_weights_rounding_and_layout():
+    # Scale 1 (max |w| = 127): -63.5 is a tie and goes away from zero.
+    q, s, o = moe.quantize_weights(torch.tensor([[127.0], [-63.5], [1.0]]), "int8")
+    assert q.dtype == torch.int8 and q.tolist() == [[[127], [-64], [1]]] and s.tolist() == [[1.0]] and o is None
+    # int4, N = 3 (a scale per column: codes -7, 7, -7): column 0 low nibble, column 1 high nibble of
+    # byte 0; column 2 in byte 1.
+    q4, s4, o4 = moe.quantize_weights(torch.tensor([[-7.0, 7.0, -1.0]]), "int4")
+    assert q4.dtype == torch.uint8 and q4.shape == (1, 1, 2) and q4.flatten().tolist() == [0x79, 0x09]
+    w = torch.randn(3, 128, 20)
+    for fmt, gs in (("int8", 0), ("int4", 32), ("int4", 128)):
+        for sym in (True, False):
+            q, s, o = moe.quantize_weights(w, fmt, gs, sym)
+            d = moe.dequantize_weights(q, s, o, gs)
+            step = s if gs == 0 else s.repeat_interleave(gs, dim=1)
+            step = step.unsqueeze(1) if gs == 0 else step
+            assert ((d - w).abs() <= 0.5 * step + 1e-6).all()
+    with pytest.raises(RuntimeError, match="group_size"):
+        moe.quantize_weights(torch.randn(48, 4), "int4", 32)
+    with pytest.raises(RuntimeError, match="format"):
+        moe.quantize_weights(torch.randn(32, 4), "int2")
+
+
+@need("quantize_weights", "grouped_matmul")
+@pytest.mark.parametrize("fmt,gs,sym", [("int8", 0, True), ("int8", 0, False), ("int4", 64, True), ("int4", 32, False)])
+def test_grouped_matmul_antiquant(fmt, gs, sym):
+    sizes, K, N = [3, 0, 1, 9], 128, 46
+    G, M = len(sizes), sum(sizes)
+    w = torch.randn(G, K, N) * 0.05
+    q, s, o = moe.quantize_weights(w, fmt, gs, sym)
+    wd = moe.dequantize_weights(q, s, o, gs)
+    x, b = torch.randn(M, K).bfloat16(), torch.randn(G, N)
+    for act in (0, 6):
+        (y,) = moe.grouped_matmul([x], [q], bias=[b], group_list=torch.tensor(sizes), group_list_type=1, split_item=2,
+                                  act_type=act, antiquant_scale=[s], antiquant_offset=None if o is None else [o],
+                                  antiquant_group_size=gs)
+        want, off = [], 0
+        for g, n in enumerate(sizes):
+            z = x[off:off + n].double() @ wd[g].double() + b[g].double()
+            want.append(F.silu(z[:, :N // 2]) * z[:, N // 2:] if act == 6 else z)
+            off += n
+        assert y.dtype == torch.bfloat16 and y.shape == (M, N // 2 if act == 6 else N)
+        assert rel_err(y, torch.cat(want)) < 4e-3
+    with pytest.raises(RuntimeError, match="antiquant_scale"):
+        moe.grouped_matmul([x], [q], group_list=torch.tensor(sizes), group_list_type=1, split_item=2,
+                           antiquant_scale=[s[:, :-1]], antiquant_group_size=gs)

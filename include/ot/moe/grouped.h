@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "ot/gemm.h"
+#include "ot/gemm_quant.h"
+#include "ot/quant_weights.h"
 #include "ot/tensor.h"
 
 namespace ot::moe {
@@ -28,6 +30,15 @@ Tensor grouped_matmul(const TensorView& x, const TensorView& weight, const Tenso
 Tensor grouped_matmul(const TensorView& x, const std::vector<const gemm::PackedB*>& weights, const TensorView& group_list,
                       GroupListType type = GroupListType::cumsum, const TensorView& bias = {}, gemm::Act act = gemm::Act::none);
 
+// Weight-only quantised experts (torch_npu's antiquant_scale, antiquant_offset and
+// antiquant_group_size, ot/quant_weights.h): y = act(x @ ((q + offset) * scale) + bias) per group,
+// x bf16/fp16/fp32, y in x's dtype, fp32 accumulation; the codes are dequantised in registers.
+// The view form packs the weights per call; the packed form takes them packed once.
+Tensor grouped_matmul(const TensorView& x, const QuantWeightView& weight, const TensorView& group_list,
+                      GroupListType type = GroupListType::cumsum, const TensorView& bias = {}, gemm::Act act = gemm::Act::none);
+Tensor grouped_matmul(const TensorView& x, const gemm::PackedQuantB& weight, const TensorView& group_list,
+                      GroupListType type = GroupListType::cumsum, const TensorView& bias = {}, gemm::Act act = gemm::Act::none);
+
 // npu_moe_finalize_routing (v2): out[n] = x1[n] + x2[n] + sum_k scales[n,k] * (R[d] + bias[expert_idx[n,k]])
 // with d = expanded_row_idx at k*N+n (modes 0, 1: column layout) or n*K+k (modes 2, 3: row layout);
 // in drop/pad modes (1, 3) d = -1 reads a zero row (the bias is still added, as upstream).
@@ -45,6 +56,9 @@ Tensor moe_final_optimizer_mm(const TensorView& x, const TensorView& expert_weig
 
 namespace ref {
 Tensor grouped_matmul(const TensorView& x, const TensorView& weight, const TensorView& group_list,
+                      GroupListType type = GroupListType::cumsum, const TensorView& bias = {}, gemm::Act act = gemm::Act::none);
+// dequantize_weights, then the plain grouped matmul.
+Tensor grouped_matmul(const TensorView& x, const QuantWeightView& weight, const TensorView& group_list,
                       GroupListType type = GroupListType::cumsum, const TensorView& bias = {}, gemm::Act act = gemm::Act::none);
 Tensor moe_finalize_routing_v2(const TensorView& expanded_x, const TensorView& expanded_row_idx, const TensorView& x1 = {},
                                const TensorView& x2 = {}, const TensorView& bias = {}, const TensorView& scales = {},

@@ -1,0 +1,59 @@
+// Grouped GEMM on weight-only quantised experts (ot/quant_weights.h): activations fp32 / bf16 /
+// fp16 times int8 or int4 codes with fp32 scales (and offsets), fp32 accumulation, the engine's
+// epilogue (bias, activation incl. SwiGLU, output dtype). The weights are packed once
+// (prepack_quantized) into 32-column panels that carry each K group's scales beside its codes;
+// the micro-kernels turn codes into fp32 in registers (no dequantised copy of the weights).
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "ot/gemm.h"
+#include "ot/quant_weights.h"
+
+namespace ot::gemm {
+
+class PackedQuantB {
+ public:
+  PackedQuantB();
+  ~PackedQuantB();
+  PackedQuantB(PackedQuantB&&) noexcept;
+  PackedQuantB& operator=(PackedQuantB&&) noexcept;
+  int64_t G() const;  // experts
+  int64_t K() const;
+  int64_t N() const;
+  WeightFormat format() const;
+  int64_t group_size() const;  // 0: per output channel
+  bool has_offset() const;
+  size_t bytes() const;         // packed size, scales included (for bandwidth accounting)
+  size_t expert_bytes() const;  // one expert's share of bytes()
+  bool empty() const { return impl_ == nullptr; }
+  struct Impl;
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  friend PackedQuantB prepack_quantized(const QuantWeightView&);
+};
+
+// w: validated by quant_weight_shape (ot::Error from "prepack_quantized" naming the argument).
+PackedQuantB prepack_quantized(const QuantWeightView& w);
+
+// One expert's GEMM: C[M, N'] = epilogue(A[M, K] x W[expert]); N' = N / 2 for SwiGLU ([gate | up],
+// N even). A rows at a + i * lda (elements, f32 / bf16 / f16), C rows at c.data + i * c.ld.
+struct QuantGroup {
+  int64_t M = 0;
+  const void* a = nullptr;
+  DType a_dtype = DType::f32;
+  int64_t lda = 0;
+  int64_t expert = 0;
+  COperand c;
+  const float* bias = nullptr;  // [N] (the pre-activation width)
+  Act act = Act::none;
+};
+// Groups must write disjoint C rows. Runs on all threads (inline inside a parallel region).
+void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t count);
+
+// Name of the micro-kernel grouped_gemm_quant runs for this format under the active ISA cap.
+const char* quant_kernel_name(WeightFormat f);
+
+}  // namespace ot::gemm

@@ -1,0 +1,67 @@
+// Portable kernels of the quantised grouped GEMM (layout: quant_internal.h). Any row count.
+#include <cstring>
+
+#include "src/gemm/quant_internal.h"
+
+namespace ot::gemm::qdetail {
+
+namespace {
+
+template <bool I4>
+void qkernel_scalar(int rows, const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups, int64_t len,
+                    float* c) {
+  const size_t rb = row_bytes(I4 ? WeightFormat::int4 : WeightFormat::int8);
+  std::memset(c, 0, sizeof(float) * size_t(rows) * kQNR);
+  for (int64_t j = 0; j < groups; ++j) {
+    const float* s = reinterpret_cast<const float*>(panel);
+    const float* m = s + kQNR;
+    const unsigned char* codes = reinterpret_cast<const unsigned char*>(panel + kQHeader);
+    for (int r = 0; r < rows; ++r) {
+      float part[kQNR] = {};
+      const float* ar = a + r * lda + j * len;
+      for (int64_t k = 0; k < len; ++k) {
+        const unsigned char* row = codes + size_t(k) * rb;
+        for (int n = 0; n < kQNR; ++n) {
+          const int u = I4 ? int((row[n & 15] >> (n < 16 ? 0 : 4)) & 0xF) : int(static_cast<signed char>(row[n]));
+          part[n] += ar[k] * float(u);
+        }
+      }
+      for (int n = 0; n < kQNR; ++n) c[r * kQNR + n] += s[n] * part[n] + m[n] * asum[r * ldas + j];
+    }
+    panel += kQHeader + size_t(len) * rb;
+  }
+}
+
+}  // namespace
+
+void qkernel_scalar_int8(int rows, const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups, int64_t len,
+                         float* c) {
+  qkernel_scalar<false>(rows, a, lda, asum, ldas, panel, groups, len, c);
+}
+void qkernel_scalar_int4(int rows, const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups, int64_t len,
+                         float* c) {
+  qkernel_scalar<true>(rows, a, lda, asum, ldas, panel, groups, len, c);
+}
+
+template <bool I4> void qdequant_scalar(const char* group, int64_t k0, int64_t kc, float* w) {
+  const size_t rb = row_bytes(I4 ? WeightFormat::int4 : WeightFormat::int8);
+  const float* s = reinterpret_cast<const float*>(group);
+  const float* m = s + kQNR;
+  const unsigned char* codes = reinterpret_cast<const unsigned char*>(group + kQHeader) + size_t(k0) * rb;
+  for (int64_t k = 0; k < kc; ++k)
+    for (int n = 0; n < kQNR; ++n) {
+      const unsigned char* row = codes + size_t(k) * rb;
+      const int u = I4 ? int((row[n & 15] >> (n < 16 ? 0 : 4)) & 0xF) : int(static_cast<signed char>(row[n]));
+      w[k * kQNR + n] = s[n] * float(u) + m[n];
+    }
+}
+void qdequant_scalar_int8(const char* group, int64_t k0, int64_t kc, float* w) { qdequant_scalar<false>(group, k0, kc, w); }
+void qdequant_scalar_int4(const char* group, int64_t k0, int64_t kc, float* w) { qdequant_scalar<true>(group, k0, kc, w); }
+
+void qtile_scalar(int rows, int64_t kc, const float* a, int64_t lda, const float* w, float* c) {
+  for (int r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < kc; ++k)
+      for (int n = 0; n < kQNR; ++n) c[r * kQNR + n] += a[r * lda + k] * w[k * kQNR + n];
+}
+
+}  // namespace ot::gemm::qdetail
