@@ -160,9 +160,9 @@ std::vector<Format> parse_formats(const std::string& s) {
 }  // namespace
 
 static RegisterBench reg("grouped_matmul", "Grouped matmul on bf16 vs int8 / int4 quantised experts (Qwen3-30B-A3B expert shapes)",
-                         [](CLI::App* sub, const BenchOptions& o) {
+                         [](Options& sub, const BenchOptions& o) {
                            auto weights = std::make_shared<std::string>("bf16,int8,int4-g64");
-                           sub->add_option("--weights", *weights, "Comma list: bf16, int8, int4-g32, int4-g64, int4-g128 (bf16 first: the ratios)");
+                           sub.value("--weights", *weights, "Comma list: bf16, int8, int4-g32, int4-g64, int4-g128 (bf16 first: the ratios)");
                            const BenchOptions* opt = &o;
                            return [weights, opt]() -> int {
                              std::vector<Format> fmts = parse_formats(*weights);
