@@ -48,30 +48,31 @@ struct FfnWeights {
 
 // SwiGLU FFNs over row spans (rows of span i use weights `group`), forward and backward, on one
 // of two schedules (FfnSchedule below). Routed experts: gathered rows and the routed
-// weights as scale; the shared expert: one span of all tokens.
-struct FfnRowsForward {
+// weights as scale; the shared expert: one span of all tokens. FfnRows: what both directions read.
+struct FfnRows {
   int64_t H = 0, I = 0, G = 1;
   DType dt = DType::f32;
   const void* xs = nullptr;          // [A, H] rows (dt), or with gather the [T, H] source rows
-  const int32_t* gather = nullptr;   // [A] source row of each row (rows gathered where they are used)
+  const int32_t* gather = nullptr;   // [A] source row of each row of xs (and dys), or none (rows given)
   std::vector<Span> spans;
   FfnWeights w;
+};
+// The routed experts of a layer: x's rows gathered in p's order, one span per expert with rows.
+void set_routed_rows(FfnRows& r, const TensorView& x, const MoeFfnWeights& w, const RoutingPlan& p, int64_t I);
+// The shared expert of a layer: all of x's rows in one span (none when x has no rows).
+void set_shared_rows(FfnRows& r, const TensorView& x, const MoeFfnWeights& w, int64_t Is);
+
+struct FfnRowsForward : FfnRows {
   void* z = nullptr;                 // out: [A, 2I] pre-activation (dt)
   float* out = nullptr;              // out: [A, H] fp32 down projection (added to with out_acc)
   bool out_acc = false;
 };
 void ffn_rows_forward(const FfnRowsForward& f);
 
-struct FfnRowsBackward {
-  int64_t H = 0, I = 0, G = 1;
-  DType dt = DType::f32;
-  const void* xs = nullptr;          // [A, H] rows (dt), or with gather the [T, H] source rows
+struct FfnRowsBackward : FfnRows {
   const void* dys = nullptr;         // [A, H] gradient of the FFN output rows (dt), or as xs
-  const int32_t* gather = nullptr;   // [A] source row of each row of xs and dys, or none (rows given)
   const void* z = nullptr;           // [A, 2I] stored pre-activation (dt)
   const float* scale = nullptr;      // [A] routed weights (output = scale * FFN), or none
-  std::vector<Span> spans;
-  FfnWeights w;
   void *dg = nullptr, *du = nullptr, *dd = nullptr;  // weight gradients, contiguous, in gdt
   DType gdt = DType::f32;
   bool acc = false;                  // add to the weight gradients (groups without rows untouched)

@@ -54,6 +54,27 @@ std::vector<Span> expert_spans(const RoutingPlan& p) {
   return s;
 }
 
+void set_routed_rows(FfnRows& r, const TensorView& x, const MoeFfnWeights& w, const RoutingPlan& p, int64_t I) {
+  r.H = x.sizes[1];
+  r.I = I;
+  r.G = int64_t(p.offsets.size()) - 1;
+  r.dt = x.dtype;
+  r.xs = x.data;
+  r.gather = p.token.data();
+  r.spans = expert_spans(p);
+  r.w = FfnWeights(w.gate, w.up, w.down);
+}
+
+void set_shared_rows(FfnRows& r, const TensorView& x, const MoeFfnWeights& w, int64_t Is) {
+  r.H = x.sizes[1];
+  r.I = Is;
+  r.G = 1;
+  r.dt = x.dtype;
+  r.xs = x.data;
+  if (x.sizes[0] > 0) r.spans = {{0, 0, x.sizes[0]}};
+  r.w = FfnWeights(w.shared_gate, w.shared_up, w.shared_down);
+}
+
 void gather_rows(const void* src, size_t row_bytes, const int32_t* rows, int64_t n, void* out) {
   parallel_rows(n, int64_t(row_bytes / 2), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
@@ -129,14 +150,7 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
   s.z = Tensor::empty(x.dtype, {A, 2 * I});
   float* o_rows = static_cast<float*>(bwd::scratch(1, size_t(A * H) * 4));
   bwd::FfnRowsForward f;
-  f.H = H;
-  f.I = I;
-  f.G = E;
-  f.dt = x.dtype;
-  f.xs = x.data;
-  f.gather = s.plan.token.data();
-  f.spans = bwd::expert_spans(s.plan);
-  f.w = bwd::FfnWeights(w.gate, w.up, w.down);
+  bwd::set_routed_rows(f, x, w, s.plan, I);
   f.z = s.z.view().data;
   f.out = o_rows;
   bwd::ffn_rows_forward(f);
@@ -146,12 +160,7 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
   if (d.Is > 0 && T > 0) {
     s.shared_z = Tensor::empty(x.dtype, {T, 2 * d.Is});
     bwd::FfnRowsForward sh;
-    sh.H = H;
-    sh.I = d.Is;
-    sh.dt = x.dtype;
-    sh.xs = x.data;
-    sh.spans = {{0, 0, T}};
-    sh.w = bwd::FfnWeights(w.shared_gate, w.shared_up, w.shared_down);
+    bwd::set_shared_rows(sh, x, w, d.Is);
     sh.z = s.shared_z.view().data;
     sh.out = acc;
     sh.out_acc = true;

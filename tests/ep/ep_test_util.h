@@ -48,6 +48,15 @@ inline Case two_per_rank_case() {
   c.E = two_per_rank();
   return c;
 }
+// bf16 rows of width H, four experts per rank and K = 4 (several of a token's experts share a rank).
+inline Case bf16_four_per_rank_case(int64_t H) {
+  Case c;
+  c.dtype = DType::bf16;
+  c.E = 4 * W();
+  c.K = 4;
+  c.H = H;
+  return c;
+}
 // Options naming c's experts, everything else at its default.
 inline DispatchOptions options_for(const Case& c) {
   DispatchOptions o;

@@ -41,11 +41,7 @@ TEST(EpDispatch, LayoutMatchesReference) {
 // their headers, plus one record per peer: dispatch's carries the row count, a slot count per local
 // expert and the node-window slot; combine's none).
 TEST(EpDispatch, DedupByteCounts) {
-  Case c;
-  c.dtype = DType::bf16;
-  c.E = 4 * W();
-  c.K = 4;
-  c.H = 40;
+  Case c = bf16_four_per_rank_case(40);
   c.bs = [](int r) { return int64_t(9 + r); };
   auto in = make_inputs(c, W(), 4);
   Comm comm(c.E);

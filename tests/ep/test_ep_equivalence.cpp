@@ -20,11 +20,7 @@ TEST(EpEndToEnd, Fp32BitExactAndForms) {
 }
 
 TEST(EpEndToEnd, Bf16WithinTolerance) {
-  Case c;
-  c.dtype = DType::bf16;
-  c.E = 4 * W();
-  c.K = 4;
-  c.H = 32;
+  Case c = bf16_four_per_rank_case(32);
   Scenario s(c, 16, 3);
   for (Dispatcher disp : kDispatchers)
     for (bool dedup : {true, false}) {

@@ -24,6 +24,13 @@ DispatchOptions per_slot_options(const Case& c) {
   return o;
 }
 
+// per_slot_options for s, after one call with them has grown s's window.
+DispatchOptions warmed_window(Scenario& s) {
+  const DispatchOptions o = per_slot_options(s.c);
+  run_blocking(s.comm, s.mine(), s.ex, o);
+  return o;
+}
+
 // Whether a token of rank `from` routes to rank `to`.
 bool routes(const Inputs& in, const Placement& p, int from, int to) {
   const Tensor& ids = in[size_t(from)][1];
@@ -91,9 +98,8 @@ TEST(EpWindow, SameAsMessagesAsTheBatchGrows) {
 TEST(EpWindow, BusySlotsFallBackToMessages) {
   Scenario s(two_per_rank_case(), 8, 21, {}, window_on(true));
   auto& [c, ex, in, want, comm] = s;
-  const DispatchOptions o = per_slot_options(c);
+  const DispatchOptions o = warmed_window(s);
   const auto& mine = s.mine();
-  run_blocking(comm, mine, ex, o);  // grows the window
   DispatchResult d1 = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
   DispatchResult d2 = moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], o);
   Tensor y1 = Tensor::empty(DType::f32, {d1.expand_x.size(0), c.H}), y2 = Tensor::empty(DType::f32, {d2.expand_x.size(0), c.H});
@@ -117,9 +123,8 @@ TEST(EpWindow, BusySlotsFallBackToMessages) {
 TEST(EpWindow, FailedCallFreesSlots) {
   Scenario s(two_per_rank_case(), 8, 31, {}, window_on(true));
   auto& [c, ex, in, want, comm] = s;
-  const DispatchOptions o = per_slot_options(c);
+  const DispatchOptions o = warmed_window(s);
   const auto& mine = s.mine();
-  run_blocking(comm, mine, ex, o);  // grows the window
   DispatchOptions bad = o;
   bad.expert_token_nums_type = me() == W() - 1 ? 7 : 1;
   expect_all_throw("expert_token_nums_type", [&] { moe_distribute_dispatch(comm, mine[0], mine[1], mine[2], bad); });

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/normal_tensor.h"
 #include "ot/error.h"
 #include "ot/moe.h"
 #include "ot/tensor.h"
@@ -17,11 +18,7 @@ namespace mt {
 using namespace ot;
 
 inline Tensor randn(DType t, const std::vector<int64_t>& shape, uint32_t seed, float scale = 1.f) {
-  Tensor r = Tensor::empty(t, shape);
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  for (int64_t i = 0; i < r.numel(); ++i) set_from_double(r, i, d(g));
-  return r;
+  return test::normal_tensor<std::mt19937>(t, shape, seed, scale);
 }
 inline Tensor ints(const std::vector<int64_t>& shape, const std::vector<int32_t>& v) {
   Tensor r = Tensor::empty(DType::i32, shape);

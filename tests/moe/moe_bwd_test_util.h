@@ -7,17 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "moe/normal_tensor.h"
 #include "ot/error.h"
 #include "ot/tensor.h"
 
 namespace ot::moe::bwdtest {
 
 inline Tensor randn(DType t, const std::vector<int64_t>& shape, uint64_t seed, double scale = 1.0) {
-  Tensor r = Tensor::empty(t, shape);
-  std::mt19937_64 g(seed);
-  std::normal_distribution<double> d(0.0, scale);
-  for (int64_t i = 0; i < r.numel(); ++i) set_from_double(r, i, d(g));
-  return r;
+  return test::normal_tensor<std::mt19937_64>(t, shape, seed, scale);
 }
 inline std::vector<double> to_vec(const TensorView& v) {
   std::vector<double> r(size_t(v.numel()));

@@ -19,6 +19,12 @@ struct Layer {
     up = randn(t, {E, H, I}, seed + 2, 0.3f);
     down = randn(t, {E, I, H}, seed + 3, 0.3f);
   }
+  // What moe_ffn takes: the router packed [E, H] (NK) and the experts from the EHI stacks.
+  struct Packed {
+    gemm::PackedB router;
+    MoeExperts ex;
+  };
+  Packed packed() const { return {gemm::prepack(router, gemm::BLayout::NK), MoeExperts::from_stacked(gate, up, down, WeightLayout::EHI)}; }
 };
 // [E, a, b] -> [E, b, a] copy (torch Linear layout of an EHI weight).
 Tensor transposed(const Tensor& w) {
@@ -53,8 +59,7 @@ void expect_ffn_match(const MoeFfnResult& f, const MoeFfnResult& r, DType t, con
 TEST(MoeFfn, MatchesReferenceOverTokensAndDtypes) {
   for (DType t : float_types()) {
     Layer L(t, 8, 32, 16, 7);
-    gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
-    MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+    auto [router, ex] = L.packed();
     for (int64_t T : {0, 1, 7, 513}) {
       Tensor x = randn(t, {T, 32}, uint32_t(T + 1));
       MoeFfnOptions o;
@@ -80,8 +85,7 @@ TEST(MoeFfn, PrefillOnTheAmxKernelModel) {
   {
     const DType t = DType::bf16;  // (fp32 and fp16 weights run on the fp32 kernels)
     Layer L(t, 8, 64, 48, 11);
-    gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
-    MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+    auto [router, ex] = L.packed();
     for (int64_t T : {7, 100, 300}) {
       Tensor x = randn(t, {T, 64}, uint32_t(T + 3));
       MoeFfnOptions o;
@@ -97,8 +101,7 @@ TEST(MoeFfn, PrefillOnTheAmxKernelModel) {
 TEST(MoeFfn, RoutersCapacitySharedResidual) {
   DType t = DType::bf16;
   Layer L(t, 8, 32, 16, 11), S(t, 1, 32, 16, 99);
-  gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
-  MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+  auto [router, ex] = L.packed();
   MoeExperts shared = MoeExperts::from_stacked(S.gate, S.up, S.down, WeightLayout::EHI);
   Tensor x = randn(t, {129, 32}, 3), res = randn(t, {129, 32}, 4);
   for (int variant = 0; variant < 6; ++variant) {
@@ -124,8 +127,7 @@ TEST(MoeFfn, RoutersCapacitySharedResidual) {
 TEST(MoeFfn, SharedExpertWithItsOwnIntermediate) {
   for (DType t : {DType::f32, DType::bf16}) {
     Layer L(t, 8, 32, 16, 41), S(t, 1, 32, 40, 42);
-    gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
-    MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+    auto [router, ex] = L.packed();
     MoeExperts shared = MoeExperts::from_stacked(S.gate, S.up, S.down, WeightLayout::EHI);
     Tensor x = randn(t, {37, 32}, 43);
     MoeFfnOptions o;
@@ -152,8 +154,7 @@ TEST(MoeFfn, SharedExpertWithItsOwnIntermediate) {
 
 TEST(MoeFfn, AllTokensOnOneExpertAndEmptyExperts) {
   Layer L(DType::f32, 4, 16, 8, 5);
-  gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
-  MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+  auto [router, ex] = L.packed();
   Tensor x = randn(DType::f32, {513, 16}, 6);
   Tensor allowed = Tensor::zeros(DType::u8, {513, 4});
   for (int64_t i = 0; i < 513; ++i) allowed.ptr<uint8_t>()[i * 4 + 2] = 1;
@@ -305,8 +306,7 @@ TEST(MoeFfn, StagesComposeForExpertParallelism) {
   // Two "ranks" each run their half of the experts on the same routing; the sum equals moe_ffn.
   DType t = DType::f32;
   Layer L(t, 8, 16, 8, 51);
-  gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
-  MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+  auto [router, ex] = L.packed();
   Tensor x = randn(t, {65, 16}, 4);
   MoeFfnOptions o;
   o.k = 3;
@@ -379,8 +379,7 @@ TEST(MoeFfn, ExpertFfnOnInt8RowsWithScales) {
 
 TEST(MoeFfn, BadInput) {
   Layer L(DType::bf16, 4, 16, 8, 61);
-  gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
-  MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+  auto [router, ex] = L.packed();
   MoeFfnOptions o;
   EXPECT_OT_ERROR(moe_ffn(randn(DType::f32, {3, 16}, 1), router, ex, o), "experts");  // dtype mismatch
   EXPECT_OT_ERROR(moe_ffn(randn(DType::bf16, {3, 12}, 1), router, ex, o), "x");
@@ -404,11 +403,9 @@ TEST(MoeFfn, CapacityFactor) {
   for (double f : {nan, -1.0, -0.5, inf, -inf}) {
     EXPECT_OT_ERROR_MSG(moe_capacity(10, 2, 8, f), "capacity_factor", "finite number > 0");
   }
-  DType t = DType::f32;
-  Layer L(t, 4, 16, 8, 91);
-  gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
-  MoeExperts ex = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
-  Tensor x = randn(t, {33, 16}, 9);
+  Layer L(DType::f32, 4, 16, 8, 91);
+  auto [router, ex] = L.packed();
+  Tensor x = randn(DType::f32, {33, 16}, 9);
   MoeFfnOptions o;
   o.k = 2;
   for (double f : {nan, -1.0, inf}) {

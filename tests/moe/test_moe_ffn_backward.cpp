@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "moe/moe_bwd_test_util.h"
@@ -220,75 +221,52 @@ TEST(MoeFfnBackward, FastMatchesReferenceWideShapesGradDtypesAndIsas) {
 
 TEST(MoeFfnBackward, CallerOwnedGradientBuffers) {
   // Written in place (the result shares the caller's storage), or added to with accumulate; E 8 with
-  // 3 tokens x top-2 (6 pairs) leaves at least two experts without rows, which must stay untouched.
-  Layer L(3, 16, 12, 8, 2, 0, DType::f32, 321);
-  MoeFfnOptions o;
-  o.k = 2;
-  auto fr = moe_ffn_forward_train(L.x, L.w(), o);
-  Tensor G = randn(DType::f32, {3, L.H}, 11);
-  auto fresh = moe_ffn_backward(G, L.x, L.w(), fr.saved, o);
-  auto filled = [](const Tensor& like, float v) {
-    Tensor t = Tensor::empty(DType::f32, like.shape());
-    for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = v;
-    return t;
+  // 3 tokens x top-2 (6 pairs) leaves at least two experts without rows, which must keep their value
+  // (accumulate) or become 0. fp32 buffers, and bf16 ones (written rounded once, or c + sum rounded
+  // once) against the fp32 gradients.
+  struct Case {
+    DType dt;
+    int64_t H, I;
+    uint64_t seed, dy_seed;
+    double fill, tol;
   };
-  auto plus = [](const Tensor& t, float v) {
-    std::vector<double> r = to_vec(t);
-    for (double& x : r) x += v;
-    return r;
-  };
-  for (bool acc : {false, true}) {
-    SCOPED_TRACE(acc ? "accumulate" : "overwrite");
-    MoeFfnBackwardOptions bo;
-    bo.d_gate_out = filled(fresh.d_gate, 0.5f);
-    bo.d_up_out = filled(fresh.d_up, 0.5f);
-    bo.d_down_out = filled(fresh.d_down, 0.5f);
-    bo.accumulate = acc;
-    auto g = moe_ffn_backward(G, L.x, L.w(), fr.saved, o, bo);
-    EXPECT_EQ(g.d_gate.ptr<float>(), bo.d_gate_out.ptr<float>());
-    EXPECT_EQ(g.d_down.ptr<float>(), bo.d_down_out.ptr<float>());
-    const float base = acc ? 0.5f : 0.f;
-    EXPECT_LT(rel_err(to_vec(bo.d_gate_out), plus(fresh.d_gate, base)), 1e-6);
-    EXPECT_LT(rel_err(to_vec(bo.d_up_out), plus(fresh.d_up, base)), 1e-6);
-    EXPECT_LT(rel_err(to_vec(bo.d_down_out), plus(fresh.d_down, base)), 1e-6);
-    EXPECT_LT(rel_err(g.dx, fresh.dx), 1e-6);
-  }
-}
-
-TEST(MoeFfnBackward, CallerOwnedBf16GradientBuffers) {
-  // bf16 buffers: written (rounded once) or added to (c + sum rounded once); experts without rows
-  // keep their value (accumulate) or become 0.
-  Layer L(3, 40, 20, 8, 2, 0, DType::bf16, 322);
-  MoeFfnOptions o;
-  o.k = 2;
-  auto fr = moe_ffn_forward_train(L.x, L.w(), o);
-  Tensor G = randn(DType::bf16, {3, L.H}, 12);
-  auto fresh = moe_ffn_backward(G, L.x, L.w(), fr.saved, o);  // fp32
-  for (bool acc : {false, true}) {
-    SCOPED_TRACE(acc ? "accumulate" : "overwrite");
-    MoeFfnBackwardOptions bo;
-    bo.weight_grad_dtype = DType::bf16;
-    auto filled = [](const Tensor& like) { return from_vec(DType::bf16, like.shape(), std::vector<double>(size_t(like.numel()), 0.25)); };
-    bo.d_gate_out = filled(fresh.d_gate);
-    bo.d_up_out = filled(fresh.d_up);
-    bo.d_down_out = filled(fresh.d_down);
-    bo.accumulate = acc;
-    auto g = moe_ffn_backward(G, L.x, L.w(), fr.saved, o, bo);
-    EXPECT_EQ(g.d_up.view().data, bo.d_up_out.view().data);
-    for (auto [got, want] : {std::pair{&bo.d_gate_out, &fresh.d_gate}, std::pair{&bo.d_up_out, &fresh.d_up}, std::pair{&bo.d_down_out, &fresh.d_down}}) {
-      std::vector<double> w = to_vec(*want);
-      for (double& v : w) v += acc ? 0.25 : 0.0;
-      EXPECT_LT(rel_err(to_vec(*got), w), 4e-3);
+  for (const Case& k : {Case{DType::f32, 16, 12, 321, 11, 0.5, 1e-6}, Case{DType::bf16, 40, 20, 322, 12, 0.25, 4e-3}}) {
+    SCOPED_TRACE(dtype_name(k.dt));
+    Layer L(3, k.H, k.I, 8, 2, 0, k.dt, k.seed);
+    MoeFfnOptions o;
+    o.k = 2;
+    auto fr = moe_ffn_forward_train(L.x, L.w(), o);
+    Tensor G = randn(k.dt, {3, L.H}, k.dy_seed);
+    auto fresh = moe_ffn_backward(G, L.x, L.w(), fr.saved, o);  // fp32
+    auto filled = [&](const Tensor& like) { return from_vec(k.dt, like.shape(), std::vector<double>(size_t(like.numel()), k.fill)); };
+    for (bool acc : {false, true}) {
+      SCOPED_TRACE(acc ? "accumulate" : "overwrite");
+      MoeFfnBackwardOptions bo;
+      bo.weight_grad_dtype = k.dt;
+      bo.d_gate_out = filled(fresh.d_gate);
+      bo.d_up_out = filled(fresh.d_up);
+      bo.d_down_out = filled(fresh.d_down);
+      bo.accumulate = acc;
+      auto g = moe_ffn_backward(G, L.x, L.w(), fr.saved, o, bo);
+      for (auto [res, got, want] : {std::tuple{&g.d_gate, &bo.d_gate_out, &fresh.d_gate}, std::tuple{&g.d_up, &bo.d_up_out, &fresh.d_up},
+                                    std::tuple{&g.d_down, &bo.d_down_out, &fresh.d_down}}) {
+        EXPECT_EQ(res->view().data, got->view().data);
+        std::vector<double> w = to_vec(*want);
+        for (double& v : w) v += acc ? k.fill : 0.0;
+        EXPECT_LT(rel_err(to_vec(*got), w), k.tol);
+      }
+      if (k.dt == DType::f32) EXPECT_LT(rel_err(g.dx, fresh.dx), 1e-6);
     }
+    if (k.dt != DType::bf16) continue;
+    MoeFfnBackwardOptions bad;
+    bad.d_gate_out = Tensor::empty(DType::f32, {8, k.H, k.I});  // dtype differs from weight_grad_dtype
+    bad.d_up_out = Tensor::empty(DType::f32, {8, k.H, k.I});
+    bad.d_down_out = Tensor::empty(DType::f32, {8, k.I, k.H});
+    bad.weight_grad_dtype = DType::bf16;
+    EXPECT_THROW(moe_ffn_backward(G, L.x, L.w(), fr.saved, o, bad), Error);
+    bad.weight_grad_dtype = DType::f16;
+    EXPECT_THROW(moe_ffn_backward(G, L.x, L.w(), fr.saved, o, bad), Error);
   }
-  MoeFfnBackwardOptions bad;
-  bad.d_gate_out = Tensor::empty(DType::f32, {8, 40, 20});  // dtype differs from weight_grad_dtype
-  bad.d_up_out = Tensor::empty(DType::f32, {8, 40, 20});
-  bad.d_down_out = Tensor::empty(DType::f32, {8, 20, 40});
-  bad.weight_grad_dtype = DType::bf16;
-  EXPECT_THROW(moe_ffn_backward(G, L.x, L.w(), fr.saved, o, bad), Error);
-  bad.weight_grad_dtype = DType::f16;
-  EXPECT_THROW(moe_ffn_backward(G, L.x, L.w(), fr.saved, o, bad), Error);
 }
 
 TEST(MoeFfnBackward, TrainingForwardMatchesMoeFfnReference) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "read_sum_loop.h"
 #include "src/gemm/rate_loops_acc.h"
 
 namespace ot::cli::peak {
@@ -23,16 +24,10 @@ float fma_loop_avx2(int64_t iters) {
       [](__m256 a, __m256 x, __m256 y) { return _mm256_fmadd_ps(a, x, y); }, [](__m256 a, __m256 b) { return _mm256_add_ps(a, b); }));
 }
 
-// Sums n floats (n % 32 == 0, p 32-byte aligned) with four independent accumulators.
+// Sums n floats (n % 32 == 0, p 32-byte aligned).
 float read_sum_avx2(const float* p, int64_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  for (int64_t i = 0; i < n; i += 32) {
-    s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
-    s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
-    s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
-    s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
-  }
-  return hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  return hsum(read_sum_loop<8>(p, n, _mm256_setzero_ps(), [](const float* q) { return _mm256_load_ps(q); },
+                               [](__m256 a, __m256 b) { return _mm256_add_ps(a, b); }));
 }
 
 }  // namespace ot::cli::peak

@@ -4,18 +4,14 @@
 
 #include <cstdint>
 
+#include "read_sum_loop.h"
+
 namespace ot::cli::peak {
 
-// Sums n floats (n % 64 == 0) with four independent accumulators.
+// Sums n floats (n % 64 == 0, p 64-byte aligned).
 float read_sum(const float* p, int64_t n) {
-  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  for (int64_t i = 0; i < n; i += 64) {
-    s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
-    s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
-    s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
-    s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+  return _mm512_reduce_add_ps(read_sum_loop<16>(p, n, _mm512_setzero_ps(), [](const float* q) { return _mm512_load_ps(q); },
+                                                [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); }));
 }
 
 }  // namespace ot::cli::peak
