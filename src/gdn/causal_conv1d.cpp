@@ -65,7 +65,7 @@ CausalConv1dOut causal_conv1d_fn(const TensorView& x_in, const TensorView& weigh
   trace::OpScope scope(op);
   ConvArgs a = check_fn(x_in, weight, o, op);
   CausalConv1dOut r;
-  r.y = Tensor::empty(x_in.dtype, {a.B, a.T, a.D});
+  r.y = pooled_empty(x_in.dtype, {a.B, a.T, a.D});
   if (o.return_final_states) r.final_states = Tensor::empty(x_in.dtype, {a.N, a.D, a.W - 1});
   const bool use_ref = cpu::force_ref();
   if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : cpu::has(cpu::Isa::avx2) ? "avx2" : "generic");
@@ -111,7 +111,7 @@ CausalConv1dGrads causal_conv1d_bwd(const TensorView& x_in, const TensorView& we
   expect_float(dy_in.dtype, op, "dy");
   if (dfinal_states.defined()) check_state(dfinal_states, a.N, a.D, a.W, x_in.dtype, op, "dfinal_states", true);
   CausalConv1dGrads g;
-  g.dx = Tensor::empty(x_in.dtype, {a.B, a.T, a.D});
+  g.dx = pooled_empty(x_in.dtype, {a.B, a.T, a.D});
   g.dweight = Tensor::empty(DType::f32, {a.D, a.W});
   if (o.bias.defined()) g.dbias = Tensor::empty(DType::f32, {a.D});
   if (o.initial_states.defined()) g.dinitial_states = Tensor::empty(o.initial_states.dtype, {a.N, a.D, a.W - 1});

@@ -9,7 +9,7 @@
 
 namespace ot::gdn::detail::conv {
 
-inline constexpr int64_t kBlock = 64;    // channels per job
+inline constexpr int64_t kBlock = 256;   // channels per job (rows of 512 contiguous bf16 bytes per token)
 inline constexpr int64_t kMaxWidth = 8;  // kernel widths 2..8
 
 // Tokens of one sequence for channels c0 .. c0 + nc - 1: token t at x + t * x_st elements.

@@ -7,6 +7,7 @@
 #include "ot/cpu.h"
 #include "ot/error.h"
 #include "ot/gdn_layer.h"
+#include "ot/output_pool.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "src/gdn/gdn_internal.h"
@@ -79,7 +80,7 @@ RmsNormGatedOut rms_norm_gated(const TensorView& x_in, const TensorView& z_in, c
   trace::OpScope scope(op);
   const Args a = check(x_in, z_in, weight, o, op);
   RmsNormGatedOut r;
-  r.y = Tensor::empty(x_in.dtype, x_in.shape());
+  r.y = pooled_empty(x_in.dtype, x_in.shape());
   r.rstd = Tensor::empty(DType::f32, {a.rows, groups_of(a)});
   const bool use_ref = cpu::force_ref(), avx2 = cpu::has(cpu::Isa::avx2);
   if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : avx2 ? "avx2" : "generic");
@@ -115,8 +116,8 @@ RmsNormGatedGrads rms_norm_gated_bwd(const TensorView& dy_in, const TensorView& 
     OT_CHECK(rstd.dtype == DType::f32 && rstd.ndim == 2 && rstd.sizes[0] == a.rows && rstd.sizes[1] == groups_of(a) && rstd.is_contiguous(),
              op, "rstd", ::ot::detail::cat("the forward's contiguous fp32 [", a.rows, ", ", groups_of(a), "]"), rstd.shape_str());
   RmsNormGatedGrads g;
-  g.dx = Tensor::empty(x_in.dtype, x_in.shape());
-  g.dz = Tensor::empty(z_in.dtype, z_in.shape());
+  g.dx = pooled_empty(x_in.dtype, x_in.shape());
+  g.dz = pooled_empty(z_in.dtype, z_in.shape());
   g.dweight = Tensor::zeros(DType::f32, {a.N});
   const bool use_ref = cpu::force_ref(), avx2 = cpu::has(cpu::Isa::avx2);
   if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : avx2 ? "avx2" : "generic");

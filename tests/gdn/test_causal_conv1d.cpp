@@ -81,6 +81,11 @@ TEST(CausalConv1d, ForwardEdgeShapes) {
   check_fwd(c, 33);
   c.D = 0;
   check_fwd(c, 34);
+  // Several channel blocks (the kernels take 256 channels a job), the last one partial.
+  c.D = 600, c.T = 9, c.B = 2;
+  check_fwd(c, 35);
+  c.dt = DType::bf16, c.state_dt = DType::bf16;
+  check_fwd(c, 36);
 }
 
 TEST(CausalConv1d, StridedInputs) {
@@ -166,6 +171,9 @@ TEST(CausalConv1d, BackwardVsReference) {
   check_bwd(v, 72, false);
   v.T = 0, v.cu = {0, 0};
   check_bwd(v, 73, true);
+  Case wide;
+  wide.D = 600, wide.T = 9;
+  check_bwd(wide, 74, true);
 }
 
 namespace {
