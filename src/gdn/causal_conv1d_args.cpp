@@ -58,10 +58,16 @@ PackedWeights pack_weights(const TensorView& weight, const TensorView& bias) {
   p.blocks = (p.D + kBlock - 1) / kBlock;
   p.w.assign(size_t(p.blocks * p.W * kBlock), 0.f);
   p.bias.assign(size_t(p.blocks * kBlock), 0.f);
+  // Contiguous weights (the usual case) are widened in one pass: this runs on every decode step.
+  std::vector<float> wf;
+  if (weight.is_contiguous()) {
+    wf.resize(size_t(p.D * p.W));
+    convert_to_f32(weight.data, weight.dtype, wf.data(), p.D * p.W);
+  }
   for (int64_t d = 0; d < p.D; ++d) {
     const int64_t blk = d / kBlock, c = d % kBlock;
     for (int64_t k = 0; k < p.W; ++k)
-      p.w[size_t((blk * p.W + k) * kBlock + c)] = get(weight, d * weight.strides[0] + k * weight.strides[1]);
+      p.w[size_t((blk * p.W + k) * kBlock + c)] = wf.empty() ? get(weight, d * weight.strides[0] + k * weight.strides[1]) : wf[size_t(d * p.W + k)];
     if (bias.defined()) p.bias[size_t(blk * kBlock + c)] = get(bias, d * bias.strides[0]);
   }
   return p;

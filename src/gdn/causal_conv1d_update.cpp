@@ -1,6 +1,7 @@
 // causal_conv1d_update (ot/gdn_layer.h): the decode step of the short conv on a slot cache. The
-// state of a channel is W-1 values in a row ([D, W-1] per slot), read once and written once per call;
-// one job per (batch row, channel block).
+// state of a channel is W-1 values in a row ([D, W-1] per slot): a channel block's states are read
+// once into fp32, the S tokens run through the prefill kernel (causal_conv1d_kernels.inc) from them,
+// and its final stream rows are written back; one job per (batch row, channel block).
 #include <vector>
 
 #include "ot/cpu.h"
@@ -9,6 +10,7 @@
 #include "ot/numeric.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
+#include "src/core/elem_at.h"
 #include "src/gdn/causal_conv1d_args.h"
 #include "src/gdn/gdn_internal.h"
 #include "src/gdn/layer_row_math_generic.h"
@@ -84,41 +86,56 @@ Tensor causal_conv1d_update(const TensorView& x_in, const TensorView& conv_state
 
   Tensor y = Tensor::empty(x.dtype, x_in.shape());
   const TensorView y3 = as_tokens(y.view());
-  if (scope.active()) scope.args(x_in.shape_str()).kernel(cpu::force_ref() ? "ref" : "generic");
+  if (scope.active()) scope.args(x_in.shape_str()).kernel(cpu::force_ref() ? "ref" : cpu::has(cpu::Isa::avx2) ? "avx2" : "generic");
   if (cpu::force_ref()) {
     ref::causal_conv1d_update(x, conv_state, weight, o.bias, silu, slots, y3);
     return y;
   }
   const PackedWeights pw = pack_weights(weight, o.bias);
-  const int64_t xs = int64_t(dtype_size(x.dtype)), ss = int64_t(dtype_size(conv_state.dtype));
+  const int64_t Wm = W - 1;
+  // A slot's [D, W-1] slab in one piece: its channel block moves as one row.
+  const bool slab = conv_state.strides[2] == 1 && conv_state.strides[1] == Wm;
+  Tensor keep;
+  const TensorView xc = x.strides[2] == 1 || D <= 1 ? x : (keep = Tensor::copy_of(x)).view();
+  const bool avx2 = cpu::has(cpu::Isa::avx2);
   parallel_for(B * pw.blocks, [&](int64_t j0, int64_t j1) {
-    alignas(64) float out[kBlock];
+    alignas(64) float zeros[kBlock] = {}, cw[kBlock * (kMaxWidth - 1)], init[kBlock * (kMaxWidth - 1)], fin[kBlock * (kMaxWidth - 1)];
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t b = j / pw.blocks, blk = j % pw.blocks, c0 = blk * kBlock;
       const Block k = pw.block(blk, silu);
       const int64_t slot = slots[size_t(b)];
-      for (int64_t t = 0; t < S; ++t) {
-        char* yrow = elem_at(y3.data, y3.dtype, b * y3.strides[0] + t * y3.strides[1] + c0);
-        if (slot < 0) {
-          std::fill(out, out + kBlock, 0.f);
-          store_row(out, yrow, y3.dtype, k.nc);
-          continue;
-        }
-        const char* xrow = static_cast<const char*>(x.data) + (b * x.strides[0] + t * x.strides[1] + c0 * x.strides[2]) * xs;
-        for (int64_t c = 0; c < k.nc; ++c) {
-          char* s = static_cast<char*>(conv_state.data) + (slot * conv_state.strides[0] + (c0 + c) * conv_state.strides[1]) * ss;
-          const int64_t sj = conv_state.strides[2] * ss;
-          float win[kMaxWidth];
-          for (int64_t i = 0; i < W - 1; ++i) win[i] = ld(s + i * sj, conv_state.dtype);
-          win[W - 1] = ld(xrow + c * x.strides[2] * xs, x.dtype);
-          float acc = k.bias[c];
-          for (int64_t i = 0; i < W; ++i) acc += k.w[i * kBlock + c] * win[i];
-          out[c] = acc;
-          for (int64_t i = 0; i < W - 1; ++i) st(s + i * sj, conv_state.dtype, win[i + 1]);
-        }
-        if (silu) silu_row(out, k.nc);
-        store_row(out, yrow, y3.dtype, k.nc);
+      if (slot < 0) {
+        for (int64_t t = 0; t < S; ++t) store_row(zeros, elem_at(y3.data, y3.dtype, b * y3.strides[0] + t * y3.strides[1] + c0), y3.dtype, k.nc);
+        continue;
       }
+      // The block's states channel-major (cw[c * (W-1) + i], as stored) and as the kernel's stream
+      // rows (init[i * kBlock + c], oldest first).
+      const int64_t s_off = slot * conv_state.strides[0] + c0 * conv_state.strides[1];
+      if (slab) load_row(elem_at(conv_state.data, conv_state.dtype, s_off), conv_state.dtype, k.nc * Wm, cw);
+      else
+        for (int64_t c = 0; c < k.nc; ++c)
+          for (int64_t i = 0; i < Wm; ++i)
+            cw[c * Wm + i] = ld(elem_at(conv_state.data, conv_state.dtype, s_off + c * conv_state.strides[1] + i * conv_state.strides[2]),
+                                conv_state.dtype);
+      std::fill(init, init + Wm * kBlock, 0.f);
+      for (int64_t c = 0; c < k.nc; ++c)
+        for (int64_t i = 0; i < Wm; ++i) init[i * kBlock + c] = cw[c * Wm + i];
+      FwdSeq q;
+      q.x = {elem_at(xc.data, xc.dtype, b * xc.strides[0] + c0), xc.dtype, xc.strides[1]};
+      q.y = {elem_at(y3.data, y3.dtype, b * y3.strides[0] + c0), y3.dtype, y3.strides[1]};
+      q.len = S;
+      q.init = init;
+      q.fin = fin;
+      if (avx2) avx2::fwd_seq(k, q);
+      else generic::fwd_seq(k, q);
+      for (int64_t c = 0; c < k.nc; ++c)
+        for (int64_t i = 0; i < Wm; ++i) cw[c * Wm + i] = fin[i * kBlock + c];
+      if (slab) store_row(cw, elem_at(conv_state.data, conv_state.dtype, s_off), conv_state.dtype, k.nc * Wm);
+      else
+        for (int64_t c = 0; c < k.nc; ++c)
+          for (int64_t i = 0; i < Wm; ++i)
+            st(elem_at(conv_state.data, conv_state.dtype, s_off + c * conv_state.strides[1] + i * conv_state.strides[2]), conv_state.dtype,
+               cw[c * Wm + i]);
     }
   });
   return y;

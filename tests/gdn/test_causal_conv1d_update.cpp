@@ -81,6 +81,22 @@ TEST(CausalConv1dUpdate, EqualsFnStepByStep) {
     }
 }
 
+TEST(CausalConv1dUpdate, StridedStateAndInput) {
+  // The state as W-1 columns of a wider per-channel row, x with strided channels: the same result
+  // as the contiguous forms.
+  const int64_t B = 2, D = 300, W = 4, slots = 3;
+  std::mt19937 rng(12);
+  Tensor wide = rand_tensor(rng, DType::bf16, {slots, D, W + 2}, -1.f, 1.f), w = rand_tensor(rng, DType::f32, {D, W}, -1.f, 1.f);
+  Tensor xt_store = rand_tensor(rng, DType::bf16, {D, B}, -1.f, 1.f);
+  TensorView state = wide.view().narrow(2, 1, W - 1), x(xt_store.view().data, DType::bf16, {B, D}, {1, B});
+  Tensor state_c = Tensor::copy_of(state), x_c = Tensor::copy_of(x), idx = i32_tensor({2, 0});
+  gdn::CausalConv1dUpdateOptions o;
+  o.conv_state_indices = idx;
+  Tensor y = gdn::causal_conv1d_update(x, state, w, o), yc = gdn::causal_conv1d_update(x_c, state_c, w, o);
+  EXPECT_EQ(rel_err(y, yc), 0.0);
+  EXPECT_EQ(rel_err(state, state_c), 0.0);
+}
+
 TEST(CausalConv1dUpdate, WithoutIndices) {
   const int64_t B = 2, D = 16, W = 3;
   std::mt19937 rng(9);
