@@ -217,6 +217,24 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> prepare_wy_repr_bwd(const Tensor& k, 
                                                                const Tensor& dw, const Tensor& du, const Tensor& g_cumsum,
                                                                const OptTensor& cu_seqlens, c10::string_view layout);
 
+#ifdef OT_HAVE_GDN_LAYER
+// gdn_layer_ops.cpp (causal-conv1d / fla names)
+std::tuple<Tensor, OptTensor> causal_conv1d_fn(const Tensor& x, const Tensor& weight, const OptTensor& bias,
+                                               const OptTensor& initial_states, bool return_final_states,
+                                               c10::optional<c10::string_view> activation, const OptTensor& cu_seqlens);
+std::tuple<Tensor, Tensor, OptTensor, OptTensor> causal_conv1d_bwd(const Tensor& x, const Tensor& weight, const Tensor& dy,
+                                                                   const OptTensor& bias, const OptTensor& initial_states,
+                                                                   const OptTensor& dfinal_states,
+                                                                   c10::optional<c10::string_view> activation,
+                                                                   const OptTensor& cu_seqlens);
+Tensor causal_conv1d_update(const Tensor& x, const Tensor& conv_state, const Tensor& weight, const OptTensor& bias,
+                            c10::optional<c10::string_view> activation, const OptTensor& conv_state_indices);
+std::tuple<Tensor, Tensor> rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, double eps, bool norm_before_gate,
+                                          int64_t group_size);
+std::tuple<Tensor, Tensor, Tensor> rms_norm_gated_bwd(const Tensor& dy, const Tensor& x, const Tensor& z, const Tensor& weight,
+                                                      const OptTensor& rstd, double eps, bool norm_before_gate, int64_t group_size);
+#endif
+
 // bench_ops.cpp
 double cpp_call_us(c10::string_view op, const std::vector<Tensor>& args, int64_t iters, bool cpu_time);
 

@@ -221,4 +221,20 @@ TORCH_LIBRARY(ops_transformer, m) {
   m.def("prepare_wy_repr_bwd(Tensor k, Tensor v, Tensor beta, Tensor A, Tensor dw, Tensor du, Tensor g_cumsum, "
         "Tensor? cu_seqlens=None, *, str layout=\"BTHD\") -> (Tensor dk, Tensor dv, Tensor dbeta, Tensor dg)", OT_OP(prepare_wy_repr_bwd));
 #endif
+#ifdef OT_HAVE_GDN_LAYER
+  // ---- the GDN layer around its core: short causal conv (x [B, T, D] channels-last, weight [D, W],
+  // states [N, D, W-1]) and the gated RMSNorm
+  m.def("causal_conv1d_fn(Tensor x, Tensor weight, Tensor? bias=None, Tensor? initial_states=None, "
+        "bool return_final_states=False, str? activation=\"silu\", Tensor? cu_seqlens=None) -> (Tensor, Tensor?)",
+        OT_OP(causal_conv1d_fn));
+  m.def("causal_conv1d_bwd(Tensor x, Tensor weight, Tensor dy, Tensor? bias=None, Tensor? initial_states=None, "
+        "Tensor? dfinal_states=None, str? activation=\"silu\", Tensor? cu_seqlens=None) "
+        "-> (Tensor dx, Tensor dweight, Tensor? dbias, Tensor? dinitial_states)", OT_OP(causal_conv1d_bwd));
+  m.def("causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias=None, str? activation=\"silu\", "
+        "Tensor? conv_state_indices=None) -> Tensor", OT_OP(causal_conv1d_update));
+  m.def("rms_norm_gated(Tensor x, Tensor z, Tensor weight, float eps=1e-6, bool norm_before_gate=True, int group_size=0) "
+        "-> (Tensor y, Tensor rstd)", OT_OP(rms_norm_gated));
+  m.def("rms_norm_gated_bwd(Tensor dy, Tensor x, Tensor z, Tensor weight, Tensor? rstd=None, float eps=1e-6, "
+        "bool norm_before_gate=True, int group_size=0) -> (Tensor dx, Tensor dz, Tensor dweight)", OT_OP(rms_norm_gated_bwd));
+#endif
 }

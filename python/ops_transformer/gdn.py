@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ._lib import fast_op, has_op, ops
+from .layers import causal_conv1d_fn, causal_conv1d_update, rms_norm_gated
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "recurrent_gated_delta_rule",
            "GatedDeltaNet", "GatedDeltaNetCache", "HAS_BACKWARD"]
@@ -119,7 +120,8 @@ class GatedDeltaNetCache:
 class GatedDeltaNet(nn.Module):
     """Qwen3-Next / Qwen3.5 linear-attention layer (HF Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet):
     in-projections -> causal depthwise conv1d + SiLU -> beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)
-    -> GDN core (l2norm on q, k) -> gated RMSNorm (weight * rmsnorm(o) * silu(z)) -> out_proj.
+    -> GDN core (l2norm on q, k) -> gated RMSNorm (weight * rmsnorm(o) * silu(z)) -> out_proj; the conv
+    and the norm run on the library's causal_conv1d_fn / causal_conv1d_update / rms_norm_gated.
 
     variant="qwen3_next": in_proj_qkvz, in_proj_ba (outputs grouped per key head);
     variant="qwen3_5":    in_proj_qkv, in_proj_z, in_proj_b, in_proj_a.
@@ -172,19 +174,19 @@ class GatedDeltaNet(nn.Module):
                 self.in_proj_b(x), self.in_proj_a(x))
 
     def _conv(self, mixed, cache):
-        """Causal depthwise conv + SiLU over time; mixed [B, T, C]. Updates cache.conv_state."""
-        T, w = mixed.shape[1], self.conv1d.weight  # [C, 1, K]
-        Km1 = self.conv_kernel_size - 1
-        xt = mixed.transpose(1, 2)  # [B, C, T]
+        """Causal depthwise conv + SiLU over time; mixed [B, T, C]. Fills or advances cache.conv_state
+        [B, C, K-1] (the last K-1 pre-conv inputs)."""
+        w = self.conv1d.weight  # [C, 1, K]
         if cache is not None and not cache.empty:
-            full = torch.cat([cache.conv_state.to(xt.dtype), xt], dim=2)
-            y = F.conv1d(full, w, None, groups=self.conv_dim)
-        else:
-            full = F.pad(xt, (Km1, 0))
-            y = F.conv1d(full, w, None, groups=self.conv_dim)
+            state = cache.conv_state
+            if state.dtype not in (mixed.dtype, torch.float32):
+                state = state.to(mixed.dtype)
+            cache.conv_state = state
+            return causal_conv1d_update(mixed, state, w, None, "silu")
+        y, final = causal_conv1d_fn(mixed, w, None, None, cache is not None, "silu")
         if cache is not None:
-            cache.conv_state = full[:, :, full.shape[2] - Km1:].clone()
-        return F.silu(y[:, :, -T:]).transpose(1, 2)
+            cache.conv_state = final
+        return y
 
     def forward(self, hidden_states, cache=None):
         B, T, _ = hidden_states.shape
@@ -210,7 +212,8 @@ class GatedDeltaNet(nn.Module):
 
 
 class _GatedRMSNorm(nn.Module):
-    """HF Qwen3NextRMSNormGated: weight * (x / sqrt(mean(x^2) + eps)) * silu(z), computed in fp32."""
+    """HF Qwen3NextRMSNormGated: weight * (x / sqrt(mean(x^2) + eps)) * silu(z), in fp32 and rounded
+    once (HF rounds the normalised x to x's dtype before the weight and gate)."""
 
     def __init__(self, dim, eps, dtype=None):
         super().__init__()
@@ -218,7 +221,4 @@ class _GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x, z):
-        dt = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return ((self.weight * x.to(dt)) * F.silu(z.float())).to(dt)
+        return rms_norm_gated(x, z, self.weight, self.eps)

@@ -1,0 +1,107 @@
+"""The Gated DeltaNet layer's operators around its core, on the library's CPU kernels (names of the
+causal-conv1d package and fla; x channels-last as in fla):
+
+    y, final = causal_conv1d_fn(x, weight, bias=None, initial_states=None, return_final_states=False,
+                                activation="silu", cu_seqlens=None)
+    y = causal_conv1d_update(x, conv_state, weight, bias=None, activation="silu", conv_state_indices=None)
+    y = rms_norm_gated(x, z, weight, eps=1e-6, norm_before_gate=True, group_size=None)
+    RMSNormGated(hidden_size, eps=1e-6, norm_before_gate=True, group_size=None)   # module
+
+x [B, T, D] (varlen: B = 1 and cu_seqlens [N+1] int32/int64 on the CPU); weight [D, W] or nn.Conv1d's
+[D, 1, W] (W in 2..8); states [N, D, W-1], oldest input first. causal_conv1d_update advances a conv
+state cache [num_slots, D, W-1] in place (x [B, D] or [B, S, D]; row b uses slot
+conv_state_indices[b], int32, negative = padded row). rms_norm_gated: y = rmsnorm(x) * weight * silu(z)
+(norm_before_gate, fla's FusedRMSNormGated and HF Qwen3NextRMSNormGated) or rmsnorm(x * silu(z)) *
+weight, over groups of group_size values of the last dim; statistics in fp32, y in x's dtype.
+fp32, bf16 and fp16 tensors; gradients flow through causal_conv1d_fn and rms_norm_gated."""
+import torch
+import torch.nn as nn
+
+from ._lib import ops
+
+__all__ = ["causal_conv1d_fn", "causal_conv1d_update", "rms_norm_gated", "RMSNormGated"]
+
+
+def _cu(cu_seqlens):
+    if cu_seqlens is None or isinstance(cu_seqlens, torch.Tensor):
+        return cu_seqlens
+    return torch.tensor(list(cu_seqlens), dtype=torch.int64)
+
+
+def _w2(weight):
+    """[D, W] view of a [D, W] or [D, 1, W] conv weight."""
+    return weight.reshape(weight.shape[0], weight.shape[-1])
+
+
+class _CausalConv1d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, initial_states, return_final_states, activation, cu_seqlens):
+        w = _w2(weight)
+        y, final = ops.causal_conv1d_fn(x, w, bias, initial_states, return_final_states, activation, cu_seqlens)
+        ctx.save_for_backward(x, w, bias, initial_states, cu_seqlens)
+        ctx.args = (activation, weight.shape, weight.dtype)
+        return y, final
+
+    @staticmethod
+    def backward(ctx, dy, dfinal):
+        x, w, bias, s0, cu = ctx.saved_tensors
+        activation, wshape, wdtype = ctx.args
+        dx, dw, db, ds0 = ops.causal_conv1d_bwd(x, w, dy, bias, s0, dfinal, activation, cu)
+        dw = dw.to(wdtype).reshape(wshape)
+        if db is not None:
+            db = db.to(bias.dtype)
+        return dx, dw, db, ds0, None, None, None
+
+
+def causal_conv1d_fn(x, weight, bias=None, initial_states=None, return_final_states=False, activation="silu",
+                     cu_seqlens=None):
+    """Depthwise causal conv over time (+ SiLU): y[t, d] = act(bias[d] + sum_k weight[d, k] x[t-W+1+k, d]),
+    the inputs before a sequence's start taken from its initial state (zeros without one). Returns
+    (y [B, T, D] in x's dtype, final_states [N, D, W-1] in x's dtype or None)."""
+    cu = _cu(cu_seqlens)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias, initial_states))
+    if not needs_grad:
+        return ops.causal_conv1d_fn(x, _w2(weight), bias, initial_states, return_final_states, activation, cu)
+    return _CausalConv1d.apply(x, weight, bias, initial_states, return_final_states, activation, cu)
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation="silu", conv_state_indices=None):
+    """One decode step (or S tokens) on the conv state cache, updated in place (forward only)."""
+    return ops.causal_conv1d_update(x, conv_state, _w2(weight), bias, activation, conv_state_indices)
+
+
+class _RmsNormGated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, z, weight, eps, norm_before_gate, group_size):
+        y, rstd = ops.rms_norm_gated(x, z, weight, eps, norm_before_gate, group_size)
+        ctx.save_for_backward(x, z, weight, rstd)
+        ctx.args = (eps, norm_before_gate, group_size)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, z, weight, rstd = ctx.saved_tensors
+        eps, norm_before_gate, group_size = ctx.args
+        dx, dz, dw = ops.rms_norm_gated_bwd(dy, x, z, weight, rstd, eps, norm_before_gate, group_size)
+        return dx, dz, dw.to(weight.dtype), None, None, None
+
+
+def rms_norm_gated(x, z, weight, eps=1e-6, norm_before_gate=True, group_size=None):
+    """Gated RMSNorm over the last dim (groups of group_size values; None: the whole dim)."""
+    group = 0 if group_size is None else int(group_size)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, z, weight)):
+        return _RmsNormGated.apply(x, z, weight, float(eps), bool(norm_before_gate), group)
+    return ops.rms_norm_gated(x, z, weight, float(eps), bool(norm_before_gate), group)[0]
+
+
+class RMSNormGated(nn.Module):
+    """fla's FusedRMSNormGated / mamba's RMSNormGated: forward(x, z) = rms_norm_gated(x, z, weight, ...)."""
+
+    def __init__(self, hidden_size, eps=1e-6, norm_before_gate=True, group_size=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+        self.eps, self.norm_before_gate, self.group_size = eps, norm_before_gate, group_size
+
+    def forward(self, x, z):
+        return rms_norm_gated(x, z, self.weight, self.eps, self.norm_before_gate, self.group_size)

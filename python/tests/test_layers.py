@@ -1,0 +1,190 @@
+"""causal_conv1d_fn / causal_conv1d_update / rms_norm_gated against plain PyTorch (F.conv1d with
+groups=channels and left padding, an fp32/fp64 gated RMSNorm): forward, gradients, varlen, the decode
+step, bad inputs."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import need, rel_err
+from ops_transformer import layers
+
+pytestmark = need("causal_conv1d_fn", "causal_conv1d_bwd", "causal_conv1d_update", "rms_norm_gated", "rms_norm_gated_bwd")
+
+
+def torch_conv(x, w, bias=None, init=None, silu=True):
+    """Plain torch: x [B, T, D], w [D, W], init [B, D, W-1] -> (y [B, T, D], final [B, D, W-1])."""
+    B, T, D = x.shape
+    W = w.shape[1]
+    xt = x.transpose(1, 2)
+    pre = init.to(x.dtype) if init is not None else x.new_zeros(B, D, W - 1)
+    full = torch.cat([pre, xt], dim=2)
+    if T == 0:
+        return x.clone(), full
+    y = F.conv1d(full, w[:, None, :], bias, groups=D)
+    if silu:
+        y = F.silu(y)
+    return y.transpose(1, 2), full[:, :, full.shape[2] - (W - 1):]
+
+
+def torch_norm(x, z, w, eps, norm_before_gate=True, group=None):
+    shape = x.shape
+    G = group or shape[-1]
+    x, z = x.reshape(-1, shape[-1] // G, G), z.reshape(-1, shape[-1] // G, G)
+    if not norm_before_gate:
+        x = x * F.silu(z)
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.reshape(-1, G)
+    if norm_before_gate:
+        y = y * F.silu(z)
+    return y.reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("W", [2, 3, 4])
+@pytest.mark.parametrize("bias,init,silu", [(True, True, True), (False, False, True), (True, False, False)])
+def test_conv_forward(dtype, W, bias, init, silu):
+    B, T, D = 2, 33, 70
+    x = torch.randn(B, T, D).to(dtype)
+    w = (torch.randn(D, W) * 0.5).to(dtype)
+    b = torch.randn(D).to(dtype) if bias else None
+    s0 = torch.randn(B, D, W - 1).to(dtype) if init else None
+    y, fin = layers.causal_conv1d_fn(x, w, b, s0, True, "silu" if silu else None)
+    ry, rfin = torch_conv(x.double(), w.double(), None if b is None else b.double(), None if s0 is None else s0.double(), silu)
+    assert y.dtype == dtype and fin.dtype == dtype
+    assert rel_err(y, ry) < {torch.float32: 1e-6, torch.bfloat16: 8e-3, torch.float16: 1.5e-3}[dtype]
+    assert torch.equal(fin.double(), rfin)
+
+
+def test_conv_accepts_nn_conv1d_weight_and_no_final_state():
+    x = torch.randn(1, 9, 12)
+    conv = torch.nn.Conv1d(12, 12, 4, groups=12, bias=True)
+    y, fin = layers.causal_conv1d_fn(x, conv.weight, conv.bias)
+    assert fin is None
+    ry, _ = torch_conv(x, conv.weight.detach()[:, 0, :], conv.bias.detach())
+    assert rel_err(y, ry) < 1e-6
+
+
+def test_conv_varlen_with_empty_and_one_token_sequences():
+    cu = [0, 0, 1, 4, 4, 20]
+    D, W = 24, 4
+    x = torch.randn(1, cu[-1], D)
+    w, s0 = torch.randn(D, W), torch.randn(len(cu) - 1, D, W - 1)
+    y, fin = layers.causal_conv1d_fn(x, w, None, s0, True, "silu", torch.tensor(cu, dtype=torch.int32))
+    for n in range(len(cu) - 1):
+        a, e = cu[n], cu[n + 1]
+        ry, rfin = torch_conv(x[:, a:e].double(), w.double(), None, s0[n:n + 1].double())
+        if e > a:
+            assert rel_err(y[:, a:e], ry) < 1e-6
+        assert torch.allclose(fin[n:n + 1].double(), rfin)
+
+
+@pytest.mark.parametrize("silu", [True, False])
+@pytest.mark.parametrize("cu", [None, [0, 2, 2, 3, 11]])
+def test_conv_gradients_match_torch(silu, cu):
+    B = 2 if cu is None else 1
+    T, D, W = 11, 20, 4
+    N = B if cu is None else len(cu) - 1
+    x, w, b, s0 = torch.randn(B, T, D), torch.randn(D, W) * 0.5, torch.randn(D), torch.randn(N, D, W - 1)
+    dy, dfin = torch.randn(B, T, D), torch.randn(N, D, W - 1)
+    args = [t.clone().requires_grad_() for t in (x, w, b, s0)]
+    y, fin = layers.causal_conv1d_fn(*args, True, "silu" if silu else None, cu)
+    ((y * dy).sum() + (fin * dfin).sum()).backward()
+    ref = [t.double().requires_grad_() for t in (x, w, b, s0)]
+    loss = 0
+    for n in range(N):
+        row, a, e = (n, 0, T) if cu is None else (0, cu[n], cu[n + 1])
+        ry, rfin = torch_conv(ref[0][row:row + 1, a:e], ref[1], ref[2], ref[3][n:n + 1], silu)
+        loss = loss + (ry * dy[row:row + 1, a:e].double()).sum() + (rfin * dfin[n:n + 1].double()).sum()
+    loss.backward()
+    for got, want, name in zip(args, ref, ("x", "weight", "bias", "initial_states")):
+        assert rel_err(got.grad, want.grad) < 1e-5, name
+
+
+def test_conv_weight_grad_of_nn_conv1d_shape_and_dtype():
+    conv = torch.nn.Conv1d(8, 8, 3, groups=8, bias=False).bfloat16()
+    x = torch.randn(1, 5, 8).bfloat16().requires_grad_()
+    y, _ = layers.causal_conv1d_fn(x, conv.weight)
+    y.float().sum().backward()
+    assert conv.weight.grad.shape == (8, 1, 3) and conv.weight.grad.dtype == torch.bfloat16
+    assert x.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_update_equals_fn_step_by_step(dtype):
+    B, T, D, W, slots = 3, 6, 40, 4, 5
+    x = torch.randn(B, T, D).to(dtype)
+    w, b, s0 = torch.randn(D, W).to(dtype), torch.randn(D).to(dtype), torch.randn(B, D, W - 1).to(dtype)
+    y, fin = layers.causal_conv1d_fn(x, w, b, s0, True)
+    idx = torch.tensor([4, 0, 2, -1], dtype=torch.int32)  # the last row is padding
+    cache = torch.zeros(slots, D, W - 1, dtype=dtype)
+    cache[idx[:B].long()] = s0
+    before = cache.clone()
+    for t in range(T):
+        xt = torch.cat([x[:, t], torch.randn(1, D).to(dtype)])
+        yt = layers.causal_conv1d_update(xt, cache, w, b, "silu", idx)
+        assert rel_err(yt[:B], y[:, t]) < (1e-6 if dtype == torch.float32 else 8e-3)
+        assert torch.equal(yt[B], torch.zeros(D, dtype=dtype))
+    assert torch.equal(cache[idx[:B].long()], fin)
+    assert torch.equal(cache[[1, 3]], before[[1, 3]])
+
+
+def test_update_several_tokens_without_indices():
+    B, S, D, W = 2, 3, 16, 3
+    x, w = torch.randn(B, S, D), torch.randn(D, W)
+    cache = torch.randn(B, D, W - 1)
+    ry, rfin = torch_conv(x, w, None, cache.clone())
+    y = layers.causal_conv1d_update(x, cache, w)
+    assert rel_err(y, ry) < 1e-6 and torch.equal(cache, rfin)
+
+
+def test_conv_bad_inputs_name_the_argument():
+    x, w = torch.randn(1, 10, 8), torch.randn(8, 4)
+    with pytest.raises(RuntimeError, match="cu_seqlens"):
+        layers.causal_conv1d_fn(x, w, cu_seqlens=torch.tensor([0, 6, 4, 10]))
+    with pytest.raises(RuntimeError, match="cu_seqlens"):
+        layers.causal_conv1d_fn(x, w, cu_seqlens=torch.tensor([0.0, 10.0]))
+    with pytest.raises(RuntimeError, match="weight"):
+        layers.causal_conv1d_fn(x, torch.randn(7, 4))
+    with pytest.raises(RuntimeError, match="activation"):
+        layers.causal_conv1d_fn(x, w, activation="relu")
+    cache = torch.randn(2, 8, 3)
+    keep = cache.clone()
+    for idx in (torch.tensor([0, 2], dtype=torch.int32), torch.tensor([1, 1], dtype=torch.int32), torch.tensor([0.0, 1.0])):
+        with pytest.raises(RuntimeError, match="conv_state_indices"):
+            layers.causal_conv1d_update(torch.randn(2, 8), cache, w, conv_state_indices=idx)
+    assert torch.equal(cache, keep)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm_before_gate,group", [(True, None), (False, None), (True, 16)])
+def test_rms_norm_gated_forward_and_gradients(dtype, norm_before_gate, group):
+    x, z = torch.randn(3, 7, 4, 64).to(dtype), torch.randn(3, 7, 4, 64).to(dtype)
+    w = (torch.rand(64) + 0.5).to(dtype)
+    dy = torch.randn(3, 7, 4, 64).to(dtype)
+    args = [t.clone().requires_grad_() for t in (x, z, w)]
+    y = layers.rms_norm_gated(*args, eps=1e-6, norm_before_gate=norm_before_gate, group_size=group)
+    (y.float() * dy.float()).sum().backward()
+    ref = [t.double().requires_grad_() for t in (x, z, w)]
+    ry = torch_norm(*ref, 1e-6, norm_before_gate, group)
+    (ry * dy.double()).sum().backward()
+    tol = 1e-5 if dtype == torch.float32 else 1.5e-2
+    assert y.dtype == dtype and rel_err(y, ry) < tol
+    for got, want, name in zip(args, ref, ("x", "z", "weight")):
+        assert got.grad.dtype == dtype
+        assert rel_err(got.grad, want.grad) < tol, name
+
+
+def test_rms_norm_gated_module_matches_hf_formula():
+    norm = layers.RMSNormGated(32, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x, z = torch.randn(5, 32), torch.randn(5, 32)
+    want = norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)) * F.silu(z)
+    assert rel_err(norm(x, z), want) < 1e-6
+
+
+def test_rms_norm_gated_bad_inputs():
+    x = torch.randn(4, 16)
+    with pytest.raises(RuntimeError, match="'z'"):
+        layers.rms_norm_gated(x, torch.randn(4, 15), torch.ones(16))
+    with pytest.raises(RuntimeError, match="group_size"):
+        layers.rms_norm_gated(x, x, torch.ones(16), group_size=5)

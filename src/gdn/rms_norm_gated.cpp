@@ -1,0 +1,152 @@
+// rms_norm_gated and rms_norm_gated_bwd (ot/gdn_layer.h): argument checks, the [rows, N] form of
+// the inputs, then the ISA's row kernels over fixed blocks of rows. The weight gradient is summed
+// per block and the blocks added in order, so it does not depend on the thread count.
+#include <cmath>
+#include <vector>
+
+#include "ot/cpu.h"
+#include "ot/error.h"
+#include "ot/gdn_layer.h"
+#include "ot/output_pool.h"
+#include "ot/parallel.h"
+#include "ot/trace.h"
+#include "src/gdn/gdn_internal.h"
+#include "src/gdn/rms_norm_gated_kernels.h"
+#include "src/ref/gdn_layer_ref.h"
+
+namespace ot::gdn {
+using namespace detail;
+using namespace detail::norm;
+
+namespace {
+
+constexpr int64_t kRowBlock = 64;  // rows per job (and per partial weight gradient)
+
+struct Args {
+  int64_t rows = 0, N = 0, group = 0;
+};
+
+// v as [rows, N] with rows one stride apart and N contiguous: a view when its leading dims
+// collapse, else a contiguous copy kept in `keep`.
+TensorView as_rows(const TensorView& v, int64_t rows, int64_t N, Tensor& keep) {
+  bool ok = v.last_dim_contiguous();
+  int64_t st = N, expect = -1;  // expect: the stride the next outer non-unit dim must have
+  for (int i = v.ndim - 2; i >= 0 && ok; --i) {
+    if (v.sizes[i] == 1) continue;
+    if (expect < 0) st = v.strides[i];
+    else ok = v.strides[i] == expect;
+    expect = v.strides[i] * v.sizes[i];
+  }
+  if (!ok) {
+    keep = Tensor::copy_of(v);
+    return TensorView(keep.view().data, v.dtype, {rows, N});
+  }
+  return TensorView(v.data, v.dtype, {rows, N}, {st, 1});
+}
+
+Args check(const TensorView& x, const TensorView& z, const TensorView& weight, const RmsNormGatedOptions& o, const char* op) {
+  Args a;
+  OT_CHECK(x.defined() && x.ndim >= 1, op, "x", "[..., N]", x.shape_str());
+  expect_float(x.dtype, op, "x");
+  OT_CHECK(z.defined() && z.shape() == x.shape(), op, "z", ::ot::detail::cat("the shape of x ", x.shape_str()), z.shape_str());
+  expect_float(z.dtype, op, "z");
+  a.N = x.sizes[x.ndim - 1];
+  a.rows = 1;
+  for (int i = 0; i + 1 < x.ndim; ++i) a.rows *= x.sizes[i];
+  OT_CHECK(weight.defined() && weight.ndim == 1 && weight.sizes[0] == a.N, op, "weight", ::ot::detail::cat("[N] with N = ", a.N),
+           weight.shape_str());
+  expect_float(weight.dtype, op, "weight");
+  a.group = o.group_size == 0 ? a.N : o.group_size;
+  OT_CHECK(o.group_size >= 0 && (a.N == 0 || (a.group > 0 && a.N % a.group == 0)), op, "group_size",
+           ::ot::detail::cat("0 or a divisor of N = ", a.N), o.group_size);
+  OT_CHECK(std::isfinite(o.eps) && o.eps >= 0.f, op, "eps", "a finite eps >= 0", o.eps);
+  return a;
+}
+
+std::vector<float> weight_f32(const TensorView& w) {
+  std::vector<float> v(size_t(w.sizes[0]));
+  for (int64_t i = 0; i < w.sizes[0]; ++i) v[size_t(i)] = float(get_as_double(w, i));
+  return v;
+}
+In in_of(const TensorView& v) { return {v.data, v.dtype, v.strides[0]}; }
+Out out_of(const TensorView& v) { return {v.data, v.dtype, v.strides[0]}; }
+TensorView rows_view(const Tensor& t, int64_t rows, int64_t N) { return TensorView(t.view().data, t.dtype(), {rows, N}); }
+int64_t groups_of(const Args& a) { return a.group == 0 ? 0 : a.N / a.group; }
+
+}  // namespace
+
+RmsNormGatedOut rms_norm_gated(const TensorView& x_in, const TensorView& z_in, const TensorView& weight, const RmsNormGatedOptions& o) {
+  const char* op = "rms_norm_gated";
+  trace::OpScope scope(op);
+  const Args a = check(x_in, z_in, weight, o, op);
+  RmsNormGatedOut r;
+  r.y = pooled_empty(x_in.dtype, x_in.shape());
+  r.rstd = Tensor::empty(DType::f32, {a.rows, groups_of(a)});
+  const bool use_ref = cpu::force_ref(), avx2 = cpu::has(cpu::Isa::avx2);
+  if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : avx2 ? "avx2" : "generic");
+  if (a.rows == 0 || a.N == 0) return r;
+  Tensor kx, kz;
+  const TensorView x = as_rows(x_in, a.rows, a.N, kx), z = as_rows(z_in, a.rows, a.N, kz), y = rows_view(r.y, a.rows, a.N);
+  if (use_ref) {
+    ref::rms_norm_gated(x, z, weight, o.eps, o.norm_before_gate, a.group, y, r.rstd);
+    return r;
+  }
+  const std::vector<float> w = weight_f32(weight);
+  const Cfg c{a.N, a.group, o.eps, o.norm_before_gate, w.data()};
+  float* rstd = r.rstd.ptr<float>();
+  const int64_t blocks = (a.rows + kRowBlock - 1) / kRowBlock;
+  parallel_for(blocks, [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf(size_t(fwd_scratch(a.N)), 0.f);
+    const int64_t r0 = b0 * kRowBlock, r1 = std::min(a.rows, b1 * kRowBlock);
+    if (avx2) fwd_rows_avx2(c, in_of(x), in_of(z), out_of(y), rstd, r0, r1, buf.data());
+    else fwd_rows_generic(c, in_of(x), in_of(z), out_of(y), rstd, r0, r1, buf.data());
+  });
+  return r;
+}
+
+RmsNormGatedGrads rms_norm_gated_bwd(const TensorView& dy_in, const TensorView& x_in, const TensorView& z_in, const TensorView& weight,
+                                     const TensorView& rstd, const RmsNormGatedOptions& o) {
+  const char* op = "rms_norm_gated_bwd";
+  trace::OpScope scope(op);
+  const Args a = check(x_in, z_in, weight, o, op);
+  OT_CHECK(dy_in.defined() && dy_in.shape() == x_in.shape(), op, "dy", ::ot::detail::cat("the shape of x ", x_in.shape_str()),
+           dy_in.shape_str());
+  expect_float(dy_in.dtype, op, "dy");
+  if (rstd.defined())
+    OT_CHECK(rstd.dtype == DType::f32 && rstd.ndim == 2 && rstd.sizes[0] == a.rows && rstd.sizes[1] == groups_of(a) && rstd.is_contiguous(),
+             op, "rstd", ::ot::detail::cat("the forward's contiguous fp32 [", a.rows, ", ", groups_of(a), "]"), rstd.shape_str());
+  RmsNormGatedGrads g;
+  g.dx = pooled_empty(x_in.dtype, x_in.shape());
+  g.dz = pooled_empty(z_in.dtype, z_in.shape());
+  g.dweight = Tensor::zeros(DType::f32, {a.N});
+  const bool use_ref = cpu::force_ref(), avx2 = cpu::has(cpu::Isa::avx2);
+  if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : avx2 ? "avx2" : "generic");
+  if (a.rows == 0 || a.N == 0) return g;
+  Tensor kx, kz, kd;
+  const TensorView x = as_rows(x_in, a.rows, a.N, kx), z = as_rows(z_in, a.rows, a.N, kz), dy = as_rows(dy_in, a.rows, a.N, kd);
+  const TensorView dx = rows_view(g.dx, a.rows, a.N), dz = rows_view(g.dz, a.rows, a.N);
+  if (use_ref) {
+    ref::rms_norm_gated_bwd(dy, x, z, weight, o.eps, o.norm_before_gate, a.group, dx, dz, g.dweight);
+    return g;
+  }
+  const std::vector<float> w = weight_f32(weight);
+  const Cfg c{a.N, a.group, o.eps, o.norm_before_gate, w.data()};
+  const int64_t blocks = (a.rows + kRowBlock - 1) / kRowBlock;
+  std::vector<float> partial(size_t(blocks * a.N), 0.f);
+  const Bwd b{in_of(dy), in_of(x), in_of(z), out_of(dx), out_of(dz), rstd.defined() ? rstd.ptr<float>() : nullptr};
+  parallel_for(blocks, [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf(size_t(bwd_scratch(a.N)), 0.f);
+    for (int64_t k = b0; k < b1; ++k) {
+      const int64_t r0 = k * kRowBlock, r1 = std::min(a.rows, r0 + kRowBlock);
+      float* dw = partial.data() + k * a.N;
+      if (avx2) bwd_rows_avx2(c, b, r0, r1, dw, buf.data());
+      else bwd_rows_generic(c, b, r0, r1, dw, buf.data());
+    }
+  });
+  float* dw = g.dweight.ptr<float>();
+  for (int64_t k = 0; k < blocks; ++k)
+    for (int64_t i = 0; i < a.N; ++i) dw[i] += partial[size_t(k * a.N + i)];
+  return g;
+}
+
+}  // namespace ot::gdn
