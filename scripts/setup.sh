@@ -13,6 +13,7 @@ PKGS=(
   libdnnl-dev                                   # oneDNN: benchmark-only comparison
   python3-matplotlib                            # charts of `ot report`
   fortunes-min                                  # text corpus of `ot train-moe`
+  clang-14 libclang-rt-14-dev libomp-14-dev     # fuzz preset: clang, libFuzzer + sanitizer runtimes, OpenMP
 )
 missing=()
 for p in "${PKGS[@]}"; do
