@@ -24,3 +24,13 @@ TEST(FuzzRegressions, InitRoutingV2NegativeRangeEnd) {
   InitRoutingV2Result r = moe_init_routing_v2(randn(DType::f32, {0, 8}, 1), Tensor::zeros(DType::i32, {0, 2}), o);
   EXPECT_EQ(r.expert_tokens.numel(), 0);
 }
+
+// fuzz_permute: moe_token_unpermute in padded mode took restore_rows = INT64_MAX as the output's
+// row count; the size product overflowed int64 in the output allocation (UBSan) instead of an error.
+TEST(FuzzRegressions, UnpermutePaddedHugeRestoreRows) {
+  Tensor permuted = randn(DType::f32, {2, 4}, 1);
+  Tensor sorted = ints({2}, {0, 1});
+  for (int64_t rows : {INT64_MAX, int64_t(1) << 40})
+    EXPECT_OT_ERROR_MSG(moe_token_unpermute(permuted, sorted, {}, true, rows), "restore_rows", "at most 2^40 bytes");
+  EXPECT_EQ(moe_token_unpermute(permuted, sorted, {}, true, 3).size(0), 3);
+}
