@@ -93,13 +93,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         return chunk_gated_delta_rule_bwd(q, k, v, G, beta, dO, o);
       },
       [&](auto& a, auto& b) {
+        // dg and dbeta are sums of products of the other gradients with q, k, v (dg_t cancels to
+        // ~1e-6 where dbeta is ~100): each gradient is held to a fraction of the largest one.
         const double rb = t == DType::f32 ? 1e-3 : 5e-2;
-        fz::expect_near("dq", a.dq, b.dq, rb, rb);
-        fz::expect_near("dk", a.dk, b.dk, rb, rb);
-        fz::expect_near("dv", a.dv, b.dv, rb, rb);
-        fz::expect_near("dg", a.dg, b.dg, rb, rb);
-        fz::expect_near("dbeta", a.dbeta, b.dbeta, rb, rb);
-        fz::expect_near("dh0", a.dh0, b.dh0, rb, rb);
+        double scale = 0;
+        for (const Tensor* x : {&b.dq, &b.dk, &b.dv, &b.dg, &b.dbeta, &b.dh0})
+          if (x->defined()) scale = std::max(scale, fz::max_abs(x->view()));
+        auto near = [&](const char* what, const Tensor& x, const Tensor& y) {
+          FZ_ASSERT(x.defined() == y.defined(), what, ": defined ", x.defined(), " vs reference ", y.defined());
+          if (x.defined()) fz::expect_close(what, x.view(), y.view(), rb, rb * scale + 1e-6);
+        };
+        near("dq", a.dq, b.dq);
+        near("dk", a.dk, b.dk);
+        near("dv", a.dv, b.dv);
+        near("dg", a.dg, b.dg);
+        near("dbeta", a.dbeta, b.dbeta);
+        near("dh0", a.dh0, b.dh0);
       });
   ar.check();
   return 0;
