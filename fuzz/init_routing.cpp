@@ -61,8 +61,10 @@ void v2(fz::Input& in, fz::Arena& ar) {
     o.active_expert_range[1] = in.arg(0, E);
   }
   // Scales: the shape each mode wants, mostly; per expert of the active range for dynamic quant.
-  const int64_t range_len = (o.active_expert_range[0] || o.active_expert_range[1]) ? o.active_expert_range[1] - o.active_expert_range[0]
-                                                                                    : std::max<int64_t>(o.expert_num, 1);
+  int64_t range_len = std::max<int64_t>(o.expert_num, 1);
+  if ((o.active_expert_range[0] || o.active_expert_range[1]) &&
+      __builtin_sub_overflow(o.active_expert_range[1], o.active_expert_range[0], &range_len))
+    range_len = 0;  // the extreme ends the input can pick: the call must reject them
   if (in.byte() < 160) {
     std::vector<int64_t> shape = o.quant_mode == 0 ? std::vector<int64_t>{1}
                                  : o.quant_mode == 1 ? (in.flag() ? std::vector<int64_t>{1, H} : std::vector<int64_t>{std::clamp<int64_t>(range_len, 0, 16), H})
