@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs every Debian package the build, tests, benchmarks and demo need. Idempotent.
+# `scripts/setup.sh fuzz` adds what the clang `fuzz` preset needs (scripts/fuzz.sh calls it so).
 set -euo pipefail
 PKGS=(
   g++ cmake make ninja-build pkg-config          # build
@@ -14,6 +15,9 @@ PKGS=(
   python3-matplotlib                            # charts of `ot report`
   fortunes-min                                  # text corpus of `ot train-moe`
 )
+if [ "${1:-}" = fuzz ]; then
+  PKGS+=(clang-14 libclang-rt-14-dev libomp-14-dev)  # fuzz preset: clang, libFuzzer + sanitizer runtimes, OpenMP
+fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

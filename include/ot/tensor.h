@@ -18,6 +18,13 @@ bool is_float(DType t);
 
 inline constexpr int kMaxDims = 6;
 
+// The largest tensor the library allocates (1 TiB). A size whose element count overflows int64 or
+// whose bytes exceed it is rejected with an ot::Error before anything is allocated.
+inline constexpr uint64_t kMaxTensorBytes = uint64_t(1) << 40;
+// Elements of `shape` in dtype t; an ot::Error naming op and arg when a dim is negative or the
+// tensor would exceed kMaxTensorBytes.
+int64_t checked_numel(const char* op, const char* arg, const std::vector<int64_t>& shape, DType t);
+
 // Non-owning view: data pointer, dtype, sizes and strides in elements (not bytes).
 struct TensorView {
   void* data = nullptr;

@@ -15,8 +15,7 @@ namespace ot {
 // init routing spent ~85 % in faults and first writes (faults are dear in a VM). A buffer still
 // referenced anywhere (a Tensor copy, a binding holding the storage) is never reused.
 Tensor pooled_empty(DType dt, const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  const int64_t n = checked_numel("pooled_empty", "shape", shape, dt);
   if (size_t(n) * dtype_size(dt) < (size_t(1) << 20)) return Tensor::empty(dt, shape);
   static std::mutex mu;
   static std::vector<Tensor> pool;  // most recent last

@@ -34,6 +34,25 @@ const char* dtype_name(DType t) {
 
 bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
+int64_t checked_numel(const char* op, const char* arg, const std::vector<int64_t>& shape, DType t) {
+  uint64_t n = 1;
+  bool over = false;
+  for (int64_t d : shape) {
+    OT_CHECK(d >= 0, op, arg, "non-negative sizes", "a size of ", d);
+    over |= __builtin_mul_overflow(n, uint64_t(d), &n);
+  }
+  uint64_t bytes = 0;
+  over |= __builtin_mul_overflow(n, uint64_t(dtype_size(t)), &bytes);
+  if (over || bytes > kMaxTensorBytes) {
+    std::ostringstream s;
+    s << "[";
+    for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+    s << "] " << dtype_name(t);
+    throw Error(op, arg, "a tensor of at most 2^40 bytes (kMaxTensorBytes)", s.str());
+  }
+  return int64_t(n);
+}
+
 static void set_contiguous(TensorView& v) {
   int64_t s = 1;
   for (int i = v.ndim - 1; i >= 0; --i) { v.strides[i] = s; s *= v.sizes[i]; }
@@ -108,6 +127,7 @@ TensorView TensorView::reshape(const std::vector<int64_t>& shape) const {
 }
 
 Tensor Tensor::empty(DType t, const std::vector<int64_t>& shape) {
+  checked_numel("Tensor::empty", "shape", shape, t);  // the last line of defence: operators check their sizes first
   Tensor r;
   TensorView v(nullptr, t, shape);
   size_t bytes = v.nbytes();

@@ -40,11 +40,14 @@ struct HardwareTiles {
 #undef OT_OP
   }
   // The kernel's products all take A in tile 6 and B in tile 7.
+  // Accumulators are tiles 0-5 only: clang checks the tile operands of every branch, even the
+  // discarded ones, and rejects a product into tile 6 or 7 (its own source).
   template <int C, int A, int B> static void dp() {
     static_assert(A == 6 && B == 7, "A in tile 6, B in tile 7");
-#define OT_OP(n) _tile_dpbf16ps(n, 6, 7)
-    OT_TILE_SWITCH(C, OT_OP)
-#undef OT_OP
+    static_assert(C >= 0 && C < 6, "accumulators in tiles 0-5");
+    if constexpr (C == 0) { _tile_dpbf16ps(0, 6, 7); } else if constexpr (C == 1) { _tile_dpbf16ps(1, 6, 7); }
+    else if constexpr (C == 2) { _tile_dpbf16ps(2, 6, 7); } else if constexpr (C == 3) { _tile_dpbf16ps(3, 6, 7); }
+    else if constexpr (C == 4) { _tile_dpbf16ps(4, 6, 7); } else { _tile_dpbf16ps(5, 6, 7); }
   }
 };
 #undef OT_TILE_SWITCH

@@ -108,7 +108,8 @@ InitV2Plan plan_init_v2(const TensorView& x, const TensorView& expert_idx, const
   }
   p.start = range_given ? o.active_expert_range[0] : 0;
   p.end = range_given ? o.active_expert_range[1] : p.E;
-  OT_CHECK(p.start >= 0 && p.start < std::max<int64_t>(p.end, 1) && p.end <= p.E, op, "active_expert_range",
+  // A given range must be non-empty (the default [0, E) may be empty: no tokens, E derived as 0).
+  OT_CHECK(!range_given || (p.start >= 0 && p.start < p.end && p.end <= p.E), op, "active_expert_range",
            detail::cat("0 <= start < end <= expert_num = ", p.E), "[", p.start, ", ", p.end, ")");
   if (o.drop_pad_mode == 1) {
     OT_CHECK(p.start == 0 && p.end == p.E, op, "active_expert_range", "[0, expert_num) in drop/pad mode", "[", p.start, ", ", p.end, ")");

@@ -81,6 +81,7 @@ UnpermutePlan plan_unpermute(const TensorView& permuted, const TensorView& sorte
   if (probs.defined()) check_float(op, "probs", probs);
   if (padded) {
     OT_CHECK(restore_rows >= 0, op, "restore_rows", "the token count T (>= 0) in padded mode", restore_rows);
+    checked_numel(op, "restore_rows", {restore_rows, p.H}, permuted.dtype);  // the [T, H] output
     p.T = restore_rows;
     check_dim(op, "sorted_indices", sorted, 0, p.P);
     check_ids(op, "sorted_indices", sorted, 0, p.T - 1);

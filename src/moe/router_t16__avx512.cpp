@@ -16,8 +16,13 @@
 #include "src/moe/router_t16__avx512.h"
 
 // Only this file's kernels (internal) get the VBMI targets; they run only where CPUID has them.
+// clang ignores GCC's target pragma: its own form applies the same target to every function here.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512vbmi,avx512vbmi2"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512vbmi,avx512vbmi2")
+#endif
 
 namespace ot::moe::impl {
 using namespace rsimd;
@@ -184,3 +189,6 @@ bool route_rows_t16(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1
 }
 
 }  // namespace ot::moe::impl
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif

@@ -14,8 +14,13 @@
 #include "src/moe/router_net.h"
 #include "src/moe/router_simd__avx512.h"
 
+// clang ignores GCC's target pragma: its own form applies the same target to every function here.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512vbmi,avx512vbmi2"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512vbmi,avx512vbmi2")
+#endif
 
 namespace ot::moe::impl::t16 {
 using namespace rsimd;
@@ -260,4 +265,8 @@ inline void write_pairs8(const RouterSpec& s, GatingResult& r, int64_t rb, const
 
 }  // namespace ot::moe::impl::t16
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif

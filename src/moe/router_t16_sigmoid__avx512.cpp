@@ -14,8 +14,13 @@
 // Partial blocks and rows of more than 16 candidates are done as in the softmax kernel.
 #include "src/moe/router_t16__avx512.h"
 
+// clang ignores GCC's target pragma: its own form applies the same target to every function here.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512vbmi,avx512vbmi2"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512vbmi,avx512vbmi2")
+#endif
 
 namespace ot::moe::impl {
 using namespace rsimd;
@@ -261,4 +266,8 @@ bool route_rows_t16_sigmoid(const RouterSpec& s, GatingResult& r, int64_t r0, in
 
 }  // namespace ot::moe::impl
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif

@@ -1,0 +1,115 @@
+// chunk_gated_delta_rule_fwd and chunk_gated_delta_rule_bwd (fixed-length batches and cu_seqlens,
+// BTHD / BHTD, packed varlen views, strided inputs, grouped value heads, initial / final states in
+// every dtype, in-kernel l2norm, dht, saved or recomputed A) against the fp64 token recurrence
+// (the OT_FORCE_REF path: same validation, nothing else shared).
+#include "fuzz/gdn_inputs.h"
+#include "ot/cpu.h"
+#include "ot/gdn_bwd.h"
+
+using namespace ot;
+using namespace ot::gdn;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  fz::Input in(data, size);
+  fz::pick_threads(in);
+  fz::Arena ar;
+  const bool bwd = in.byte() < 100;
+  const fz::GdnShape s = fz::gdn_shape(in, 20);
+  const DType t = in.pick({DType::f32, DType::bf16, DType::f16, DType::f32});
+  const double ks = 1.0 / std::sqrt(double(std::max<int64_t>(s.DK, 1)));
+  fz::Buf& q = fz::gdn_vec(in, ar, "q", t, s.vec(s.HK, s.DK), ks);
+  fz::Buf& k = fz::gdn_vec(in, ar, "k", in.byte() < 252 ? t : DType::i32, s.vec(s.HK, s.DK), ks);
+  fz::Buf& v = fz::gdn_vec(in, ar, "v", t, s.vec(s.HV, s.DV), 0.25);
+  const DType st = in.pick({DType::f32, DType::bf16, DType::f32});
+  fz::Buf& g = fz::gdn_scal(in, ar, "g", st, s.scal(s.HV), -1, 0);
+  fz::Buf& beta = fz::gdn_scal(in, ar, "beta", st, s.scal(s.HV), 0, 1);
+  Common c;
+  c.layout = s.layout;
+  if (s.varlen) c.cu_seqlens = fz::cu_seqlens(in, ar, s);
+  const bool l2 = in.flag();
+  const std::optional<float> scale = in.flag() ? std::optional<float>(in.pick({0.5f, 1.f, 0.125f})) : std::nullopt;
+  TensorView h0;
+  if (in.byte() < 100) h0 = ar.values(in, "initial_state", in.pick({DType::f32, DType::bf16, DType::f16}),
+                                      {std::max<int64_t>(s.seqs(), 0) + (in.byte() < 4 ? 1 : 0), s.HV, s.DK, s.DV}, 0, 0.25);
+  const double rt = t == DType::f32 ? 1e-4 : 3e-2;
+  if (!bwd) {
+    ChunkOptions o;
+    static_cast<Common&>(o) = c;
+    o.scale = scale;
+    o.initial_state = h0;
+    o.output_final_state = in.flag();
+    o.final_state_dtype = in.pick({DType::f32, DType::bf16, DType::f16, DType::f32});
+    o.use_qk_l2norm_in_kernel = l2;
+    o.save_for_backward = in.flag();
+    o.bf16_compute = in.flag();
+    ar.seal();
+    fz::run_both(
+        "chunk_gated_delta_rule_fwd", [&] { return chunk_gated_delta_rule_fwd(q, k, v, g, beta, o); },
+        [&] {
+          cpu::ScopedForceRef force(true);
+          return chunk_gated_delta_rule_fwd(q, k, v, g, beta, o);
+        },
+        [&](auto& a, auto& b) {
+          fz::expect_near("o", a.o, b.o, rt, rt);
+          fz::expect_near("final_state", a.final_state, b.final_state, rt, rt);
+          fz::expect_near("g_cumsum", a.g_cumsum, b.g_cumsum, 1e-5, 1e-6);
+          fz::expect_near("A", a.A, b.A, rt, rt);
+          fz::expect_near("q_rstd", a.q_rstd, b.q_rstd, 1e-4, 1e-5);
+          fz::expect_near("k_rstd", a.k_rstd, b.k_rstd, 1e-4, 1e-5);
+        });
+    ar.check();
+    return 0;
+  }
+  // Backward: the chunk-local cumulative gate comes from the stage operator (what a training
+  // step saves); the reference path recovers the raw gate from it and differentiates the
+  // token recurrence exactly.
+  fz::Buf& dO = fz::gdn_vec(in, ar, "dO", t, s.vec(s.HV, s.DV), 0.25);
+  ChunkBwdOptions o;
+  static_cast<Common&>(o) = c;
+  o.scale = scale;
+  o.initial_state = h0;
+  o.use_qk_l2norm_in_kernel = l2;
+  if (in.byte() < 80) o.dht = ar.values(in, "dht", DType::f32, {std::max<int64_t>(s.seqs(), 0), s.HV, s.DK, s.DV}, 0, 0.25);
+  const bool saved_A = in.flag();
+  ar.seal();
+  Tensor G, A;
+  try {
+    G = chunk_local_cumsum(g, false, 1.f, c);
+    if (saved_A) {
+      ChunkOptions fo;
+      static_cast<Common&>(fo) = c;
+      fo.use_qk_l2norm_in_kernel = l2;
+      A = chunk_gated_delta_rule_fwd(q, k, v, g, beta, fo).A;
+    }
+  } catch (const Error&) {
+    ar.check();
+    return 0;  // bad inputs: the forward named them (its own target checks that)
+  }
+  o.A = A;
+  fz::run_both(
+      "chunk_gated_delta_rule_bwd", [&] { return chunk_gated_delta_rule_bwd(q, k, v, G, beta, dO, o); },
+      [&] {
+        cpu::ScopedForceRef force(true);
+        return chunk_gated_delta_rule_bwd(q, k, v, G, beta, dO, o);
+      },
+      [&](auto& a, auto& b) {
+        // dg and dbeta are sums of products of the other gradients with q, k, v (dg_t cancels to
+        // ~1e-6 where dbeta is ~100): each gradient is held to a fraction of the largest one.
+        const double rb = t == DType::f32 ? 1e-3 : 5e-2;
+        double scale = 0;
+        for (const Tensor* x : {&b.dq, &b.dk, &b.dv, &b.dg, &b.dbeta, &b.dh0})
+          if (x->defined()) scale = std::max(scale, fz::max_abs(x->view()));
+        auto near = [&](const char* what, const Tensor& x, const Tensor& y) {
+          FZ_ASSERT(x.defined() == y.defined(), what, ": defined ", x.defined(), " vs reference ", y.defined());
+          if (x.defined()) fz::expect_close(what, x.view(), y.view(), rb, rb * scale + 1e-6);
+        };
+        near("dq", a.dq, b.dq);
+        near("dk", a.dk, b.dk);
+        near("dv", a.dv, b.dv);
+        near("dg", a.dg, b.dg);
+        near("dbeta", a.dbeta, b.dbeta);
+        near("dh0", a.dh0, b.dh0);
+      });
+  ar.check();
+  return 0;
+}
