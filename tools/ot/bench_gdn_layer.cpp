@@ -111,11 +111,11 @@ int run_norm(const BenchOptions& opt) {
 }
 
 RegisterBench conv_bench("causal_conv1d_fn", "GDN short causal conv1d (+ SiLU) forward and backward at Qwen3.5 shapes, GB/s",
-                         [](CLI::App*, const BenchOptions& o) { return [&o] { return run_conv(o); }; });
+                         [](Options&, const BenchOptions& o) { return [&o] { return run_conv(o); }; });
 RegisterBench update_bench("causal_conv1d_update", "GDN conv decode step on a bf16 state cache at Qwen3.5 shapes, GB/s",
-                           [](CLI::App*, const BenchOptions& o) { return [&o] { return run_update(o); }; });
+                           [](Options&, const BenchOptions& o) { return [&o] { return run_update(o); }; });
 RegisterBench norm_bench("rms_norm_gated", "GDN gated RMSNorm forward and backward at Qwen3.5 shapes, GB/s",
-                         [](CLI::App*, const BenchOptions& o) { return [&o] { return run_norm(o); }; });
+                         [](Options&, const BenchOptions& o) { return [&o] { return run_norm(o); }; });
 
 }  // namespace
 }  // namespace ot::cli
