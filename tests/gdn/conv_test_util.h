@@ -1,8 +1,11 @@
-// Shared helpers of the causal conv1d tests: one case (shapes, options, inputs), the ISA paths to
-// run, and the fp64 reference's outputs.
+// Shared helpers of the GDN layer tests (causal conv1d, gated RMSNorm): one conv case (shapes,
+// options, inputs), the ISA paths to run, the fp64 reference's outputs, and the finite-difference
+// check of a backward.
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -61,5 +64,31 @@ inline RefFwd ref_fwd(const Case& c, const ConvIn& in) {
 }
 // Relative tolerance of an output stored in dt (computed in fp32).
 inline double tol(DType dt) { return dt == DType::f32 ? 2e-6 : dt == DType::f16 ? 1.5e-3 : 8e-3; }
+
+// An fp32 tensor of `shape` holding v.
+inline Tensor f32_tensor(const std::vector<double>& v, const std::vector<int64_t>& shape) {
+  Tensor t = Tensor::empty(DType::f32, shape);
+  for (size_t i = 0; i < v.size(); ++i) t.ptr<float>()[i] = float(v[i]);
+  return t;
+}
+
+// Central differences of f.loss() (an fp64 loss of the inputs) in every element of v, against the
+// analytic gradient g: the largest difference, relative to the largest |fd| (at least 1e-3), < tol.
+template <class Fd>
+void expect_fd(Fd& f, std::vector<double>& v, const TensorView& g, double tol, const char* what) {
+  double worst = 0, scale = 1e-3;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double keep = v[i], h = 1e-5;
+    v[i] = keep + h;
+    const double lp = f.loss();
+    v[i] = keep - h;
+    const double lm = f.loss();
+    v[i] = keep;
+    const double fd = (lp - lm) / (2 * h);
+    worst = std::max(worst, std::fabs(fd - ot::get_as_double(g, int64_t(i))));
+    scale = std::max(scale, std::fabs(fd));
+  }
+  EXPECT_LT(worst / scale, tol) << what;
+}
 
 }  // namespace conv_test

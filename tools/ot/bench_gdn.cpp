@@ -26,16 +26,6 @@ namespace {
 
 constexpr int64_t HK = 16, HV = 32, DK = 128, DV = 128;
 
-Tensor rnd(std::mt19937& rng, DType dt, const std::vector<int64_t>& shape, float lo, float hi) {
-  Tensor f = Tensor::empty(DType::f32, shape);
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (int64_t i = 0; i < f.numel(); ++i) f.ptr<float>()[i] = u(rng);
-  if (dt == DType::f32) return f;
-  Tensor t = Tensor::empty(dt, shape);
-  convert_from_f32(f.ptr<float>(), t.ptr<void>(), dt, f.numel());
-  return t;
-}
-
 struct Problem {
   Tensor q, k, v, g, beta, cu;
 };
@@ -45,11 +35,11 @@ Problem make(int64_t B, int64_t T, int64_t hk, int64_t hv, gdn::Layout l, uint32
   auto vs = [&](int64_t H, int64_t D) { return l == gdn::Layout::BTHD ? std::vector<int64_t>{B, T, H, D} : std::vector<int64_t>{B, H, T, D}; };
   auto ss = [&](int64_t H) { return l == gdn::Layout::BTHD ? std::vector<int64_t>{B, T, H} : std::vector<int64_t>{B, H, T}; };
   Problem p;
-  p.q = rnd(rng, DType::bf16, vs(hk, DK), -1, 1);
-  p.k = rnd(rng, DType::bf16, vs(hk, DK), -1, 1);
-  p.v = rnd(rng, DType::bf16, vs(hv, DV), -1, 1);
-  p.g = rnd(rng, DType::f32, ss(hv), -0.5f, 0.f);
-  p.beta = rnd(rng, DType::f32, ss(hv), 0.1f, 0.9f);
+  p.q = uniform_tensor(rng, DType::bf16, vs(hk, DK), -1, 1);
+  p.k = uniform_tensor(rng, DType::bf16, vs(hk, DK), -1, 1);
+  p.v = uniform_tensor(rng, DType::bf16, vs(hv, DV), -1, 1);
+  p.g = uniform_tensor(rng, DType::f32, ss(hv), -0.5f, 0.f);
+  p.beta = uniform_tensor(rng, DType::f32, ss(hv), 0.1f, 0.9f);
   return p;
 }
 
@@ -177,7 +167,7 @@ int run_decode(const BenchOptions& opt) {
       Problem p = make(B, 1, HK, HV, gdn::Layout::BTHD, 3);
       std::mt19937 rng(4);
       // Twice as many slots as sequences, sequences in every other slot (a realistic scattered cache).
-      Tensor cache = rnd(rng, sdt, {2 * B, HV, DK, DV}, -0.1f, 0.1f);
+      Tensor cache = uniform_tensor(rng, sdt, {2 * B, HV, DK, DV}, -0.1f, 0.1f);
       Tensor slots = Tensor::empty(DType::i32, {B});
       for (int64_t i = 0; i < B; ++i) slots.ptr<int32_t>()[i] = int32_t(2 * i + 1);
       gdn::RecurrentOptions o;

@@ -19,16 +19,6 @@ namespace {
 
 constexpr int64_t kConvDim = 2 * 16 * 128 + 32 * 128, kW = 4, kHV = 32, kDV = 128;
 
-Tensor rnd(std::mt19937& rng, DType dt, const std::vector<int64_t>& shape, float lo, float hi) {
-  Tensor f = Tensor::empty(DType::f32, shape);
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (int64_t i = 0; i < f.numel(); ++i) f.ptr<float>()[i] = u(rng);
-  if (dt == DType::f32) return f;
-  Tensor t = Tensor::empty(dt, shape);
-  convert_from_f32(f.ptr<float>(), t.ptr<void>(), dt, f.numel());
-  return t;
-}
-
 struct Case {
   std::string name, shape;
   double bytes;
@@ -62,8 +52,8 @@ void run_cases(const BenchOptions& opt, const std::vector<Case>& cases) {
 int run_conv(const BenchOptions& opt) {
   std::mt19937 rng(1);
   const int64_t T = 1024, D = kConvDim;
-  Tensor x = rnd(rng, DType::bf16, {1, T, D}, -2, 2), w = rnd(rng, DType::bf16, {D, kW}, -0.5f, 0.5f);
-  Tensor s0 = rnd(rng, DType::bf16, {1, D, kW - 1}, -2, 2), dy = rnd(rng, DType::bf16, {1, T, D}, -1, 1);
+  Tensor x = uniform_tensor(rng, DType::bf16, {1, T, D}, -2, 2), w = uniform_tensor(rng, DType::bf16, {D, kW}, -0.5f, 0.5f);
+  Tensor s0 = uniform_tensor(rng, DType::bf16, {1, D, kW - 1}, -2, 2), dy = uniform_tensor(rng, DType::bf16, {1, T, D}, -1, 1);
   gdn::CausalConv1dOptions o;
   o.initial_states = s0;
   o.return_final_states = true;
@@ -81,8 +71,8 @@ int run_update(const BenchOptions& opt) {
   std::vector<Case> cases;
   std::vector<Tensor> keep;
   for (int64_t B : {1, 64}) {
-    Tensor x = rnd(rng, DType::bf16, {B, D}, -2, 2), w = rnd(rng, DType::bf16, {D, kW}, -0.5f, 0.5f);
-    Tensor cache = rnd(rng, DType::bf16, {2 * B, D, kW - 1}, -2, 2), idx = Tensor::empty(DType::i32, {B});
+    Tensor x = uniform_tensor(rng, DType::bf16, {B, D}, -2, 2), w = uniform_tensor(rng, DType::bf16, {D, kW}, -0.5f, 0.5f);
+    Tensor cache = uniform_tensor(rng, DType::bf16, {2 * B, D, kW - 1}, -2, 2), idx = Tensor::empty(DType::i32, {B});
     for (int64_t b = 0; b < B; ++b) idx.ptr<int32_t>()[b] = int32_t(2 * b);
     keep.insert(keep.end(), {x, w, cache, idx});
     const double bytes = double(B * D * 2 * 2) + 2.0 * double(B * D * (kW - 1) * 2);
@@ -100,8 +90,8 @@ int run_update(const BenchOptions& opt) {
 int run_norm(const BenchOptions& opt) {
   std::mt19937 rng(3);
   const int64_t T = 1024;
-  Tensor x = rnd(rng, DType::bf16, {T, kHV, kDV}, -2, 2), z = rnd(rng, DType::bf16, {T, kHV, kDV}, -3, 3);
-  Tensor w = rnd(rng, DType::f32, {kDV}, 0.5f, 1.5f), dy = rnd(rng, DType::bf16, {T, kHV, kDV}, -1, 1);
+  Tensor x = uniform_tensor(rng, DType::bf16, {T, kHV, kDV}, -2, 2), z = uniform_tensor(rng, DType::bf16, {T, kHV, kDV}, -3, 3);
+  Tensor w = uniform_tensor(rng, DType::f32, {kDV}, 0.5f, 1.5f), dy = uniform_tensor(rng, DType::bf16, {T, kHV, kDV}, -1, 1);
   gdn::RmsNormGatedOut f = gdn::rms_norm_gated(x, z, w);
   const double act = double(T * kHV * kDV * 2), stat = double(T * kHV * 4);
   const std::string sh = "[1024, 32, 128]";

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ot/error.h"
+#include "ot/numeric.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "src/core/knobs.h"
@@ -140,6 +141,16 @@ void set_bandwidth(BenchResult& r, double gbps, const Timing& t) {
   r.window_peak_gbps = t.window_gbps;
   r.window_median_gbps = t.window_median_gbps;
   r.window_tests = t.window_tests;
+}
+
+Tensor uniform_tensor(std::mt19937& rng, DType dt, const std::vector<int64_t>& shape, float lo, float hi) {
+  Tensor f = Tensor::empty(DType::f32, shape);
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (int64_t i = 0; i < f.numel(); ++i) f.ptr<float>()[i] = u(rng);
+  if (dt == DType::f32) return f;
+  Tensor t = Tensor::empty(dt, shape);
+  convert_from_f32(f.ptr<float>(), t.ptr<void>(), dt, f.numel());
+  return t;
 }
 
 BenchExtras::Value& BenchExtras::operator[](const std::string& key) {

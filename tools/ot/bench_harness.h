@@ -3,15 +3,19 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <random>
 #include <string>
 #include <utility>
 #include <variant>
 #include <vector>
 
-
 #include "command.h"
+#include "ot/tensor.h"
 
 namespace ot::cli {
+
+// A tensor of dtype dt whose values are uniform on [lo, hi) (drawn in fp32, then converted).
+Tensor uniform_tensor(std::mt19937& rng, DType dt, const std::vector<int64_t>& shape, float lo, float hi);
 
 // Medians of interleaved runs: fast, ref, fast, ref, ... after one warm-up each. With window_peak,
 // `ot peak`'s read test also runs before, halfway through and after the timed runs (on the same
