@@ -6,10 +6,7 @@
 using namespace ot;
 using namespace ot::moe;
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  fz::Input in(data, size);
-  fz::pick_threads(in);
-  fz::Arena ar;
+OT_FUZZ_TARGET(in, ar) {
   const bool v1 = in.byte() < 64;
   const int mode = v1 ? 0 : int(in.arg(0, 3));
   const bool pad = mode == 1 || mode == 3;
@@ -55,5 +52,4 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         [&] { return ref::moe_finalize_routing_v2(ex, idx, x1, x2, bias, scales, eidx, mode); }, cmp);
   }
   ar.check();
-  return 0;
 }

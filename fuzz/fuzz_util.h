@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "ot/cpu.h"
 #include "ot/error.h"
 #include "ot/parallel.h"
 #include "ot/tensor.h"
@@ -238,5 +239,30 @@ template <class Fast, class Ref, class Cmp> bool run_both(const char* op, Fast f
 
 // Threads of the call, from the input (1-3: the parallel splits depend on it).
 inline void pick_threads(Input& in) { ot::set_num_threads(int(in.range(1, 3))); }
+
+// run_both against the same call under OT_FORCE_REF (the reference behind the same entry point).
+template <class Call, class Cmp> bool run_vs_forced_ref(const char* op, Call call, Cmp compare) {
+  return run_both(op, call, [&] {
+    ot::cpu::ScopedForceRef force(true);
+    return call();
+  }, compare);
+}
+
+}  // namespace fz
+
+// The libFuzzer entry point of a target: `OT_FUZZ_TARGET(in, ar) { ... }` runs the body on the
+// input's choices (the thread count first) with a fresh arena of guarded tensors.
+#define OT_FUZZ_TARGET(in, ar)                                                   \
+  static void ot_fuzz_body(fz::Input& in, fz::Arena& ar);                        \
+  extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {      \
+    fz::Input input(data, size);                                                 \
+    fz::pick_threads(input);                                                     \
+    fz::Arena arena;                                                             \
+    ot_fuzz_body(input, arena);                                                  \
+    return 0;                                                                    \
+  }                                                                              \
+  static void ot_fuzz_body(fz::Input& in, fz::Arena& ar)
+
+namespace fz {
 
 }  // namespace fz

@@ -9,10 +9,7 @@
 using namespace ot;
 using namespace ot::gdn;
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  fz::Input in(data, size);
-  fz::pick_threads(in);
-  fz::Arena ar;
+OT_FUZZ_TARGET(in, ar) {
   const bool bwd = in.byte() < 100;
   const fz::GdnShape s = fz::gdn_shape(in, 20);
   const DType t = in.pick({DType::f32, DType::bf16, DType::f16, DType::f32});
@@ -43,12 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     o.save_for_backward = in.flag();
     o.bf16_compute = in.flag();
     ar.seal();
-    fz::run_both(
+    fz::run_vs_forced_ref(
         "chunk_gated_delta_rule_fwd", [&] { return chunk_gated_delta_rule_fwd(q, k, v, g, beta, o); },
-        [&] {
-          cpu::ScopedForceRef force(true);
-          return chunk_gated_delta_rule_fwd(q, k, v, g, beta, o);
-        },
         [&](auto& a, auto& b) {
           fz::expect_near("o", a.o, b.o, rt, rt);
           fz::expect_near("final_state", a.final_state, b.final_state, rt, rt);
@@ -58,7 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           fz::expect_near("k_rstd", a.k_rstd, b.k_rstd, 1e-4, 1e-5);
         });
     ar.check();
-    return 0;
+    return;
   }
   // Backward: the chunk-local cumulative gate comes from the stage operator (what a training
   // step saves); the reference path recovers the raw gate from it and differentiates the
@@ -83,15 +76,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   } catch (const Error&) {
     ar.check();
-    return 0;  // bad inputs: the forward named them (its own target checks that)
+    return;  // bad inputs: the forward named them (its own target checks that)
   }
   o.A = A;
-  fz::run_both(
+  fz::run_vs_forced_ref(
       "chunk_gated_delta_rule_bwd", [&] { return chunk_gated_delta_rule_bwd(q, k, v, G, beta, dO, o); },
-      [&] {
-        cpu::ScopedForceRef force(true);
-        return chunk_gated_delta_rule_bwd(q, k, v, G, beta, dO, o);
-      },
       [&](auto& a, auto& b) {
         // dg and dbeta are sums of products of the other gradients with q, k, v (dg_t cancels to
         // ~1e-6 where dbeta is ~100): each gradient is held to a fraction of the largest one.
@@ -111,5 +100,4 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         near("dh0", a.dh0, b.dh0);
       });
   ar.check();
-  return 0;
 }

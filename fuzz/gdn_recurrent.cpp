@@ -8,10 +8,7 @@
 using namespace ot;
 using namespace ot::gdn;
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  fz::Input in(data, size);
-  fz::pick_threads(in);
-  fz::Arena ar;
+OT_FUZZ_TARGET(in, ar) {
   const fz::GdnShape s = fz::gdn_shape(in, 8);
   const DType t = in.pick({DType::f32, DType::bf16, DType::f16, DType::f32});
   const double ks = 1.0 / std::sqrt(double(std::max<int64_t>(s.DK, 1)));
@@ -101,5 +98,4 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     ar.check();
   }
-  return 0;
 }

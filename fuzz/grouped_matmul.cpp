@@ -6,10 +6,7 @@
 using namespace ot;
 using namespace ot::moe;
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  fz::Input in(data, size);
-  fz::pick_threads(in);
-  fz::Arena ar;
+OT_FUZZ_TARGET(in, ar) {
   const DType t = in.pick({DType::f32, DType::bf16, DType::f16, DType::f32});
   const int64_t M = in.range(0, 12), K = in.range(1, 20), N = in.range(1, 20), G = in.range(1, 5);
   const gemm::Act act = in.pick({gemm::Act::none, gemm::Act::relu, gemm::Act::gelu, gemm::Act::silu, gemm::Act::swiglu});
@@ -71,5 +68,4 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         [&] { return ref::grouped_matmul(x, w, *gl, type, bias, act); }, cmp);
   }
   ar.check();
-  return 0;
 }

@@ -95,12 +95,8 @@ void v2(fz::Input& in, fz::Arena& ar) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  fz::Input in(data, size);
-  fz::pick_threads(in);
-  fz::Arena ar;
+OT_FUZZ_TARGET(in, ar) {
   if (in.flag()) v1(in, ar);
   else v2(in, ar);
   ar.check();
-  return 0;
 }

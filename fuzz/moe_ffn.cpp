@@ -184,11 +184,7 @@ void expert_ffn(fz::Input& in, fz::Arena& ar) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  fz::Input in(data, size);
-  fz::pick_threads(in);
-  fz::Arena ar;
+OT_FUZZ_TARGET(in, ar) {
   if (in.byte() < 160) ffn(in, ar);
   else expert_ffn(in, ar);
-  return 0;
 }

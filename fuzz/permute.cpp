@@ -105,10 +105,7 @@ void re_routing(fz::Input& in, fz::Arena& ar) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  fz::Input in(data, size);
-  fz::pick_threads(in);
-  fz::Arena ar;
+OT_FUZZ_TARGET(in, ar) {
   switch (in.range(0, 3)) {
     case 0: permute(in, ar); break;
     case 1: unpermute(in, ar); break;
@@ -116,5 +113,4 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     default: re_routing(in, ar); break;
   }
   ar.check();
-  return 0;
 }

@@ -17,9 +17,7 @@ void compare(const GatingResult& a, const GatingResult& b, DType xt) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  fz::Input in(data, size);
-  fz::pick_threads(in);
+OT_FUZZ_TARGET(in, ar) {
   const int kind = int(in.range(0, 2));  // 0 v1, 1 v2, 2 gating_top_k
   const DType xt = in.pick({DType::f32, DType::bf16, DType::f16, DType::f32, DType::i32});
   const bool three_d = kind < 2 && in.byte() < 64;
@@ -46,7 +44,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     g.routed_scaling_factor = in.pick({1.f, 2.5f, 0.5f, 1.f, std::numeric_limits<float>::infinity()});
     g.eps = in.pick({1e-20f, 0.f, 1e-6f, -1.f});
   }
-  fz::Arena ar;
   // Top-2 group sums of different experts must not tie up to rounding: logits on a coarser grid
   // in [0, 4] (no sigmoid/exp identities there) and one bias value for the whole row.
   fz::Buf& x = ar.add("x", xt, shape, pad);
@@ -99,5 +96,4 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         "moe_gating_top_k", [&] { return moe_gating_top_k(x, g); }, [&] { return ref::moe_gating_top_k(x, g); },
         [&](auto& a, auto& b) { compare(a, b, xt); });
   ar.check();
-  return 0;
 }
