@@ -1,9 +1,10 @@
-// Routers, fast path: rows split over threads; each row in fp32 through the AVX-512 kernels
-// (router_t16__avx512.cpp, router_t16_sigmoid__avx512.cpp: 16 rows at a time, where they apply;
-// router__avx512.cpp) when the ISA allows and k <= 16, else with AVX2 the 8-tokens-in-lanes kernels
-// (router_t8__avx2.cpp, router_t8_sigmoid__avx2.cpp: 8 rows at a time, where they apply) or the
-// row kernel (router__avx2.cpp) for k <= 16, else the scalar row below, whose top-k is an insertion
-// into a k-long sorted buffer (strict '>' keeps the lower expert id on ties).
+// Routers, fast path: rows split over threads, each range through the first kernel of
+// kRouterKernels that the ISA runs and that applies: the AVX-512 16-tokens-in-lanes kernels
+// (router_t16__avx512.cpp, router_t16_sigmoid__avx512.cpp) or the AVX-512 row kernel
+// (router__avx512.cpp) for k <= 16, else with AVX2 the 8-tokens-in-lanes kernels
+// (router_t8__avx2.cpp, router_t8_sigmoid__avx2.cpp) or the row kernel (router__avx2.cpp), else
+// the scalar row below, whose top-k is an insertion into a k-long sorted buffer (strict '>' keeps
+// the lower expert id on ties).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "ot/workspace.h"
+#include "src/core/kernel_list.h"
 #include "src/core/knobs.h"
 #include "src/moe/common.h"
 #include "src/moe/router_plan.h"
@@ -149,12 +151,37 @@ bool route_row_scalar(const RouterSpec& s, GatingResult& r, int64_t row, RouterS
 // 0 keeps the AVX2 row kernel where the 8-tokens-in-lanes one applies: the tests run both forms on
 // the same shapes, and `ot bench moe_routing --ab moe.router_t8=0,1` compares them.
 static knobs::Knob g_router_t8("moe.router_t8", 1, 0, 1, "AVX2 routers: 1 = 8 tokens in lanes where it applies, 0 = the row kernel");
-// An AVX2 (not AVX-512) call takes route_rows_t8.
-static bool uses_t8(const RouterSpec& s) { return g_router_t8.get() && (t8_applies(s) || t8_sigmoid_applies(s)); }
+
+// Rows [r0, r1) of a call; false when some row fails check_rows.
+using RouteRows = bool (*)(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
+using RouterKernel = cpu::KernelEntry<RouteRows, RouterSpec>;
+
+static bool rows_scalar(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+  bool ok = true;
+  for (int64_t row = r0; row < r1; ++row) ok &= route_row_scalar(s, r, row, b);
+  return ok;
+}
+// The vector kernels keep k <= 16 candidates in registers.
+static bool small_k(const RouterSpec& s) { return s.k <= 16; }
+static bool t16(const RouterSpec& s) { return small_k(s) && t16_applies(s); }
+static bool t16_sigmoid(const RouterSpec& s) { return small_k(s) && t16_sigmoid_applies(s); }
+static bool t8(const RouterSpec& s) { return small_k(s) && g_router_t8.get() && t8_applies(s); }
+static bool t8_sigmoid(const RouterSpec& s) { return small_k(s) && g_router_t8.get() && t8_sigmoid_applies(s); }
+
+const RouterKernel kRouterKernels[] = {
+    {cpu::Isa::avx512, t16, route_rows_t16, "avx512_t16"},
+    {cpu::Isa::avx512, t16_sigmoid, route_rows_t16_sigmoid, "avx512_t16"},
+    {cpu::Isa::avx512, small_k, route_rows_avx512_rowwise, "avx512_rows"},
+    {cpu::Isa::avx2, t8, route_rows_t8, "avx2_t8"},
+    {cpu::Isa::avx2, t8_sigmoid, route_rows_t8_sigmoid, "avx2_t8"},
+    {cpu::Isa::avx2, small_k, route_rows_avx2, "avx2_rows"},
+    {cpu::Isa::scalar, nullptr, rows_scalar, "fp32_rows"},
+};
+
+static const RouterKernel& router_kernel(const RouterSpec& s) { return cpu::select_kernel("moe router", kRouterKernels, s); }
 
 bool route_fast(const RouterSpec& s, GatingResult& r) {
-  const bool vec = s.k <= 16 && cpu::has(cpu::Isa::avx512), vec2 = !vec && s.k <= 16 && cpu::has(cpu::Isa::avx2);
-  const bool t8 = vec2 && uses_t8(s);
+  const RouteRows rows = router_kernel(s).fn;
   // About 256 KiB of fp32 logits per task: each task's first rows start a new memory stream (not yet
   // prefetched) and pay the kernel's set-up; 16 / 64 KiB tasks were 20-25% / 7-8% slower at 2
   // threads (T 16384: 32 tasks, still enough to balance).
@@ -164,13 +191,7 @@ bool route_fast(const RouterSpec& s, GatingResult& r) {
   std::atomic<bool> valid{true};
   parallel_for_dynamic((s.R + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
     RouterScratch& b = RouterScratch::for_thread(s);
-    int64_t r0 = c0 * chunk, r1 = std::min(s.R, c1 * chunk);
-    bool ok = true;
-    if (vec) ok = route_rows_avx512(s, r, r0, r1, b);
-    else if (t8) ok = s.sigmoid ? route_rows_t8_sigmoid(s, r, r0, r1, b) : route_rows_t8(s, r, r0, r1, b);
-    else if (vec2) ok = route_rows_avx2(s, r, r0, r1, b);
-    else for (int64_t row = r0; row < r1; ++row) ok &= route_row_scalar(s, r, row, b);
-    if (!ok) valid.store(false, std::memory_order_relaxed);
+    if (!rows(s, r, c0 * chunk, std::min(s.R, c1 * chunk), b)) valid.store(false, std::memory_order_relaxed);
   });
   return valid.load();
 }
@@ -180,11 +201,7 @@ template <class Reference>
 static GatingResult run(const char* op, RouterSpec& s, const TensorView& x, bool force_ref, Reference&& reference) {
   trace::OpScope scope(op);
   if (scope.active())  // the name strings cost ~0.5 us a call (a quarter of a T 1 call) when tracing is off
-    scope.kernel(force_ref                                 ? "ref"
-                 : s.k > 16 || !cpu::has(cpu::Isa::avx2)   ? "fp32_rows"
-                 : !cpu::has(cpu::Isa::avx512)             ? (uses_t8(s) ? "avx2_t8" : "avx2_rows")
-                 : t16_applies(s) || t16_sigmoid_applies(s) ? "avx512_t16"
-                                                            : "avx512_rows")
+    scope.kernel(force_ref ? "ref" : router_kernel(s).name)
         .args(x.shape_str())
         .bytes(double(x.nbytes()));
   if (force_ref) {

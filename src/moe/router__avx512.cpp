@@ -8,7 +8,7 @@
 // candidates go to the general vector top-k (up to 64), a -inf threshold or a tie there to
 // route_row_scalar, so ids always match the scalar order (descending, ties to the lower expert id).
 // Groups of 16 m experts are scored by one transposing tree over all groups. Rows of 4, 8 or 16
-// vectors and fp32 rows read in place have their own instances (route_rows_avx512).
+// vectors and fp32 rows read in place have their own instances (route_rows_avx512_rowwise).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -369,7 +369,7 @@ inline int reduce8_lane(int i) { return 4 * (i % 4) + i / 4; }
 
 namespace {
 // NV > 0: rows of exactly NV vectors (the common expert counts: loops of known length). Direct:
-// fp32 rows read in place, no mask (see route_rows_avx512; then no -inf lanes either).
+// fp32 rows read in place, no mask (see route_rows_avx512_rowwise; then no -inf lanes either).
 template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
   bool valid = true;
   const int64_t E = NV > 0 ? 16 * NV : s.E, k = s.k, nv = (E + 15) / 16, st = b.stride, cst = b.cand_stride;
@@ -607,12 +607,6 @@ bool route_rows_avx512_rowwise(const RouterSpec& s, GatingResult& r, int64_t r0,
     case 256: return direct ? route_rows<16, true>(s, r, r0, r1, b) : route_rows<16, false>(s, r, r0, r1, b);
     default: return direct ? route_rows<0, true>(s, r, r0, r1, b) : route_rows<0, false>(s, r, r0, r1, b);
   }
-}
-
-bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
-  return t16_applies(s)           ? route_rows_t16(s, r, r0, r1, b)
-         : t16_sigmoid_applies(s) ? route_rows_t16_sigmoid(s, r, r0, r1, b)
-                                  : route_rows_avx512_rowwise(s, r, r0, r1, b);
 }
 
 }  // namespace ot::moe::impl

@@ -85,11 +85,11 @@ void limit_groups(const RouterSpec& s, float* key, float* gscore);
 void keep_groups(const RouterSpec& s, float* key, float* gscore);
 // Writes ids (E for finished rows), y (cast to x's dtype) and the v1 row_idx of one row.
 void write_row(const RouterSpec& s, GatingResult& r, int64_t row, const int32_t* ids, const float* vals);
-// Rows [r0, r1) with AVX-512 (k <= 16); rows it cannot decide exactly go to route_row_scalar.
-// False when some row fails check_rows. Takes the 16-tokens-in-lanes kernel where it applies
-// (route_rows_t16, route_rows_t16_sigmoid), the row kernel (route_rows_avx512_rowwise) for the rest.
-bool route_rows_avx512(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
-// Rows [r0, r1) with AVX2 (k <= 16; router__avx2.cpp), likewise.
+// The row kernels, listed in kRouterKernels (router.cpp). Each routes rows [r0, r1) (k <= 16) and
+// sends rows it cannot decide exactly to route_row_scalar; false when some row fails check_rows.
+// AVX-512 (router__avx512.cpp):
+bool route_rows_avx512_rowwise(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
+// AVX2 (router__avx2.cpp):
 bool route_rows_avx2(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 // The calls route_rows_t8 (router_t8__avx2.cpp: 8 tokens in lanes, AVX2) handles: softmax routers
 // selecting on the logits (no bias, no group limit, no mask, no scores output), E a multiple of 8
@@ -101,7 +101,6 @@ bool route_rows_t8(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1,
 // 8 up to 256, k <= 8, T >= 4.
 bool t8_sigmoid_applies(const RouterSpec& s);
 bool route_rows_t8_sigmoid(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
-bool route_rows_avx512_rowwise(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 // The calls route_rows_t16 handles: softmax routers selecting on the logits (no bias, no group
 // limit, no mask, no scores output), E a multiple of 16 up to 256, k <= 16, AVX512_VBMI/VBMI2.
 bool t16_applies(const RouterSpec& s);
