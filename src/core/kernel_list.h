@@ -27,4 +27,10 @@ const KernelEntry<Fn, Plan>& select_kernel(const char* family, const KernelEntry
   throw Error(family, "plan", "a kernel of the list that applies (the list ends with a portable entry)", "none");
 }
 
+// Lists whose entries depend on the ISA alone.
+struct AnyPlan {};
+template <class Fn, size_t N> const KernelEntry<Fn, AnyPlan>& select_kernel(const char* family, const KernelEntry<Fn, AnyPlan> (&list)[N]) {
+  return select_kernel(family, list, AnyPlan{});
+}
+
 }  // namespace ot::cpu

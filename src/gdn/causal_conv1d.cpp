@@ -58,7 +58,14 @@ std::vector<int64_t> seq_starts(const ConvArgs& a, const CausalConv1dOptions& o)
   return s;
 }
 
+const cpu::KernelEntry<SeqKernels, cpu::AnyPlan> kSeqKernels[] = {
+    {cpu::Isa::avx2, nullptr, {avx2::fwd_seq, avx2::bwd_seq}, "avx2"},
+    {cpu::Isa::scalar, nullptr, {generic::fwd_seq, generic::bwd_seq}, "generic"},
+};
+
 }  // namespace
+
+const cpu::KernelEntry<SeqKernels, cpu::AnyPlan>& detail::conv::seq_kernels() { return cpu::select_kernel("causal_conv1d", kSeqKernels); }
 
 CausalConv1dOut causal_conv1d_fn(const TensorView& x_in, const TensorView& weight, const CausalConv1dOptions& o) {
   const char* op = "causal_conv1d_fn";
@@ -68,7 +75,8 @@ CausalConv1dOut causal_conv1d_fn(const TensorView& x_in, const TensorView& weigh
   r.y = pooled_empty(x_in.dtype, {a.B, a.T, a.D});
   if (o.return_final_states) r.final_states = Tensor::empty(x_in.dtype, {a.N, a.D, a.W - 1});
   const bool use_ref = cpu::force_ref();
-  if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : cpu::has(cpu::Isa::avx2) ? "avx2" : "generic");
+  const auto& kernels = seq_kernels();
+  if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : kernels.name);
   if (use_ref) {
     ref::causal_conv1d_fwd(x_in, weight, o.bias, o.initial_states, a.silu, seq_starts(a, o), r.y, r.final_states.view());
     return r;
@@ -76,7 +84,6 @@ CausalConv1dOut causal_conv1d_fn(const TensorView& x_in, const TensorView& weigh
   Tensor keep;
   const TensorView x = channels_contiguous(x_in, keep);
   const PackedWeights pw = pack_weights(weight, o.bias);
-  const bool avx2 = cpu::has(cpu::Isa::avx2);
   const TensorView y = r.y.view(), fin = r.final_states.view(), init = o.initial_states;
   parallel_for(a.N * pw.blocks, [&](int64_t j0, int64_t j1) {
     alignas(64) float init_buf[kMaxWidth * kBlock], fin_buf[kMaxWidth * kBlock];
@@ -93,8 +100,7 @@ CausalConv1dOut causal_conv1d_fn(const TensorView& x_in, const TensorView& weigh
         s.init = init_buf;
       }
       if (fin.defined()) s.fin = fin_buf;
-      if (avx2) avx2::fwd_seq(b, s);
-      else generic::fwd_seq(b, s);
+      kernels.fn.fwd_seq(b, s);
       if (fin.defined()) scatter_state(fin_buf, fin, n, c0, b.nc, a.W);
     }
   });
@@ -116,7 +122,8 @@ CausalConv1dGrads causal_conv1d_bwd(const TensorView& x_in, const TensorView& we
   if (o.bias.defined()) g.dbias = Tensor::empty(DType::f32, {a.D});
   if (o.initial_states.defined()) g.dinitial_states = Tensor::empty(o.initial_states.dtype, {a.N, a.D, a.W - 1});
   const bool use_ref = cpu::force_ref();
-  if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : cpu::has(cpu::Isa::avx2) ? "avx2" : "generic");
+  const auto& kernels = seq_kernels();
+  if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : kernels.name);
   if (use_ref) {
     ref::causal_conv1d_bwd(x_in, weight, o.bias, o.initial_states, a.silu, seq_starts(a, o), dy_in, dfinal_states, g.dx, g.dweight,
                            g.dbias.view(), g.dinitial_states.view());
@@ -125,7 +132,6 @@ CausalConv1dGrads causal_conv1d_bwd(const TensorView& x_in, const TensorView& we
   Tensor keep_x, keep_dy;
   const TensorView x = channels_contiguous(x_in, keep_x), dy = channels_contiguous(dy_in, keep_dy);
   const PackedWeights pw = pack_weights(weight, o.bias);
-  const bool avx2 = cpu::has(cpu::Isa::avx2);
   const TensorView dx = g.dx.view(), init = o.initial_states, dinit = g.dinitial_states.view();
   float* dweight = g.dweight.ptr<float>();
   float* dbias = g.dbias.defined() ? g.dbias.ptr<float>() : nullptr;
@@ -155,8 +161,7 @@ CausalConv1dGrads causal_conv1d_bwd(const TensorView& x_in, const TensorView& we
         }
         s.dw = dw;
         s.db = db;
-        if (avx2) avx2::bwd_seq(b, s);
-        else generic::bwd_seq(b, s);
+        kernels.fn.bwd_seq(b, s);
         if (dinit.defined()) scatter_state(dinit_buf, dinit, n, c0, b.nc, a.W);
       }
       for (int64_t c = 0; c < b.nc; ++c) {

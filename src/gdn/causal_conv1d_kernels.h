@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "ot/tensor.h"
+#include "src/core/kernel_list.h"
 
 namespace ot::gdn::detail::conv {
 
@@ -62,5 +63,12 @@ struct BwdSeq {
 OT_CONV_DECLARE(generic)
 OT_CONV_DECLARE(avx2)
 #undef OT_CONV_DECLARE
+
+struct SeqKernels {
+  void (*fwd_seq)(const Block& b, const FwdSeq& s);
+  void (*bwd_seq)(const Block& b, const BwdSeq& s);
+};
+// The ISA's kernels (the list is in causal_conv1d.cpp; causal_conv1d_update shares it).
+const cpu::KernelEntry<SeqKernels, cpu::AnyPlan>& seq_kernels();
 
 }  // namespace ot::gdn::detail::conv

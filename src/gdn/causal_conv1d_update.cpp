@@ -86,7 +86,8 @@ Tensor causal_conv1d_update(const TensorView& x_in, const TensorView& conv_state
 
   Tensor y = Tensor::empty(x.dtype, x_in.shape());
   const TensorView y3 = as_tokens(y.view());
-  if (scope.active()) scope.args(x_in.shape_str()).kernel(cpu::force_ref() ? "ref" : cpu::has(cpu::Isa::avx2) ? "avx2" : "generic");
+  const auto& kernels = seq_kernels();
+  if (scope.active()) scope.args(x_in.shape_str()).kernel(cpu::force_ref() ? "ref" : kernels.name);
   if (cpu::force_ref()) {
     ref::causal_conv1d_update(x, conv_state, weight, o.bias, silu, slots, y3);
     return y;
@@ -97,7 +98,6 @@ Tensor causal_conv1d_update(const TensorView& x_in, const TensorView& conv_state
   const bool slab = conv_state.strides[2] == 1 && conv_state.strides[1] == Wm;
   Tensor keep;
   const TensorView xc = x.strides[2] == 1 || D <= 1 ? x : (keep = Tensor::copy_of(x)).view();
-  const bool avx2 = cpu::has(cpu::Isa::avx2);
   parallel_for(B * pw.blocks, [&](int64_t j0, int64_t j1) {
     alignas(64) float zeros[kBlock] = {}, cw[kBlock * (kMaxWidth - 1)], init[kBlock * (kMaxWidth - 1)], fin[kBlock * (kMaxWidth - 1)];
     for (int64_t j = j0; j < j1; ++j) {
@@ -126,8 +126,7 @@ Tensor causal_conv1d_update(const TensorView& x_in, const TensorView& conv_state
       q.len = S;
       q.init = init;
       q.fin = fin;
-      if (avx2) avx2::fwd_seq(k, q);
-      else generic::fwd_seq(k, q);
+      kernels.fn.fwd_seq(k, q);
       for (int64_t c = 0; c < k.nc; ++c)
         for (int64_t i = 0; i < Wm; ++i) cw[c * Wm + i] = fin[i * kBlock + c];
       if (slab) store_row(cw, elem_at(conv_state.data, conv_state.dtype, s_off), conv_state.dtype, k.nc * Wm);

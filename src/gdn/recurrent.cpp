@@ -10,6 +10,7 @@
 #include "ot/numeric.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
+#include "src/core/kernel_list.h"
 #include "src/gdn/chunk_kernels.h"
 #include "src/gdn/gdn_internal.h"
 
@@ -31,6 +32,12 @@ namespace {
 
 using StepFn = void (*)(const void*, bool, void*, bool, const float*, const float*, const float*, float, float, float, int64_t, int64_t,
                         float*, float*);
+
+const cpu::KernelEntry<StepFn, cpu::AnyPlan> kStepKernels[] = {
+    {cpu::Isa::avx512, nullptr, &avx512::step, "avx512"},
+    {cpu::Isa::avx2, nullptr, &avx2::step, "avx2"},
+    {cpu::Isa::scalar, nullptr, &generic::step, "generic"},
+};
 
 // fp64 step for the reference path: same contract with a double scratch state.
 void step_ref(const double* s_in, double* s_out, const float* q, const float* k, const float* v, double a, double beta, double scale,
@@ -165,11 +172,12 @@ RecurrentOut recurrent_gated_delta_rule(const TensorView& q, const TensorView& k
   const float* A_log = fused_gate ? opt.A_log.ptr<float>() : nullptr;
   const float* dt_bias = fused_gate ? opt.dt_bias.ptr<float>() : nullptr;
   bool ref = cpu::force_ref();
-  StepFn fast = cpu::has(cpu::Isa::avx512) ? &avx512::step : cpu::has(cpu::Isa::avx2) ? &avx2::step : &generic::step;
+  const auto& step_kernel = cpu::select_kernel("recurrent_gated_delta_rule", kStepKernels);
+  const StepFn fast = step_kernel.fn;
   double state_bytes = 0;
   for (int64_t n = 0; n < N; ++n)
     if (s.len[size_t(n)] > 0) state_bytes += 2.0 * double(HV * DK * DV) * double(cache ? dtype_size(C.dt) : 4);
-  if (scope.active()) scope.args(shape_args(q, v, l)).kernel(ref ? "ref" : fast == &avx512::step ? "avx512" : fast == &avx2::step ? "avx2" : "generic");
+  if (scope.active()) scope.args(shape_args(q, v, l)).kernel(ref ? "ref" : step_kernel.name);
   scope.bytes(state_bytes);
   int64_t group = HV / HK, SS = DK * DV;
 
