@@ -255,7 +255,9 @@ TEST(MoeFfnBackward, CallerOwnedGradientBuffers) {
         for (double& v : w) v += acc ? k.fill : 0.0;
         EXPECT_LT(rel_err(to_vec(*got), w), k.tol);
       }
-      if (k.dt == DType::f32) EXPECT_LT(rel_err(g.dx, fresh.dx), 1e-6);
+      if (k.dt == DType::f32) {
+        EXPECT_LT(rel_err(g.dx, fresh.dx), 1e-6);
+      }
     }
     if (k.dt != DType::bf16) continue;
     MoeFfnBackwardOptions bad;
