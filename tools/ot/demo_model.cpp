@@ -70,6 +70,7 @@ struct Layer {
   // GDN mixer
   std::vector<float> in_norm, o_norm, A_log, dt_bias;
   Tensor A_log_t, dt_bias_t;  // [HV] fp32 views for the fused decode gates
+  Tensor o_norm_heads;        // [HV * DV] fp32: o_norm once per value head (the gated norm's weight)
   Linear in_proj, out_proj;
   // MoE FFN
   std::vector<float> post_norm;
@@ -112,6 +113,8 @@ Model::Model(const DemoConfig& cfg, int64_t keep_ref_layers, const ExpertParalle
     L->in_norm = init.vec(H, 0.9, 1.1);
     L->post_norm = init.vec(H, 0.9, 1.1);
     L->o_norm = init.vec(DV, 0.9, 1.1);
+    L->o_norm_heads = Tensor::empty(DType::f32, {HV * DV});
+    for (int64_t h = 0; h < HV; ++h) std::memcpy(L->o_norm_heads.ptr<float>() + h * DV, L->o_norm.data(), size_t(DV) * 4);
     // HF init: A ~ U(1, 16), dt ~ logU(1e-3, 0.1), dt_bias = softplus^-1(dt).
     L->A_log = init.vec(HV, 0, 1);
     L->dt_bias = init.vec(HV, 0, 1);
@@ -185,6 +188,16 @@ void checked_linear(const char* name, const TensorView& x, const Linear& w, cons
   linear(name, x, w, out, accumulate);
 }
 
+// out = rms_norm(x), checked against the plain form when verifying.
+void checked_rms_norm(const TensorView& x, const float* w, double eps, const TensorView& out, Verifier* v) {
+  rms_norm(x, w, eps, out);
+  if (v) {
+    Tensor ref = Tensor::empty(out.dtype, out.shape());
+    rms_norm_ref(x, w, eps, ref);
+    v->add("rms_norm", normalised_error(out, ref));
+  }
+}
+
 // Columns [col, col + width) of a [T, P] tensor as a [T, width] view.
 TensorView columns(const Tensor& t, int64_t col, int64_t width) {
   const int64_t P = t.size(1);
@@ -206,7 +219,7 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
                 DV = m.gdn.value_head_dim;
   const DType dt = m.dtype;
   Tensor xn = Tensor::empty(dt, {T, H});
-  rms_norm(x, L.in_norm.data(), m.rms_norm_eps, xn);
+  checked_rms_norm(x, L.in_norm.data(), m.rms_norm_eps, xn, v);
   Tensor proj = Tensor::empty(dt, {T, L.in_proj.out});
   checked_linear("in_proj", xn, L.in_proj, proj, false, v);
   const int64_t cq = 0, ck = HK * DK, cv = 2 * HK * DK, cz = cv + HV * DV, cb = cz + HV * DV, ca = cb + HV;
@@ -268,8 +281,12 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
   o = Tensor::copy_of(columns(proj, cv, HV * DV));
   TensorView o3 = o.view().reshape({T, HV, DV});
 #endif
-  Tensor y = Tensor::empty(dt, {T, HV * DV});
-  gated_rms_norm(o3, columns(proj, cz, HV * DV), L.o_norm.data(), m.rms_norm_eps, y);
+  Tensor y = gated_rms_norm(o3, columns(proj, cz, HV * DV), L.o_norm_heads, m.rms_norm_eps);
+  if (v) {
+    Tensor ref = Tensor::empty(dt, {T, HV * DV});
+    gated_rms_norm_ref(o3, columns(proj, cz, HV * DV), L.o_norm.data(), m.rms_norm_eps, ref);
+    v->add("gated_rms_norm", normalised_error(y, ref));
+  }
   checked_linear("out_proj", y, L.out_proj, x, true, v);
 }
 
@@ -291,7 +308,7 @@ void Model::ffn(Layer& L, Tensor& x, Verifier* v) {
   const ModelConfig& m = cfg_.model;
   const int64_t T = x.size(0), H = m.hidden;
   Tensor xn = Tensor::empty(m.dtype, {T, H});
-  rms_norm(x, L.post_norm.data(), m.rms_norm_eps, xn);
+  checked_rms_norm(x, L.post_norm.data(), m.rms_norm_eps, xn, v);
 #if OT_DEMO_MOE
   if (use_ep_) return ffn_ep(L, x, xn, v);
   moe::MoeFfnOptions opt;
@@ -399,7 +416,7 @@ std::vector<int32_t> Model::step(const std::vector<int32_t>& tokens, const Batch
   for (int64_t n = 0; n < N; ++n) last.push_back((end += batch.lengths[size_t(n)]) - 1);
   Tensor h = Tensor::empty(m.dtype, {N, m.hidden}), hn = Tensor::empty(m.dtype, {N, m.hidden});
   gather_rows(x, last, h);
-  rms_norm(h, final_norm_.ptr<float>(), m.rms_norm_eps, hn);
+  checked_rms_norm(h, final_norm_.ptr<float>(), m.rms_norm_eps, hn, v);
   Tensor logits = Tensor::empty(DType::f32, {N, m.vocab});
   checked_linear("lm_head", hn, lm_head_, logits, false, v);
   return argmax_rows(logits);
