@@ -89,6 +89,16 @@ phases = [e for e in events if e.get("cat") == "phase"]
 check(len(phases) == 1 + S, f"expected {1 + S} phase events (prefill + decode steps), got {len(phases)}")
 print(f"trace: {len(events)} events, top-level operator calls {counts}")
 
+# ---- --compare-isolated: a pipeline vs isolated row per top-level operator of each phase --------
+r = run(["--compare-isolated", "--no-verify", "--decode-steps", "2"])
+check(r.returncode == 0, f"--compare-isolated exited {r.returncode}: {r.stderr.strip()!r}")
+for phase in ("prefill", "decode"):
+    check(f"{phase} operators in the pipeline vs in isolation" in r.stdout, f"--compare-isolated printed no {phase} comparison")
+rows = re.findall(r"^(\w+)\s+\d+\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)", r.stdout, re.M)
+for op in ("in_proj", "out_proj", "rms_norm", "lm_head") + (("moe_ffn",) if "moe_ffn" in names else ()):
+    got = [row for row in rows if row[0] == op]
+    check(len(got) == 2 and all(float(g[2]) > 0 for g in got), f"--compare-isolated: {op} has no prefill and decode row with an isolated time")
+
 # ---- bad configs -------------------------------------------------------------------------------
 bad = [
     ({"model": {"gdn": {"value_heads": 6}}}, "model.gdn.value_heads"),  # not a multiple of key_heads (4)

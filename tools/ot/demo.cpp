@@ -24,7 +24,7 @@ namespace {
 
 struct Options {
   std::string config_file, trace_file;
-  bool print_config = false, no_verify = false, ep = false;
+  bool print_config = false, no_verify = false, ep = false, compare_isolated = false;
   int64_t decode_steps = -1;
   int threads = 0;
 };
@@ -139,15 +139,39 @@ int run_demo(const DemoConfig& cfg, const std::string& trace_file, RunContext& c
   all.insert(all.end(), ev.begin(), ev.end());
   bar.finish();
 
+  // Each operator again in isolation at the same shapes: one prefill and one decode step with
+  // every call repeated back to back (ctx.compare_isolated; untimed, its outputs unused).
+  Isolation iso_prefill, iso_decode;
+  if (ctx.compare_isolated) {
+    model.reset_cache(2 * int64_t(b.lengths.size()));
+    model.set_isolation(&iso_prefill);
+    std::vector<int32_t> n2 = model.step(prompt, b, true);
+    if (steps > 0) {
+      model.set_isolation(&iso_decode);
+      model.step(n2, d, false);
+    }
+    model.set_isolation(nullptr);
+    trace::take_events();
+    model.take_work();
+  }
+
   if (root) {
     std::printf("\n== prefill: %zu sequences (lengths", b.lengths.size());
     for (auto l : b.lengths) std::printf(" %lld", (long long)l);
     std::printf("), %lld tokens, varlen cu_seqlens, one batched call per operator and layer\n", (long long)b.tokens());
     print_phase(prefill, dt, threads, Roofline::compute);
+    if (ctx.compare_isolated) {
+      std::printf("\n  prefill operators in the pipeline vs in isolation (same shapes and inputs):\n");
+      print_isolated(prefill, iso_prefill);
+    }
     if (steps > 0) {
       std::printf("\n== decode: %lld steps x %zu sequences, one token each, GDN state cache (slot per sequence)\n", (long long)steps,
                   b.lengths.size());
       print_phase(decode, dt, threads, Roofline::memory);
+      if (ctx.compare_isolated) {
+        std::printf("\n  decode operators in the pipeline vs in isolation (one step, same shapes and inputs):\n");
+        print_isolated(decode, iso_decode);
+      }
       std::printf("\n  greedy tokens of sequence 0:");
       for (size_t i = 0; i < generated[0].size() && i < 16; ++i) std::printf(" %d", generated[0][i]);
       std::printf("%s\n", generated[0].size() > 16 ? " ..." : "");
@@ -185,6 +209,8 @@ const cli::RegisterCommand reg("demo", "Run a Qwen3-Next-like GDN + MoE decoder 
   sub.flag("--no-verify", opt->no_verify, "Skip the reference-path verification");
   sub.value("--decode-steps", opt->decode_steps, "Override run.decode_steps");
   sub.value("--threads", opt->threads, "Threads (0 = all; overrides run.threads)");
+  sub.flag("--compare-isolated", opt->compare_isolated,
+           "After the timed run, repeat every operator call of one prefill and one decode step in isolation and print pipeline vs isolated time");
   sub.flag("--ep", opt->ep, "Under mpirun: run the MoE layers expert-parallel across the ranks");
   return [opt] {
     DemoConfig cfg = opt->config_file.empty() ? DemoConfig{} : load_config(opt->config_file);
@@ -199,6 +225,7 @@ const cli::RegisterCommand reg("demo", "Run a Qwen3-Next-like GDN + MoE decoder 
     if (cfg.run.threads > 0) set_num_threads(cfg.run.threads);
     int rc = opt->ep ? run_demo_ep(cfg, opt->trace_file) : [&] {
       RunContext ctx;
+      ctx.compare_isolated = opt->compare_isolated;
       return run_demo(cfg, opt->trace_file, ctx);
     }();
     return rc;

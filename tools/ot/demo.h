@@ -19,6 +19,7 @@ struct RunContext {
   std::function<void(std::vector<trace::Event>&)> after_run;                  // e.g. adds communication events
   std::function<void(const std::string&, const std::vector<trace::Event>&)> write_trace;  // one file for all ranks
   std::function<bool(const Verifier&, double)> verify_ok;                     // agreed over the ranks
+  bool compare_isolated = false;                                              // ot demo --compare-isolated
 };
 
 // Returns the exit code (0, or 1 when verification fails).

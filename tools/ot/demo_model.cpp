@@ -1,5 +1,6 @@
 #include "demo_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -70,6 +71,7 @@ struct Layer {
   // GDN mixer
   std::vector<float> in_norm, o_norm, A_log, dt_bias;
   Tensor A_log_t, dt_bias_t;  // [HV] fp32 views for the fused decode gates
+  Tensor o_norm_heads;        // [HV * DV] fp32: o_norm once per value head (the gated norm's weight)
   Linear in_proj, out_proj;
   // MoE FFN
   std::vector<float> post_norm;
@@ -87,6 +89,19 @@ void Verifier::add(const std::string& op, double err) {
   Entry& e = ops[op];
   ++e.calls;
   e.max_err = std::max(e.max_err, std::isnan(err) ? INFINITY : err);
+}
+
+void Isolation::time(const char* name, const std::function<void()>& fn) {
+  std::vector<double> ms;
+  for (int r = 0; r < repeats; ++r) {
+    const int64_t t0 = trace::now_ns();
+    fn();
+    ms.push_back((trace::now_ns() - t0) / 1e6);
+  }
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  Entry& e = ops[name];
+  ++e.calls;
+  e.ms += ms[ms.size() / 2];
 }
 
 int64_t Batch::tokens() const {
@@ -112,6 +127,8 @@ Model::Model(const DemoConfig& cfg, int64_t keep_ref_layers, const ExpertParalle
     L->in_norm = init.vec(H, 0.9, 1.1);
     L->post_norm = init.vec(H, 0.9, 1.1);
     L->o_norm = init.vec(DV, 0.9, 1.1);
+    L->o_norm_heads = Tensor::empty(DType::f32, {HV * DV});
+    for (int64_t h = 0; h < HV; ++h) std::memcpy(L->o_norm_heads.ptr<float>() + h * DV, L->o_norm.data(), size_t(DV) * 4);
     // HF init: A ~ U(1, 16), dt ~ logU(1e-3, 0.1), dt_bias = softplus^-1(dt).
     L->A_log = init.vec(HV, 0, 1);
     L->dt_bias = init.vec(HV, 0, 1);
@@ -175,14 +192,32 @@ std::vector<Work> Model::take_work() {
 namespace {
 
 // out = the linear through the fast engine, checked against the reference GEMM when verifying.
-void checked_linear(const char* name, const TensorView& x, const Linear& w, const TensorView& out, bool accumulate, Verifier* v) {
+void checked_linear(const char* name, const TensorView& x, const Linear& w, const TensorView& out, bool accumulate, Verifier* v,
+                    Isolation* iso) {
   if (v) {
     Tensor fast = Tensor::empty(out.dtype, {x.size(0), w.out}), ref = Tensor::empty(out.dtype, {x.size(0), w.out});
     linear(name, x, w, fast);
     linear_ref(x, w, ref);
     v->add(std::string(name) + " (gemm)", normalised_error(fast, ref));
   }
+  if (iso && accumulate) {
+    // The repeats accumulate into a copy: the step's own output gets the one pipeline call.
+    Tensor copy = Tensor::copy_of(out);
+    iso->time(name, [&] { linear(name, x, w, copy, true); });
+  }
   linear(name, x, w, out, accumulate);
+  if (iso && !accumulate) iso->time(name, [&] { linear(name, x, w, out); });
+}
+
+// out = rms_norm(x), checked against the plain form when verifying.
+void checked_rms_norm(const TensorView& x, const float* w, double eps, const TensorView& out, Verifier* v, Isolation* iso) {
+  rms_norm(x, w, eps, out);
+  if (iso) iso->time("rms_norm", [&] { rms_norm(x, w, eps, out); });
+  if (v) {
+    Tensor ref = Tensor::empty(out.dtype, out.shape());
+    rms_norm_ref(x, w, eps, ref);
+    v->add("rms_norm", normalised_error(out, ref));
+  }
 }
 
 // Columns [col, col + width) of a [T, P] tensor as a [T, width] view.
@@ -206,9 +241,9 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
                 DV = m.gdn.value_head_dim;
   const DType dt = m.dtype;
   Tensor xn = Tensor::empty(dt, {T, H});
-  rms_norm(x, L.in_norm.data(), m.rms_norm_eps, xn);
+  checked_rms_norm(x, L.in_norm.data(), m.rms_norm_eps, xn, v, iso_);
   Tensor proj = Tensor::empty(dt, {T, L.in_proj.out});
-  checked_linear("in_proj", xn, L.in_proj, proj, false, v);
+  checked_linear("in_proj", xn, L.in_proj, proj, false, v, iso_);
   const int64_t cq = 0, ck = HK * DK, cv = 2 * HK * DK, cz = cv + HV * DV, cb = cz + HV * DV, ca = cb + HV;
   Tensor o;  // [T, HV, DV]
 #if OT_DEMO_GDN
@@ -217,6 +252,11 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
     Tensor g = Tensor::empty(DType::f32, {1, T, HV}), beta = Tensor::empty(DType::f32, {1, T, HV});
     gdn_gates(columns(proj, ca, HV), columns(proj, cb, HV), L.A_log.data(), L.dt_bias.data(), g.view().reshape({T, HV}),
               beta.view().reshape({T, HV}));
+    if (iso_)
+      iso_->time("gdn_gates", [&] {
+        gdn_gates(columns(proj, ca, HV), columns(proj, cb, HV), L.A_log.data(), L.dt_bias.data(), g.view().reshape({T, HV}),
+                  beta.view().reshape({T, HV}));
+      });
     gdn::ChunkOptions opt;
     opt.cu_seqlens = cu_seqlens_;
     opt.seq = seq_.get();
@@ -226,6 +266,7 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
     auto q = heads_view(proj, cq, 1, T, HK, DK), k = heads_view(proj, ck, 1, T, HK, DK), vv = heads_view(proj, cv, 1, T, HV, DV);
     gdn::ChunkFwd r = gdn::chunk_gated_delta_rule_fwd(q, k, vv, g, beta, opt);
     work_.push_back(gdn_prefill_work(batch));
+    if (iso_) iso_->time("chunk_gated_delta_rule_fwd", [&] { gdn::chunk_gated_delta_rule_fwd(q, k, vv, g, beta, opt); });
     if (v) {
       cpu::ScopedForceRef force(true);
       gdn::ChunkFwd rr = gdn::chunk_gated_delta_rule_fwd(q, k, vv, g, beta, opt);
@@ -233,6 +274,7 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
       v->add("chunk_gated_delta_rule_fwd (state)", normalised_error(r.final_state, rr.final_state));
     }
     store_states(r.final_state, batch.slots, cache_[size_t(l)]);
+    if (iso_) iso_->time("gdn_cache_store", [&] { store_states(r.final_state, batch.slots, cache_[size_t(l)]); });
     o = r.o;
   } else {
     Tensor idx = Tensor::empty(DType::i32, {N});
@@ -249,9 +291,15 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
     const TensorView a2 = columns(proj, ca, HV), b2 = columns(proj, cb, HV);
     const TensorView a3(a2.data, dt, {N, 1, HV}, {a2.stride(0), a2.stride(0), 1}), b3(b2.data, dt, {N, 1, HV}, {b2.stride(0), b2.stride(0), 1});
     Tensor before;
-    if (v) before = Tensor::copy_of(cache_[size_t(l)]);
+    if (v || iso_) before = Tensor::copy_of(cache_[size_t(l)]);
     gdn::RecurrentOut r = gdn::recurrent_gated_delta_rule(q, k, vv, a3, b3, opt);
     work_.push_back({"recurrent_gated_delta_rule", 7.0 * N * HV * DK * DV, 2.0 * N * HV * DK * DV * 4});
+    if (iso_) {
+      // The repeats update a copy of the cache (taken before the step) in place.
+      gdn::RecurrentOptions io = opt;
+      io.state_cache = Tensor::copy_of(before);
+      iso_->time("recurrent_gated_delta_rule", [&] { gdn::recurrent_gated_delta_rule(q, k, vv, a3, b3, io); });
+    }
     if (v) {
       cpu::ScopedForceRef force(true);
       opt.state_cache = before;
@@ -268,9 +316,14 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
   o = Tensor::copy_of(columns(proj, cv, HV * DV));
   TensorView o3 = o.view().reshape({T, HV, DV});
 #endif
-  Tensor y = Tensor::empty(dt, {T, HV * DV});
-  gated_rms_norm(o3, columns(proj, cz, HV * DV), L.o_norm.data(), m.rms_norm_eps, y);
-  checked_linear("out_proj", y, L.out_proj, x, true, v);
+  Tensor y = gated_rms_norm(o3, columns(proj, cz, HV * DV), L.o_norm_heads, m.rms_norm_eps);
+  if (iso_) iso_->time("gated_rms_norm", [&] { gated_rms_norm(o3, columns(proj, cz, HV * DV), L.o_norm_heads, m.rms_norm_eps); });
+  if (v) {
+    Tensor ref = Tensor::empty(dt, {T, HV * DV});
+    gated_rms_norm_ref(o3, columns(proj, cz, HV * DV), L.o_norm.data(), m.rms_norm_eps, ref);
+    v->add("gated_rms_norm", normalised_error(y, ref));
+  }
+  checked_linear("out_proj", y, L.out_proj, x, true, v, iso_);
 }
 
 #if OT_DEMO_MOE
@@ -291,7 +344,7 @@ void Model::ffn(Layer& L, Tensor& x, Verifier* v) {
   const ModelConfig& m = cfg_.model;
   const int64_t T = x.size(0), H = m.hidden;
   Tensor xn = Tensor::empty(m.dtype, {T, H});
-  rms_norm(x, L.post_norm.data(), m.rms_norm_eps, xn);
+  checked_rms_norm(x, L.post_norm.data(), m.rms_norm_eps, xn, v, iso_);
 #if OT_DEMO_MOE
   if (use_ep_) return ffn_ep(L, x, xn, v);
   moe::MoeFfnOptions opt;
@@ -302,6 +355,7 @@ void Model::ffn(Layer& L, Tensor& x, Verifier* v) {
   opt.residual = x;
   moe::MoeFfnResult r = moe::moe_ffn(xn, L.router, L.experts, opt);
   work_.push_back(moe_work(m, r, T));
+  if (iso_) iso_->time("moe_ffn", [&] { moe::moe_ffn(xn, L.router, L.experts, opt); });
   if (v) {
     // Compared without the residual, so the error is relative to the FFN's own output. The
     // reference reads the shared expert's unpacked weights (opt.shared only says there is one).
@@ -378,6 +432,7 @@ std::vector<int32_t> Model::step(const std::vector<int32_t>& tokens, const Batch
   OT_CHECK(T == batch.tokens(), "ot demo", "tokens", detail::cat(batch.tokens(), " tokens"), T);
   Tensor x = Tensor::empty(m.dtype, {T, m.hidden});
   embedding(embed_, tokens, x);
+  if (iso_) iso_->time("embedding", [&] { embedding(embed_, tokens, x); });
   const int64_t nl = layers < 0 ? num_layers() : std::min(layers, num_layers());
 #if OT_DEMO_GDN
   if (prefill) {
@@ -399,10 +454,13 @@ std::vector<int32_t> Model::step(const std::vector<int32_t>& tokens, const Batch
   for (int64_t n = 0; n < N; ++n) last.push_back((end += batch.lengths[size_t(n)]) - 1);
   Tensor h = Tensor::empty(m.dtype, {N, m.hidden}), hn = Tensor::empty(m.dtype, {N, m.hidden});
   gather_rows(x, last, h);
-  rms_norm(h, final_norm_.ptr<float>(), m.rms_norm_eps, hn);
+  if (iso_) iso_->time("gather_rows", [&] { gather_rows(x, last, h); });
+  checked_rms_norm(h, final_norm_.ptr<float>(), m.rms_norm_eps, hn, v, iso_);
   Tensor logits = Tensor::empty(DType::f32, {N, m.vocab});
-  checked_linear("lm_head", hn, lm_head_, logits, false, v);
-  return argmax_rows(logits);
+  checked_linear("lm_head", hn, lm_head_, logits, false, v, iso_);
+  std::vector<int32_t> next = argmax_rows(logits);
+  if (iso_) iso_->time("argmax", [&] { argmax_rows(logits); });
+  return next;
 }
 
 }  // namespace ot::demo

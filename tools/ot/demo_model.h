@@ -62,6 +62,17 @@ struct ExpertParallel {
   std::function<Tensor(const TensorView& rows, int64_t* first)> gather;
 };
 
+// `ot demo --compare-isolated`: while set on a model, every operator call of a step is followed by
+// `repeats` more calls of the same operator on the same inputs, back to back (outputs that the step
+// keeps are not written again: accumulations and the state cache go to copies); per operator name,
+// the calls and the sum over calls of the median of those repeats.
+struct Isolation {
+  int repeats = 5;
+  struct Entry { int64_t calls = 0; double ms = 0; };
+  std::map<std::string, Entry> ops;
+  void time(const char* name, const std::function<void()>& fn);
+};
+
 class Model {
  public:
   // Builds all weights from cfg.run.seed. keep_ref_layers: layers whose unpacked weights are kept
@@ -77,6 +88,8 @@ class Model {
   // token of every sequence (greedy). prefill: tokens holds the prompts back to back.
   std::vector<int32_t> step(const std::vector<int32_t>& tokens, const Batch& batch, bool prefill, Verifier* verify = nullptr,
                             int64_t layers = -1);
+  // Isolated re-timing of every operator call (null: off); see Isolation.
+  void set_isolation(Isolation* iso) { iso_ = iso; }
   // Work records of the library calls since the last take (see Work).
   std::vector<Work> take_work();
 
@@ -97,6 +110,7 @@ class Model {
   std::vector<Work> work_;
   ExpertParallel ep_;
   bool use_ep_ = false;
+  Isolation* iso_ = nullptr;
 };
 
 }  // namespace ot::demo

@@ -5,7 +5,10 @@
 #include <cstring>
 #include <string>
 
+#include "demo_norm.h"
+#include "ot/cpu.h"
 #include "ot/error.h"
+#include "ot/gdn_layer.h"
 #include "ot/numeric.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
@@ -34,8 +37,6 @@ template <class F> void for_rows(int64_t T, int64_t width, int bufs, F&& fn) {
   if (T * width < (int64_t(1) << 16)) body(0, T);
   else parallel_for(T, body);
 }
-
-double silu(double x) { return x / (1 + std::exp(-x)); }
 
 }  // namespace
 
@@ -97,35 +98,60 @@ void rms_norm(const TensorView& x, const float* w, double eps, const TensorView&
   trace::OpScope scope("rms_norm");
   const int64_t T = x.size(0), H = x.size(1);
   scope.args(x.shape_str()).flops(4.0 * T * H).bytes(double(x.nbytes() + out.nbytes()));
-  for_rows(T, H, 1, [&](int64_t t, float* r) {
-    load_row(x, t, r);
-    double ss = 0;
-    for (int64_t i = 0; i < H; ++i) ss += double(r[i]) * r[i];
-    float s = float(1 / std::sqrt(ss / double(H) + eps));
-    for (int64_t i = 0; i < H; ++i) r[i] = r[i] * s * w[i];
-    store_row(out, t, r);
-  });
+  const bool avx2 = cpu::has(cpu::Isa::avx2);
+  auto rows = [&](int64_t t0, int64_t t1) {
+    if (avx2) norm::rms_rows_avx2(x, w, float(eps), out, t0, t1);
+    else norm::rms_rows_generic(x, w, float(eps), out, t0, t1);
+  };
+  // Small inputs (decode) on the calling thread: waking the pool costs more than the work.
+  if (T * H < (int64_t(1) << 16)) rows(0, T);
+  else parallel_for(T, rows);
 }
 
-void gated_rms_norm(const TensorView& o, const TensorView& z, const float* w, double eps, const TensorView& out) {
+Tensor gated_rms_norm(const TensorView& o, const TensorView& z, const TensorView& w, double eps) {
   trace::OpScope scope("gated_rms_norm");
   const int64_t T = o.size(0), HV = o.size(1), DV = o.size(2);
-  scope.args(o.shape_str()).flops(10.0 * T * HV * DV).bytes(double(o.nbytes() + z.nbytes() + out.nbytes()));
+  scope.args(o.shape_str()).flops(10.0 * T * HV * DV).bytes(double(o.nbytes() + z.nbytes()) + double(T * HV * DV * dtype_size(o.dtype)));
+  gdn::RmsNormGatedOptions opt;
+  opt.eps = float(eps);
+  opt.norm_before_gate = true;
+  opt.group_size = DV;
+  return gdn::rms_norm_gated(o.reshape({T, HV * DV}), z, w, opt).y;
+}
+
+// The plain forms (double sums, one thread): what the fast norms are verified against.
+void rms_norm_ref(const TensorView& x, const float* w, double eps, const TensorView& out) {
+  const int64_t T = x.size(0), H = x.size(1);
+  std::vector<float> r(static_cast<size_t>(H));
+  for (int64_t t = 0; t < T; ++t) {
+    load_row(x, t, r.data());
+    double ss = 0;
+    for (int64_t i = 0; i < H; ++i) ss += double(r[size_t(i)]) * r[size_t(i)];
+    const double s = 1 / std::sqrt(ss / double(H) + eps);
+    for (int64_t i = 0; i < H; ++i) r[size_t(i)] = float(r[size_t(i)] * s * w[i]);
+    store_row(out, t, r.data());
+  }
+}
+
+void gated_rms_norm_ref(const TensorView& o, const TensorView& z, const float* w, double eps, const TensorView& out) {
+  const int64_t T = o.size(0), HV = o.size(1), DV = o.size(2);
   const TensorView o2 = o.reshape({T, HV * DV});
-  for_rows(T, HV * DV, 2, [&](int64_t t, float* buf) {
-    float* r = buf;
-    float* zr = buf + HV * DV;
-    load_row(o2, t, r);
-    load_row(z, t, zr);
+  std::vector<float> r(static_cast<size_t>(HV * DV)), zr(static_cast<size_t>(HV * DV));
+  for (int64_t t = 0; t < T; ++t) {
+    load_row(o2, t, r.data());
+    load_row(z, t, zr.data());
     for (int64_t h = 0; h < HV; ++h) {
-      float* rh = r + h * DV;
+      float* rh = r.data() + h * DV;
       double ss = 0;
       for (int64_t i = 0; i < DV; ++i) ss += double(rh[i]) * rh[i];
-      float s = float(1 / std::sqrt(ss / double(DV) + eps));
-      for (int64_t i = 0; i < DV; ++i) rh[i] = rh[i] * s * w[i] * float(silu(zr[h * DV + i]));
+      const double s = 1 / std::sqrt(ss / double(DV) + eps);
+      for (int64_t i = 0; i < DV; ++i) {
+        const double zv = zr[size_t(h * DV + i)];
+        rh[i] = float(rh[i] * s * w[i] * (zv / (1 + std::exp(-zv))));
+      }
     }
-    store_row(out, t, r);
-  });
+    store_row(out, t, r.data());
+  }
 }
 
 void gdn_gates(const TensorView& a, const TensorView& b, const float* A_log, const float* dt_bias, const TensorView& g,

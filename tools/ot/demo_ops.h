@@ -26,12 +26,17 @@ void linear(const char* name, const TensorView& x, const Linear& w, const Tensor
 // The same through the reference GEMM (needs the unpacked weight).
 void linear_ref(const TensorView& x, const Linear& w, const TensorView& out, bool accumulate = false);
 
+// The plain forms of the two norms (double sums, one thread; w [DV] for the gated one), for the
+// verification and `ot bench demo_norms`.
+void rms_norm_ref(const TensorView& x, const float* w, double eps, const TensorView& out);
+void gated_rms_norm_ref(const TensorView& o, const TensorView& z, const float* w, double eps, const TensorView& out);
 // out[t] = table[ids[t]].
 void embedding(const TensorView& table, const std::vector<int32_t>& ids, const TensorView& out);
 // out = x / sqrt(mean(x^2) + eps) * w   (w [H] fp32).
 void rms_norm(const TensorView& x, const float* w, double eps, const TensorView& out);
-// Per value head: out = w * rmsnorm(o) * silu(z); o [T, HV, DV], z [T, HV*DV], w [DV], out [T, HV*DV].
-void gated_rms_norm(const TensorView& o, const TensorView& z, const float* w, double eps, const TensorView& out);
+// Per value head: w * rmsnorm(o) * silu(z) -> [T, HV*DV] in o's dtype; o [T, HV, DV], z [T, HV*DV],
+// w fp32 [HV*DV] (the head's [DV] weight repeated per head). Runs gdn::rms_norm_gated.
+Tensor gated_rms_norm(const TensorView& o, const TensorView& z, const TensorView& w, double eps);
 // g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); a, b [T, HV]; g, beta fp32 [T, HV].
 void gdn_gates(const TensorView& a, const TensorView& b, const float* A_log, const float* dt_bias, const TensorView& g,
                const TensorView& beta);

@@ -106,6 +106,19 @@ void print_phase(const PhaseStats& s, const std::string& dtype, int threads, Roo
   }
 }
 
+void print_isolated(const PhaseStats& s, const Isolation& iso) {
+  std::printf("%-36s %6s %13s %13s %9s\n", "operator", "calls", "pipeline ms", "isolated ms", "ratio");
+  for (const OpRow& r : s.rows) {
+    if (r.depth != 0 || r.calls == 0) continue;
+    auto it = iso.ops.find(r.name);
+    if (it == iso.ops.end() || it->second.calls == 0) continue;
+    const double pipe = r.ms / double(r.calls), alone = it->second.ms / double(it->second.calls), ratio = pipe > 0 ? alone / pipe : 0;
+    std::printf("%-36s %6lld %13.4f %13.4f %9.2f%s\n", r.name.c_str(), (long long)r.calls, pipe, alone, ratio, ratio < 0.85 ? "  <" : "");
+  }
+  std::printf("  (ms per call; isolated: median of %d back-to-back repeats of each call on its inputs; ratio = pipeline rate / isolated rate)\n",
+              iso.repeats);
+}
+
 bool print_verification(const Verifier& v, double tol) {
   bool ok = true;
   std::printf("%-44s %6s %12s %10s  %s\n", "operator (output)", "calls", "max err", "tolerance", "");

@@ -35,6 +35,10 @@ enum class Roofline { compute, memory };
 // dtype: "bf16"/"fp16"/"fp32" for the matrix peak; threads for both peaks. Ends with the phase's
 // roofline line: its operators' counted work over the phase's wall time, as a fraction of the bound.
 void print_phase(const PhaseStats& s, const std::string& dtype, int threads, Roofline bound);
+// Per top-level operator of a phase: its time per call in the pipeline against the same operator
+// repeated in isolation on the same inputs (Isolation), and the pipeline's rate as a fraction of the
+// isolated one (isolated ms / pipeline ms); operators below 0.85 are marked.
+void print_isolated(const PhaseStats& s, const Isolation& iso);
 // Returns false when an operator's error exceeds tol.
 bool print_verification(const Verifier& v, double tol);
 

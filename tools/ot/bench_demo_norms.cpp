@@ -1,0 +1,64 @@
+// `ot bench demo_norms`: the demo's two norms at its default shapes (hidden 1024; 8 value heads of
+// 128; prefill 763 tokens, decode 6), bf16, in GB/s of the bytes each call reads and writes, against
+// the memory peak. The reference is the plain form (double sums, one thread) the demo verifies with.
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_harness.h"
+#include "demo_ops.h"
+#include "ot/parallel.h"
+
+namespace ot::cli {
+namespace {
+
+struct Case {
+  std::string name, shape;
+  double bytes;
+  std::function<void()> fast, ref;
+};
+
+int run_norms(const BenchOptions& opt) {
+  std::mt19937 rng(4);
+  const int64_t H = 1024, HV = 8, DV = 128;
+  std::vector<Case> cases;
+  std::vector<Tensor> keep;
+  for (int64_t T : {763, 6}) {
+    const std::string t = std::to_string(T);
+    Tensor x = uniform_tensor(rng, DType::bf16, {T, H}, -2, 2), y = Tensor::empty(DType::bf16, {T, H});
+    Tensor w = uniform_tensor(rng, DType::f32, {H}, 0.9f, 1.1f);
+    Tensor o = uniform_tensor(rng, DType::bf16, {T, HV, DV}, -2, 2), z = uniform_tensor(rng, DType::bf16, {T, HV * DV}, -3, 3);
+    Tensor wd = uniform_tensor(rng, DType::f32, {DV}, 0.9f, 1.1f), wh = Tensor::empty(DType::f32, {HV * DV});
+    for (int64_t i = 0; i < HV * DV; ++i) wh.ptr<float>()[i] = wd.ptr<float>()[i % DV];
+    keep.insert(keep.end(), {x, y, w, o, z, wd, wh});
+    const double act = double(T * H * 2);
+    cases.push_back({"rms_norm-T" + t, "[" + t + ", 1024]", 2 * act, [=] { demo::rms_norm(x, w.ptr<float>(), 1e-6, y); },
+                     [=] { demo::rms_norm_ref(x, w.ptr<float>(), 1e-6, y); }});
+    cases.push_back({"gated_rms_norm-T" + t, "[" + t + ", 8, 128]", 3 * act, [=] { demo::gated_rms_norm(o, z, wh, 1e-6); },
+                     [=] { demo::gated_rms_norm_ref(o, z, wd.ptr<float>(), 1e-6, y); }});
+  }
+  for (const Case& c : cases) {
+    if (!opt.selected(c.name)) continue;
+    Timing tm = time_interleaved(c.fast, opt.no_ref ? std::function<void()>() : c.ref, opt.repeats > 0 ? opt.repeats : 30,
+                                 opt.no_ref ? 0 : 5, true);
+    BenchResult r;
+    r.name = c.name;
+    r.shape = c.shape;
+    r.dtype = "bf16";
+    r.threads = num_threads();
+    r.ms = tm.fast_ms;
+    r.ref_ms = tm.ref_ms;
+    set_bandwidth(r, c.bytes / (r.ms * 1e6), tm);
+    r.kernel = kernel_of_call(c.fast);
+    r.extra["bytes"] = c.bytes;
+    report(opt, r);
+  }
+  return 0;
+}
+
+RegisterBench bench("demo_norms", "ot demo's RMSNorm and gated RMSNorm at the demo's shapes against their plain forms, GB/s",
+                    [](Options&, const BenchOptions& o) { return [&o] { return run_norms(o); }; });
+
+}  // namespace
+}  // namespace ot::cli
