@@ -11,7 +11,8 @@ Layer i is [pre-RMSNorm -> token mixer -> residual, pre-RMSNorm -> SparseMoeBloc
 mixer is full causal attention with RoPE on every `full_attention_interval`-th layer (3, 7, ... as in
 Qwen3-Next / Qwen3.5) and a GatedDeltaNet (Qwen3.5 projections) elsewhere. One class for both
 implementations, so the parameter names are one set. Attention and RMSNorm are plain torch in both
-(written once here); only the GDN layer and the MoE block differ."""
+(written once here); the GDN layer, the MoE block and the
+projections (the library's matmul, ops_transformer.layers.Linear) differ."""
 import math
 from dataclasses import asdict, dataclass
 
@@ -163,6 +164,9 @@ class HybridLM(nn.Module):
         self.layers = nn.ModuleList(_Layer(cfg, i, impl) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if impl == "ot":  # every projection on the library's matrix engine (the MoE experts run fused)
+            from ..layers import use_library_linear
+            use_library_linear(self)
 
     @torch.no_grad()
     def init_weights(self, seed):
