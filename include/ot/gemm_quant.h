@@ -39,12 +39,14 @@ class PackedQuantB {
 PackedQuantB prepack_quantized(const QuantWeightView& w);
 
 // One expert's GEMM: C[M, N'] = epilogue(A[M, K] x W[expert]); N' = N / 2 for SwiGLU ([gate | up],
-// N even). A rows at a + i * lda (elements, f32 / bf16 / f16), C rows at c.data + i * c.ld.
+// N even). A row i at a + (a_rows ? a_rows[i] : i) * lda (elements, f32 / bf16 / f16; a_rows gathers
+// token rows, as AOperand::rows), C rows at c.data + i * c.ld.
 struct QuantGroup {
   int64_t M = 0;
   const void* a = nullptr;
   DType a_dtype = DType::f32;
   int64_t lda = 0;
+  const int32_t* a_rows = nullptr;  // [M] or null
   int64_t expert = 0;
   COperand c;
   const float* bias = nullptr;  // [N] (the pre-activation width)

@@ -5,6 +5,7 @@
 #pragma once
 #include "ot/moe/ffn.h"
 #include "ot/moe/grouped.h"
+#include "ot/moe/quant_experts.h"
 #include "ot/moe/loss.h"
 #include "ot/moe/router.h"
 #include "ot/moe/routing.h"

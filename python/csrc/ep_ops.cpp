@@ -255,6 +255,8 @@ Tensor ep_moe_ffn(const Tensor& x, const Tensor& expert_ids, const OptTensor& ex
   EpCommHolder& g = group_of(op, group_ep);
   AgreedChecks check(op);
   check(experts.defined(), "experts", "a MoeExperts holding this rank's local experts", "None");
+  const bool quantised = experts.defined() && experts->quant;
+  check(!quantised, "experts", "a float MoeExperts (ep_moe_ffn takes no quantised experts)", quantised ? experts->weights() : std::string("float"));
   if (experts.defined())
     check(experts->num_experts() == g.num_local_experts(), "experts", detail::cat("this rank's ", g.num_local_experts(), " local experts"),
           experts->num_experts());

@@ -34,16 +34,22 @@ struct PackedWeightHolder : torch::CustomClassHolder {
 // (stacked nn.Linear weights); "EHI": gate/up [E, H, I], down [E, I, H]. With up = None, gate is the
 // fused [gate | up] (w13) tensor.
 struct MoeExpertsHolder : torch::CustomClassHolder {
-  MoeExpertsHolder(const at::Tensor& gate, const c10::optional<at::Tensor>& up, const at::Tensor& down, const std::string& layout);
+  // weights "float": packed in the tensors' dtype; "int8" / "int4": quantised (group_size, symmetric
+  // as quantize_weights) into a QuantMoeExperts, which is immutable (set/remove_expert refuse it).
+  MoeExpertsHolder(const at::Tensor& gate, const c10::optional<at::Tensor>& up, const at::Tensor& down, const std::string& layout,
+                   const std::string& weights, int64_t group_size, bool symmetric);
   // Replace expert e (e < E) or append one (e == E); tensors without the leading E dim.
   void set_expert(int64_t e, const at::Tensor& gate, const c10::optional<at::Tensor>& up, const at::Tensor& down,
                   const std::string& layout);
   void remove_expert(int64_t e);
-  int64_t num_experts() const { return experts.num_experts(); }
-  int64_t hidden() const { return experts.hidden(); }
-  int64_t intermediate() const { return experts.intermediate(); }
+  int64_t num_experts() const { return quant ? quant->num_experts() : experts.num_experts(); }
+  int64_t hidden() const { return quant ? quant->hidden() : experts.hidden(); }
+  int64_t intermediate() const { return quant ? quant->intermediate() : experts.intermediate(); }
   int64_t packed_bytes() const;
+  std::string weights() const;  // "float", "int8" or "int4"
+  int64_t group_size() const { return quant ? quant->group_size() : 0; }
   ot::moe::MoeExperts experts;
+  std::shared_ptr<ot::moe::QuantMoeExperts> quant;  // set: the quantised store (experts unused)
 };
 #endif
 

@@ -21,10 +21,28 @@ moe::WeightLayout weight_layout(const std::string& s, const char* op) {
 // ---- custom classes ----------------------------------------------------------------------------
 
 MoeExpertsHolder::MoeExpertsHolder(const at::Tensor& gate, const c10::optional<at::Tensor>& up, const at::Tensor& down,
-                                   const std::string& layout) {
+                                   const std::string& layout, const std::string& weights, int64_t group_size, bool symmetric) {
   guard([&] {
     const char* op = "MoeExperts";
     auto l = weight_layout(layout, op);
+    OT_CHECK(weights == "float" || weights == "int8" || weights == "int4", op, "weights", "\"float\" (the tensors' dtype), \"int8\" or \"int4\"",
+             weights);
+    if (weights != "float") {
+      // Fused gate_up: its halves ([E, 2I, H] torch, [E, H, 2I] EHI) are gate and up.
+      TensorView g = view(gate, op, up ? "gate" : "gate_up"), u;
+      if (up) {
+        u = view(*up, op, "up");
+      } else {
+        const int dim = l == moe::WeightLayout::torch ? 1 : 2;
+        OT_CHECK(g.ndim == 3 && g.size(dim) % 2 == 0, op, "gate_up", "[E, 2I, H] (torch) or [E, H, 2I] (EHI)", g.shape_str());
+        const int64_t I = g.size(dim) / 2;
+        u = g.narrow(dim, I, I);
+        g = g.narrow(dim, 0, I);
+      }
+      quant = std::make_shared<moe::QuantMoeExperts>(moe::QuantMoeExperts::quantize(
+          g, u, view(down, op, "down"), l, weights == "int4" ? WeightFormat::int4 : WeightFormat::int8, group_size, symmetric));
+      return 0;
+    }
     experts = up ? moe::MoeExperts::from_stacked(view(gate, op, "gate"), view(*up, op, "up"), view(down, op, "down"), l)
                  : moe::MoeExperts::from_fused(view(gate, op, "gate_up"), view(down, op, "down"), l);
     return 0;
@@ -35,6 +53,7 @@ void MoeExpertsHolder::set_expert(int64_t e, const at::Tensor& gate, const c10::
                                   const std::string& layout) {
   guard([&] {
     const char* op = "MoeExperts.set_expert";
+    OT_CHECK(!quant, op, "experts", "a float store (a quantised store is rebuilt whole)", weights());
     auto l = weight_layout(layout, op);
     if (up) experts.set(e, view(gate, op, "gate"), view(*up, op, "up"), view(down, op, "down"), l);
     else experts.set_fused(e, view(gate, op, "gate_up"), view(down, op, "down"), l);
@@ -44,16 +63,20 @@ void MoeExpertsHolder::set_expert(int64_t e, const at::Tensor& gate, const c10::
 
 void MoeExpertsHolder::remove_expert(int64_t e) {
   guard([&] {
+    OT_CHECK(!quant, "MoeExperts.remove_expert", "experts", "a float store (a quantised store is rebuilt whole)", weights());
     experts.remove(e);
     return 0;
   });
 }
 
 int64_t MoeExpertsHolder::packed_bytes() const {
+  if (quant) return int64_t(quant->expert_bytes()) * quant->num_experts();
   int64_t s = 0;
   for (int64_t e = 0; e < experts.num_experts(); ++e) s += int64_t(experts.expert_bytes(e));
   return s;
 }
+
+std::string MoeExpertsHolder::weights() const { return quant ? weight_format_name(quant->format()) : "float"; }
 
 // ---- routers -----------------------------------------------------------------------------------
 
@@ -323,10 +346,11 @@ MoeFfnOut moe_ffn(const Tensor& x, const c10::intrusive_ptr<PackedWeightHolder>&
   const char* op = "moe_ffn";
   moe::MoeFfnOptions o = ffn_options(op, k, router_type, renorm, norm_topk_prob, bias, k_group, group_count, group_select_mode,
                                      norm_type, routed_scaling_factor, eps, allowed, expert_capacity, capacity_factor, residual);
+  OT_CHECK(!(shared && *shared && (*shared)->quant), op, "shared", "a float MoeExperts (the shared expert is not quantised)", (*shared)->weights());
   o.shared = shared && *shared ? &(*shared)->experts : nullptr;
   OT_CHECK(router.defined(), op, "router", "a PackedWeight", "None");
   OT_CHECK(experts.defined(), op, "experts", "a MoeExperts", "None");
-  auto r = moe::moe_ffn(view(x, op, "x"), router->b, experts->experts, o);
+  auto r = experts->quant ? moe::moe_ffn(view(x, op, "x"), router->b, *experts->quant, o) : moe::moe_ffn(view(x, op, "x"), router->b, experts->experts, o);
   return {wrap(r.y), wrap(r.router_logits), wrap(r.topk_ids), wrap(r.topk_weights), wrap(r.expert_counts), r.dropped};
 }
 

@@ -26,13 +26,15 @@ TORCH_LIBRARY(ops_transformer, m) {
 #ifdef OT_HAVE_MOE
   // ---- MoE (torch_npu: npu_moe_* without the npu_ prefix)
   m.class_<MoeExpertsHolder>("MoeExperts")
-      .def(torch::init<at::Tensor, c10::optional<at::Tensor>, at::Tensor, std::string>())
+      .def(torch::init<at::Tensor, c10::optional<at::Tensor>, at::Tensor, std::string, std::string, int64_t, bool>())
       .def("set_expert", &MoeExpertsHolder::set_expert)
       .def("remove_expert", &MoeExpertsHolder::remove_expert)
       .def("num_experts", &MoeExpertsHolder::num_experts)
       .def("hidden", &MoeExpertsHolder::hidden)
       .def("intermediate", &MoeExpertsHolder::intermediate)
-      .def("packed_bytes", &MoeExpertsHolder::packed_bytes);
+      .def("packed_bytes", &MoeExpertsHolder::packed_bytes)
+      .def("weights", &MoeExpertsHolder::weights)
+      .def("group_size", &MoeExpertsHolder::group_size);
   m.def("moe_gating_top_k_softmax(Tensor x, Tensor? finished=None, int k=1, *, Tensor? allowed=None) "
         "-> (Tensor y, Tensor expert_idx, Tensor row_idx)", OT_OP(moe_gating_top_k_softmax));
   m.def("moe_gating_top_k_softmax_v2(Tensor x, *, int k=1, Tensor? finished=None, int renorm=0, "

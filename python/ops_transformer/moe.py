@@ -384,12 +384,31 @@ def PackedWeight(weight, layout="torch"):
     return torch.classes.ops_transformer.PackedWeight(weight, layout)
 
 
-def MoeExperts(gate, up, down, layout="torch"):
+_QUANT = ("int8", "int4")
+
+
+def _quant_args(owner, weights, group_size):
+    """(weights, group size) for the C++ store: "float" or a quantised format with its group."""
+    if weights is None or weights == "float":
+        return "float", 0
+    if weights not in _QUANT:
+        raise ValueError(f"{owner}: weights must be None, 'int8' or 'int4', got {weights!r}")
+    if group_size is None:
+        group_size = 0 if weights == "int8" else 64
+    return weights, int(group_size)
+
+
+def MoeExperts(gate, up, down, layout="torch", weights=None, group_size=None, symmetric=True):
     """Prepacked experts. "torch": gate/up [E, I, H], down [E, H, I] (stacked nn.Linear weights);
     "EHI": gate/up [E, H, I], down [E, I, H]; up=None: gate is the fused [gate | up] tensor.
+    weights=None packs them in their dtype; "int8" (per output channel unless group_size) or "int4"
+    (group_size 32, 64 (default) or 128; 0 per channel) quantises them once, symmetric or with
+    offsets, as quantize_weights does (moe_ffn then dequantises in registers; forward only).
     Methods: set_expert(e, gate, up, down, layout) replaces (e < E) or appends (e == E) one expert
-    without repacking the others; remove_expert(e); num_experts(); packed_bytes()."""
-    return torch.classes.ops_transformer.MoeExperts(gate, up, down, layout)
+    without repacking the others (float stores); remove_expert(e); num_experts(); packed_bytes();
+    weights() ("float", "int8" or "int4"); group_size()."""
+    w, gs = _quant_args("MoeExperts", weights, group_size)
+    return torch.classes.ops_transformer.MoeExperts(gate, up, down, layout, w, gs, bool(symmetric))
 
 
 def moe_ffn(x, router, experts, k=2, **kwargs):
@@ -496,14 +515,16 @@ class ExpertParallel(nn.Module):
         experts = list(experts)
         if not experts:
             raise ValueError("ExpertParallel: experts must not be empty")
-        if precision not in _DTYPES:
-            raise ValueError(f"ExpertParallel: precision must be one of {sorted(_DTYPES)}, got {precision!r}")
+        if precision not in _DTYPES and precision not in _QUANT:
+            raise ValueError(f"ExpertParallel: precision must be one of {sorted(_DTYPES) + list(_QUANT)}, got {precision!r}")
         self.experts = nn.ModuleList(experts)
         gw, _, _ = _expert_weights(experts[0])
         self.hidden_size = gw.shape[1]
         self.gate = gate if gate is not None else nn.Linear(self.hidden_size, len(experts), bias=False)
         self.top_k, self.capacity_factor, self.norm_topk_prob = top_k, capacity_factor, norm_topk_prob
-        self.dtype = _DTYPES[precision]
+        # int8 / int4: bf16 activations on experts quantised at repack (int4 in groups of 64).
+        self.dtype = _DTYPES.get(precision, torch.bfloat16)
+        self._quant = _quant_args("ExpertParallel", precision if precision in _QUANT else None, None)
         self._router = _RouterCache()
         self.aux_loss = self.expert_counts = None
         self.dropped = 0
@@ -514,11 +535,21 @@ class ExpertParallel(nn.Module):
         """Packs every expert again (after their weights changed)."""
         g, u, d = zip(*(_expert_weights(e) for e in self.experts))
         st = lambda ws: torch.stack([w.detach().to(self.dtype) for w in ws])
-        self._packed = MoeExperts(st(g), st(u), st(d), "torch")
+        self._packed = MoeExperts(st(g), st(u), st(d), "torch", *self._quant)
 
     @torch.no_grad()
     def set_expert(self, i, expert):
-        """Replaces expert i (or appends when i == number of experts) and packs only that one."""
+        """Replaces expert i (or appends when i == number of experts) and packs only that one
+        (a quantised store is rebuilt whole)."""
+        if self._quant[0] != "float":
+            if not 0 <= i <= len(self.experts):
+                raise IndexError(f"ExpertParallel.set_expert: i must be in [0, {len(self.experts)}], got {i}")
+            if i == len(self.experts):
+                self.experts.append(expert)
+            else:
+                self.experts[i] = expert
+            self.repack()
+            return
         g, u, d = (w.detach().to(self.dtype) for w in _expert_weights(expert))
         self._packed.set_expert(i, g, u, d, "torch")
         if i == len(self.experts):
@@ -572,12 +603,17 @@ class SparseMoeBlock(nn.Module):
     have HF's names (gate.weight, experts.{i}.gate_proj.weight, ...), so load_state_dict takes the
     HF block's keys as they are; from_mixtral_state_dict takes Mixtral's (w1/w3/w2).
     forward(x [B, T, H] or [T, H]) -> (y, router_logits [B*T, E]) as HF. Weights are packed lazily
-    at the first call after construction or load_state_dict; call repack() after editing them."""
+    at the first call after construction or load_state_dict; call repack() after editing them.
+    weights="int8" / "int4" (group_size, symmetric: see MoeExperts) quantises the experts at that
+    packing for inference; the parameters stay in their dtype (training runs on them)."""
 
-    def __init__(self, hidden_size, num_experts, intermediate_size, top_k, norm_topk_prob=True, dtype=None):
+    def __init__(self, hidden_size, num_experts, intermediate_size, top_k, norm_topk_prob=True, dtype=None, weights=None,
+                 group_size=None, symmetric=True):
         super().__init__()
         self.hidden_size, self.num_experts, self.intermediate_size = hidden_size, num_experts, intermediate_size
         self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
+        self.weights, self.group_size = _quant_args("SparseMoeBlock", weights, group_size)
+        self.symmetric = symmetric
         self.gate = nn.Linear(hidden_size, num_experts, bias=False, dtype=dtype)
         self.experts = nn.ModuleList(_MLP(hidden_size, intermediate_size, dtype) for _ in range(num_experts))
         self._packed = None
@@ -586,19 +622,23 @@ class SparseMoeBlock(nn.Module):
 
     @torch.no_grad()
     def repack(self, lazy=False):
+        """Packs (weights="int8" / "int4": quantises) the experts' parameters for inference."""
         if lazy:
             self._packed = None
             return
         st = lambda name: torch.stack([getattr(e, name).weight.detach() for e in self.experts])
-        self._packed = MoeExperts(st("gate_proj"), st("up_proj"), st("down_proj"), "torch")
+        self._packed = MoeExperts(st("gate_proj"), st("up_proj"), st("down_proj"), "torch", self.weights, self.group_size,
+                                  self.symmetric)
 
     @classmethod
-    def from_mixtral_state_dict(cls, state_dict, top_k=2, norm_topk_prob=True, prefix=""):
+    def from_mixtral_state_dict(cls, state_dict, top_k=2, norm_topk_prob=True, prefix="", weights=None, group_size=None,
+                                symmetric=True):
         """Builds a block from a Mixtral MoE block's state_dict (gate.weight, experts.{i}.w1/w2/w3.weight)."""
         gate = state_dict[prefix + "gate.weight"]
         E, H = gate.shape
         inter = state_dict[prefix + "experts.0.w1.weight"].shape[0]
-        block = cls(H, E, inter, top_k, norm_topk_prob, dtype=gate.dtype)
+        block = cls(H, E, inter, top_k, norm_topk_prob, dtype=gate.dtype, weights=weights, group_size=group_size,
+                    symmetric=symmetric)
         names = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
         sd = {"gate.weight": gate}
         for i in range(E):

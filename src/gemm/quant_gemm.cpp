@@ -158,7 +158,8 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
     for (int64_t row = r0; row < r1; ++row) {
       const int64_t i = int64_t(std::upper_bound(row0.begin(), row0.end(), row) - row0.begin()) - 1, r = row - row0[size_t(i)];
       float* dst = a32.data() + row * K;
-      convert_to_f32(static_cast<const char*>(groups[i].a) + size_t(r * groups[i].lda) * dtype_size(groups[i].a_dtype), groups[i].a_dtype, dst, K);
+      const int64_t src = groups[i].a_rows ? groups[i].a_rows[r] : r;
+      convert_to_f32(static_cast<const char*>(groups[i].a) + size_t(src * groups[i].lda) * dtype_size(groups[i].a_dtype), groups[i].a_dtype, dst, K);
       for (int64_t j = 0; j < im.groups; ++j) {
         float acc = 0;
         for (int64_t k = 0; k < im.len; ++k) acc += dst[j * im.len + k];

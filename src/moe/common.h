@@ -106,7 +106,7 @@ bool stream_output(size_t bytes);
 std::vector<int32_t> stable_argsort(const int32_t* keys, int64_t n);
 
 // Grow-only per-thread scratch (slots 0..11) reused across calls, so hot paths (moe_ffn's h and
-// fp32 accumulator: 0, 1; combine_rows: 3; the training paths: 4..11) do not pay fresh page faults
+// fp32 accumulator: 0, 1; the quantised down output: 2; combine_rows: 3; the training paths: 4..11) do not pay fresh page faults
 // on every call. Valid until the next call with the same slot on the same thread.
 void* scratch(int slot, size_t bytes);
 

@@ -67,6 +67,24 @@ RoutingPlan moe_routing_plan(const TensorView& ids_in, const TensorView& w_in, i
   return p;
 }
 
+namespace impl {
+
+void check_expert_rows(const char* op, const ExpertRows& rows, int64_t E, int64_t x_rows, int64_t out_rows) {
+  int64_t EL = int64_t(rows.offsets.size()) - 1;
+  OT_CHECK(EL >= 0 && rows.offsets[0] == 0, op, "rows", "offsets starting at 0", rows.offsets.size());
+  OT_CHECK(rows.first_expert >= 0 && rows.first_expert + EL <= E, op, "rows", detail::cat("experts within [0, ", E, ")"), rows.first_expert, " + ", EL);
+  for (int64_t e = 0; e < EL; ++e) OT_CHECK(rows.offsets[size_t(e + 1)] >= rows.offsets[size_t(e)], op, "rows", "non-decreasing offsets", e);
+  const int64_t A = rows.rows();
+  OT_CHECK(rows.gather || A <= x_rows, op, "x", detail::cat("at least ", A, " rows"), x_rows);
+  OT_CHECK(rows.scatter || A <= out_rows, op, "out", detail::cat("at least ", A, " rows"), out_rows);
+  for (int64_t i = 0; i < A; ++i) {
+    OT_CHECK(!rows.gather || (rows.gather[i] >= 0 && rows.gather[i] < x_rows), op, "rows.gather", "row ids of x", rows.gather[i]);
+    OT_CHECK(!rows.scatter || (rows.scatter[i] >= 0 && rows.scatter[i] < out_rows), op, "rows.scatter", "row ids of out", rows.scatter[i]);
+  }
+}
+
+}  // namespace impl
+
 void moe_expert_ffn(const TensorView& x, const MoeExperts& ex, const ExpertRows& rows, const TensorView& out, bool accumulate,
                     const TensorView& x_scale) {
   const char* op = "moe_expert_ffn";
@@ -85,18 +103,8 @@ void moe_expert_ffn(const TensorView& x, const MoeExperts& ex, const ExpertRows&
   impl::check_ndim(op, "out", out, 2);
   impl::check_float(op, "out", out);
   OT_CHECK(out.size(1) == ex.hidden() && out.is_contiguous(), op, "out", detail::cat("a contiguous [*, H] with H = ", ex.hidden()), out.shape_str());
-  int64_t EL = int64_t(rows.offsets.size()) - 1;
-  OT_CHECK(EL >= 0 && rows.offsets[0] == 0, op, "rows", "offsets starting at 0", rows.offsets.size());
-  OT_CHECK(rows.first_expert >= 0 && rows.first_expert + EL <= ex.num_experts(), op, "rows", detail::cat("experts within [0, ", ex.num_experts(), ")"),
-           rows.first_expert, " + ", EL);
-  for (int64_t e = 0; e < EL; ++e) OT_CHECK(rows.offsets[size_t(e + 1)] >= rows.offsets[size_t(e)], op, "rows", "non-decreasing offsets", e);
-  const int64_t A = rows.rows(), H = ex.hidden(), I = ex.intermediate();
-  OT_CHECK(rows.gather || A <= x.size(0), op, "x", detail::cat("at least ", A, " rows"), x.size(0));
-  OT_CHECK(rows.scatter || A <= out.size(0), op, "out", detail::cat("at least ", A, " rows"), out.size(0));
-  for (int64_t i = 0; i < A; ++i) {
-    OT_CHECK(!rows.gather || (rows.gather[i] >= 0 && rows.gather[i] < x.size(0)), op, "rows.gather", "row ids of x", rows.gather[i]);
-    OT_CHECK(!rows.scatter || (rows.scatter[i] >= 0 && rows.scatter[i] < out.size(0)), op, "rows.scatter", "row ids of out", rows.scatter[i]);
-  }
+  impl::check_expert_rows(op, rows, ex.num_experts(), x.size(0), out.size(0));
+  const int64_t EL = int64_t(rows.offsets.size()) - 1, A = rows.rows(), H = ex.hidden(), I = ex.intermediate();
   if (A == 0) return;
   const DType hdt = ex.dtype();  // the intermediate is stored in the experts' dtype (x's unless x is i8)
   TensorView h(impl::scratch(0, size_t(A * I) * dtype_size(hdt)), hdt, {A, I});
@@ -194,20 +202,20 @@ GatingResult run_router(const TensorView& logits, const MoeFfnOptions& o) {
 
 }  // namespace impl
 
-MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const MoeExperts& ex, const MoeFfnOptions& o) {
-  impl::FfnPlan p = impl::plan_ffn(x_in, router.K(), router.N(), ex.hidden(), ex.intermediate(), ex.dtype(), ex.num_experts(), o,
-                                   o.shared ? o.shared->hidden() : 0, o.shared ? o.shared->dtype() : DType::f32);
+namespace impl {
+
+MoeFfnResult run_ffn(const FfnPlan& p, const TensorView& x_in, const gemm::PackedB& router, const MoeFfnOptions& o, const FfnExperts& ex) {
   trace::OpScope scope("moe_ffn");
-  if (scope.active()) scope.kernel(gemm::kernel_name(x_in.dtype, ex.dtype(), p.T)).args(x_in.shape_str() + " E=" + std::to_string(p.E) + " K=" + std::to_string(p.K));
+  if (scope.active()) scope.kernel(ex.kernel(p.T)).args(x_in.shape_str() + " E=" + std::to_string(p.E) + " K=" + std::to_string(p.K));
   // Router + 3 GEMMs per routed pair + 3 per token for the shared expert (its own intermediate size).
   const double shared_i = o.shared ? double(o.shared->intermediate()) : 0.0;
-  scope.flops(2.0 * double(p.T) * double(p.H) * (double(p.E) + 3.0 * (double(p.K) * double(ex.intermediate()) + shared_i)));
+  scope.flops(2.0 * double(p.T) * double(p.H) * (double(p.E) + 3.0 * (double(p.K) * double(ex.intermediate) + shared_i)));
   Tensor hx;
-  TensorView x = impl::contig(x_in, hx);
+  TensorView x = contig(x_in, hx);
   MoeFfnResult r;
   r.router_logits = Tensor::empty(DType::f32, {p.T, p.E});
   gemm::gemm(p.T, {x.data, x.dtype, p.H, nullptr}, router, {r.router_logits.view().data, DType::f32, p.E});
-  GatingResult g = impl::run_router(r.router_logits, o);
+  GatingResult g = run_router(r.router_logits, o);
   r.topk_ids = g.expert_idx;
   r.topk_weights = g.y;
   RoutingPlan plan = moe_routing_plan(r.topk_ids, r.topk_weights, p.E, p.cap);
@@ -216,7 +224,7 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const 
     int64_t lo = p.T, hi = 0;
     for (size_t e = 0; e + 1 < plan.offsets.size(); ++e)
       if (int64_t n = plan.offsets[e + 1] - plan.offsets[e]) lo = std::min(lo, n), hi = std::max(hi, n);
-    std::string a = gemm::kernel_name(x_in.dtype, ex.dtype(), lo), b = gemm::kernel_name(x_in.dtype, ex.dtype(), hi);
+    std::string a = ex.kernel(lo), b = ex.kernel(hi);
     if (hi > 0) scope.kernel(a == b ? a : a + "+" + b);
   }
   r.expert_counts = Tensor::empty(DType::i64, {p.E});
@@ -225,7 +233,7 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const 
   // Pooled output (no first-touch faults per call); the clear and the final cast run on all
   // threads (at T 512 they are 4 MiB each, serial they cost ~1% of the layer).
   r.y = pooled_empty(x.dtype, {p.T, p.H});
-  TensorView acc = x.dtype == DType::f32 ? r.y.view() : TensorView(impl::scratch(1, size_t(p.T * p.H) * 4), DType::f32, {p.T, p.H});
+  TensorView acc = x.dtype == DType::f32 ? r.y.view() : TensorView(scratch(1, size_t(p.T * p.H) * 4), DType::f32, {p.T, p.H});
   float* accp = acc.ptr<float>();
   if (o.residual.defined()) copy_into(o.residual, acc);
   else parallel_for(p.T, [&](int64_t t0, int64_t t1) { std::memset(accp + t0 * p.H, 0, size_t((t1 - t0) * p.H) * 4); });
@@ -234,13 +242,25 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const 
     all.offsets = {0, p.T};
     moe_expert_ffn(x, *o.shared, all, acc, true);
   }
-  moe_expert_ffn(x, ex, plan.rows(), acc, true);
+  ex.run(x, plan.rows(), acc);
   if (x.dtype != DType::f32) {
     char* y = static_cast<char*>(r.y.view().data);
     const size_t ys = dtype_size(x.dtype);
     parallel_for(p.T, [&](int64_t t0, int64_t t1) { convert_from_f32(accp + t0 * p.H, y + size_t(t0 * p.H) * ys, x.dtype, (t1 - t0) * p.H); });
   }
   return r;
+}
+
+}  // namespace impl
+
+MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const MoeExperts& ex, const MoeFfnOptions& o) {
+  impl::FfnPlan p = impl::plan_ffn(x_in, router.K(), router.N(), ex.hidden(), ex.intermediate(), ex.dtype(), ex.num_experts(), o,
+                                   o.shared ? o.shared->hidden() : 0, o.shared ? o.shared->dtype() : DType::f32);
+  impl::FfnExperts run;
+  run.intermediate = ex.intermediate();
+  run.kernel = [&](int64_t rows) { return std::string(gemm::kernel_name(x_in.dtype, ex.dtype(), rows)); };
+  run.run = [&](const TensorView& x, const ExpertRows& rows, const TensorView& acc) { moe_expert_ffn(x, ex, rows, acc, true); };
+  return impl::run_ffn(p, x_in, router, o, run);
 }
 
 namespace ref {

@@ -1,5 +1,8 @@
 // moe_ffn's validation and router stage, shared by the fast path and the reference.
 #pragma once
+#include <functional>
+#include <string>
+
 #include "ot/moe/ffn.h"
 
 namespace ot::moe::impl {
@@ -13,4 +16,17 @@ FfnPlan plan_ffn(const TensorView& x, int64_t router_h, int64_t router_e, int64_
 // dropless silently).
 int64_t ffn_capacity(const char* op, const MoeFfnOptions& o, int64_t T, int64_t E);
 GatingResult run_router(const TensorView& logits, const MoeFfnOptions& o);
+// The checks moe_expert_ffn makes on its rows (offsets, expert range, gather/scatter ids).
+void check_expert_rows(const char* op, const ExpertRows& rows, int64_t E, int64_t x_rows, int64_t out_rows);
+// The expert store a moe_ffn call runs on (bf16/fp16/fp32 MoeExperts or QuantMoeExperts): its
+// intermediate size, the kernel name the trace shows for experts of `rows` rows, and the grouped
+// FFN that adds every routed row's weighted output into acc [T, H] fp32.
+struct FfnExperts {
+  int64_t intermediate = 0;
+  std::function<std::string(int64_t rows)> kernel;
+  std::function<void(const TensorView& x, const ExpertRows& rows, const TensorView& acc)> run;
+};
+// moe_ffn after plan_ffn: router GEMM, gating, routing plan, residual / shared expert, the experts,
+// the cast to x's dtype.
+MoeFfnResult run_ffn(const FfnPlan& p, const TensorView& x, const gemm::PackedB& router, const MoeFfnOptions& o, const FfnExperts& ex);
 }  // namespace ot::moe::impl

@@ -15,6 +15,7 @@
 
 #include "bench_gemm_common.h"
 #include "bench_harness.h"
+#include "bench_quant_formats.h"
 #include "ot/error.h"
 #include "ot/gemm_quant.h"
 #include "ot/moe.h"
@@ -33,11 +34,7 @@ struct Case {
   bool decode;
 };
 
-struct Format {
-  std::string name;  // bf16 | int8 | int4-gNN
-  WeightFormat f = WeightFormat::int8;
-  int64_t gs = 0;
-};
+using Format = WeightsFormat;
 
 constexpr int64_t kActive = 8;
 
@@ -141,22 +138,6 @@ void run_case(const BenchOptions& opt, const Case& cs, const std::vector<Format>
   }
 }
 
-std::vector<Format> parse_formats(const std::string& s) {
-  std::vector<Format> v;
-  size_t i = 0;
-  while (i <= s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    const std::string t = s.substr(i, j - i);
-    if (t == "bf16") v.push_back({t});
-    else if (t == "int8") v.push_back({t, WeightFormat::int8, 0});
-    else if (t.rfind("int4", 0) == 0) v.push_back({t, WeightFormat::int4, t.size() > 6 ? std::stoll(t.substr(6)) : 64});  // int4-gNN
-    else throw ot::Error("ot bench grouped_matmul", "--weights", "bf16, int8, int4-g32, int4-g64 or int4-g128", t);
-    i = j + 1;
-  }
-  return v;
-}
-
 }  // namespace
 
 static RegisterBench reg("grouped_matmul", "Grouped matmul on bf16 vs int8 / int4 quantised experts (Qwen3-30B-A3B expert shapes)",
@@ -165,7 +146,7 @@ static RegisterBench reg("grouped_matmul", "Grouped matmul on bf16 vs int8 / int
                            sub.value("--weights", *weights, "Comma list: bf16, int8, int4-g32, int4-g64, int4-g128 (bf16 first: the ratios)");
                            const BenchOptions* opt = &o;
                            return [weights, opt]() -> int {
-                             std::vector<Format> fmts = parse_formats(*weights);
+                             std::vector<Format> fmts = parse_weight_formats("ot bench grouped_matmul", *weights);
                              std::vector<Case> cases;
                              for (int64_t m : {1, 4, 8}) {
                                cases.push_back({"decode_gate_up_m" + std::to_string(m), 2048, 1536, true, m, true});
