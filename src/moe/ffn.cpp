@@ -69,7 +69,11 @@ RoutingPlan moe_routing_plan(const TensorView& ids_in, const TensorView& w_in, i
 
 namespace impl {
 
-void check_expert_rows(const char* op, const ExpertRows& rows, int64_t E, int64_t x_rows, int64_t out_rows) {
+void check_out_and_rows(const char* op, const TensorView& out, int64_t H, const ExpertRows& rows, int64_t E, int64_t x_rows) {
+  check_ndim(op, "out", out, 2);
+  check_float(op, "out", out);
+  OT_CHECK(out.size(1) == H && out.is_contiguous(), op, "out", detail::cat("a contiguous [*, H] with H = ", H), out.shape_str());
+  const int64_t out_rows = out.size(0);
   int64_t EL = int64_t(rows.offsets.size()) - 1;
   OT_CHECK(EL >= 0 && rows.offsets[0] == 0, op, "rows", "offsets starting at 0", rows.offsets.size());
   OT_CHECK(rows.first_expert >= 0 && rows.first_expert + EL <= E, op, "rows", detail::cat("experts within [0, ", E, ")"), rows.first_expert, " + ", EL);
@@ -100,10 +104,7 @@ void moe_expert_ffn(const TensorView& x, const MoeExperts& ex, const ExpertRows&
   }
   OT_CHECK(x.size(1) == ex.hidden(), op, "x", detail::cat("[*, H] with H = ", ex.hidden()), x.shape_str());
   OT_CHECK(x.is_contiguous(), op, "x", "a contiguous tensor", "strided");
-  impl::check_ndim(op, "out", out, 2);
-  impl::check_float(op, "out", out);
-  OT_CHECK(out.size(1) == ex.hidden() && out.is_contiguous(), op, "out", detail::cat("a contiguous [*, H] with H = ", ex.hidden()), out.shape_str());
-  impl::check_expert_rows(op, rows, ex.num_experts(), x.size(0), out.size(0));
+  impl::check_out_and_rows(op, out, ex.hidden(), rows, ex.num_experts(), x.size(0));
   const int64_t EL = int64_t(rows.offsets.size()) - 1, A = rows.rows(), H = ex.hidden(), I = ex.intermediate();
   if (A == 0) return;
   const DType hdt = ex.dtype();  // the intermediate is stored in the experts' dtype (x's unless x is i8)

@@ -16,8 +16,9 @@ FfnPlan plan_ffn(const TensorView& x, int64_t router_h, int64_t router_e, int64_
 // dropless silently).
 int64_t ffn_capacity(const char* op, const MoeFfnOptions& o, int64_t T, int64_t E);
 GatingResult run_router(const TensorView& logits, const MoeFfnOptions& o);
-// The checks moe_expert_ffn makes on its rows (offsets, expert range, gather/scatter ids).
-void check_expert_rows(const char* op, const ExpertRows& rows, int64_t E, int64_t x_rows, int64_t out_rows);
+// The checks moe_expert_ffn makes on out (a contiguous float [*, H]) and on its rows (offsets,
+// expert range, gather/scatter ids), for either expert store.
+void check_out_and_rows(const char* op, const TensorView& out, int64_t H, const ExpertRows& rows, int64_t E, int64_t x_rows);
 // The expert store a moe_ffn call runs on (bf16/fp16/fp32 MoeExperts or QuantMoeExperts): its
 // intermediate size, the kernel name the trace shows for experts of `rows` rows, and the grouped
 // FFN that adds every routed row's weighted output into acc [T, H] fp32.

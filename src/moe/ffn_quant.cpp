@@ -63,10 +63,7 @@ void moe_expert_ffn(const TensorView& x, const QuantMoeExperts& ex, const Expert
   impl::check_ndim(op, "x", x, 2);
   impl::check_float(op, "x", x);
   OT_CHECK(x.size(1) == ex.hidden() && x.is_contiguous(), op, "x", detail::cat("a contiguous [*, H] with H = ", ex.hidden()), x.shape_str());
-  impl::check_ndim(op, "out", out, 2);
-  impl::check_float(op, "out", out);
-  OT_CHECK(out.size(1) == ex.hidden() && out.is_contiguous(), op, "out", detail::cat("a contiguous [*, H] with H = ", ex.hidden()), out.shape_str());
-  impl::check_expert_rows(op, rows, ex.num_experts(), x.size(0), out.size(0));
+  impl::check_out_and_rows(op, out, ex.hidden(), rows, ex.num_experts(), x.size(0));
   const int64_t EL = int64_t(rows.offsets.size()) - 1, A = rows.rows(), H = ex.hidden(), I = ex.intermediate();
   if (A == 0) return;
   const DType hdt = x.dtype;  // h is stored in x's dtype, as the unquantised path and the reference do
