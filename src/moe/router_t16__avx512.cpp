@@ -13,6 +13,7 @@
 //   pruned network;
 // - the weights of the k chosen are k vertical exps for the 16 rows, transposed back to rows.
 // Partial blocks go to the row kernel.
+#include "src/moe/router_lane_counts.h"
 #include "src/moe/router_t16__avx512.h"
 
 // Only this file's kernels (internal) get the VBMI targets; they run only where CPUID has them.
@@ -171,20 +172,12 @@ bool t16_dispatch(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, 
 namespace ot::moe::impl {
 
 bool t16_applies(const RouterSpec& s) {
-  return has_vbmi_and_vbmi2() && s.k <= 16 && !s.sigmoid && select_on_logits(s) && !limits_groups(s) && !s.allowed && !s.scores && s.E % 16 == 0 &&
-         s.E <= 256;
+  return has_vbmi_and_vbmi2() && s.k <= 16 && !s.sigmoid && select_on_logits(s) && !limits_groups(s) && !s.allowed && !s.scores && lanes_kernel_for<16>(s.E);
 }
 
 bool route_rows_t16(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
   return whole_blocks_then_rows(s, r, r0, r1, b, [&](int64_t a, int64_t e) {
-    switch (s.E / 16) {
-#define OT_T16_CASE(NV) \
-  case NV: return t16_dispatch<NV>(s, r, a, e, b);
-      OT_T16_CASE(1) OT_T16_CASE(2) OT_T16_CASE(3) OT_T16_CASE(4) OT_T16_CASE(5) OT_T16_CASE(6) OT_T16_CASE(7) OT_T16_CASE(8)
-      OT_T16_CASE(9) OT_T16_CASE(10) OT_T16_CASE(11) OT_T16_CASE(12) OT_T16_CASE(13) OT_T16_CASE(14) OT_T16_CASE(15) OT_T16_CASE(16)
-#undef OT_T16_CASE
-    }
-    return true;  // not reached: t16_applies takes E 16..256
+    return with_lane_vectors<16>(s.E, [&](auto nv) { return t16_dispatch<decltype(nv)::value>(s, r, a, e, b); });
   });
 }
 

@@ -1,5 +1,5 @@
 // Routers, AVX2 with 8 tokens in the lanes ("t8"), for the softmax routers that select on the
-// logits (no mask, bias, groups or scores output; E a multiple of 8 up to 256, k <= 8). The row
+// logits (no mask, bias, groups or scores output; E one of router_lane_counts.h, k <= 8). The row
 // passes stay row-wise (loads, finiteness, 16 column maxima; exps, their sums and the candidates'
 // compare masks); every step that was horizontal or a per-row network in the row kernel
 // (router__avx2.cpp) is done once for 8 rows with a token per lane:
@@ -99,11 +99,11 @@ bool t8_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows, const 
 }  // namespace
 
 bool t8_applies(const RouterSpec& s) {
-  return s.R >= kMinRows && s.k <= 8 && !s.sigmoid && select_on_logits(s) && !limits_groups(s) && !s.allowed && !s.scores && s.E % 8 == 0 && s.E <= 256;
+  return s.R >= kMinRows && s.k <= 8 && !s.sigmoid && select_on_logits(s) && !limits_groups(s) && !s.allowed && !s.scores && lanes_kernel_for<8>(s.E);
 }
 
 bool route_rows_t8(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
-  return with_nv(s.E / 8, [&](auto nv) {
+  return with_lane_vectors<8>(s.E, [&](auto nv) {
     constexpr int NV = decltype(nv)::value;
     return t8_blocks<NV>(s, r, r0, r1, b, [&](int64_t rb, int rows, const float* x, bool pf) { return t8_block<NV>(s, r, rb, rows, x, 8 * NV, pf, b); });
   });

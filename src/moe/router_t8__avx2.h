@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "src/core/transpose_avx2.h"
+#include "src/moe/router_lane_counts.h"
 #include "src/moe/router_net.h"
 #include "src/moe/router_simd__avx2.h"
 
@@ -220,19 +221,5 @@ template <int NV, class Block> bool t8_blocks(const RouterSpec& s, GatingResult&
   }
   return ok;
 }
-// f(std::integral_constant<int, nv>) for nv = E / 8 in 1..32.
-template <class F> bool with_nv(int64_t nv, F&& f) {
-  switch (nv) {
-#define OT_T8_CASE(NV) \
-  case NV: return f(std::integral_constant<int, NV>{});
-    OT_T8_CASE(1) OT_T8_CASE(2) OT_T8_CASE(3) OT_T8_CASE(4) OT_T8_CASE(5) OT_T8_CASE(6) OT_T8_CASE(7) OT_T8_CASE(8)
-    OT_T8_CASE(9) OT_T8_CASE(10) OT_T8_CASE(11) OT_T8_CASE(12) OT_T8_CASE(13) OT_T8_CASE(14) OT_T8_CASE(15) OT_T8_CASE(16)
-    OT_T8_CASE(17) OT_T8_CASE(18) OT_T8_CASE(19) OT_T8_CASE(20) OT_T8_CASE(21) OT_T8_CASE(22) OT_T8_CASE(23) OT_T8_CASE(24)
-    OT_T8_CASE(25) OT_T8_CASE(26) OT_T8_CASE(27) OT_T8_CASE(28) OT_T8_CASE(29) OT_T8_CASE(30) OT_T8_CASE(31) OT_T8_CASE(32)
-#undef OT_T8_CASE
-  }
-  return false;  // not reached: the t8 kernels take E 8..256
-}
-
 }  // namespace
 }  // namespace ot::moe::impl

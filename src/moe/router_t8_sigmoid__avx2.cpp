@@ -1,6 +1,6 @@
 // Routers, AVX2 with 8 tokens in the lanes, for gating_top_k with sigmoid scores (any bias, the
-// group limit over groups of whole vectors, at most 16 groups, the scores output; no mask; E a
-// multiple of 8 up to 256, k <= 8). Per block of 8 rows:
+// group limit over groups of whole vectors, at most 16 groups, the scores output; no mask; E one
+// of router_lane_counts.h, k <= 8). Per block of 8 rows:
 // - pass 1, row-wise: sigmoids (stored: the weights are the chosen ones), the selection keys (the
 //   logits, or sigmoid + bias: select_on_logits), finiteness, and per group the lane-wise largest and
 //   second largest key (or, without a group limit, 16 column maxima);
@@ -180,12 +180,12 @@ bool t8_sigmoid_block(const RouterSpec& s, GatingResult& r, int64_t rb, int rows
 }  // namespace
 
 bool t8_sigmoid_applies(const RouterSpec& s) {
-  return s.R >= kMinRows && s.select == Select::gating && s.sigmoid && s.k <= 8 && !s.allowed && s.E % 8 == 0 && s.E <= 256 &&
+  return s.R >= kMinRows && s.select == Select::gating && s.sigmoid && s.k <= 8 && !s.allowed && lanes_kernel_for<8>(s.E) &&
          (!limits_groups(s) || ((s.E / s.groups) % 8 == 0 && s.groups <= kMaxGroups));
 }
 
 bool route_rows_t8_sigmoid(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
-  return with_nv(s.E / 8, [&](auto nv) {
+  return with_lane_vectors<8>(s.E, [&](auto nv) {
     constexpr int NV = decltype(nv)::value;
     return t8_blocks<NV>(s, r, r0, r1, b, [&](int64_t rb, int rows, const float* x, bool pf) { return t8_sigmoid_block<NV>(s, r, rb, rows, x, pf, b); });
   });
