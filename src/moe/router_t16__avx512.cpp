@@ -16,14 +16,7 @@
 #include "src/moe/router_lane_counts.h"
 #include "src/moe/router_t16__avx512.h"
 
-// Only this file's kernels (internal) get the VBMI targets; they run only where CPUID has them.
-// clang ignores GCC's target pragma: its own form applies the same target to every function here.
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512vbmi,avx512vbmi2"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512vbmi,avx512vbmi2")
-#endif
+#include "src/moe/router_vbmi_begin.h"
 
 namespace ot::moe::impl {
 using namespace rsimd;
@@ -157,13 +150,8 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
   return true;
 }
 
-template <int NV, bool Direct>
-bool t16_dispatch_k(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
-  return s.k == 8 ? t16_rows<NV, Direct, 8>(s, r, r0, r1, b) : t16_rows<NV, Direct, 0>(s, r, r0, r1, b);
-}
-template <int NV>
-bool t16_dispatch(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
-  return s.x.dtype == DType::f32 ? t16_dispatch_k<NV, true>(s, r, r0, r1, b) : t16_dispatch_k<NV, false>(s, r, r0, r1, b);
+template <int NV> bool t16_dispatch(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+  return with_direct_and_k(s, [&](auto direct, auto k) { return t16_rows<NV, decltype(direct)::value, decltype(k)::value>(s, r, r0, r1, b); });
 }
 
 }  // namespace
@@ -182,6 +170,4 @@ bool route_rows_t16(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1
 }
 
 }  // namespace ot::moe::impl
-#if defined(__clang__)
-#pragma clang attribute pop
-#endif
+#include "src/moe/router_vbmi_end.h"

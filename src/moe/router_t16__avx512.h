@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "src/moe/common.h"
@@ -14,13 +15,7 @@
 #include "src/moe/router_net.h"
 #include "src/moe/router_simd__avx512.h"
 
-// clang ignores GCC's target pragma: its own form applies the same target to every function here.
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512vbmi,avx512vbmi2"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512vbmi,avx512vbmi2")
-#endif
+#include "src/moe/router_vbmi_begin.h"
 
 namespace ot::moe::impl::t16 {
 using namespace rsimd;
@@ -241,6 +236,13 @@ bool whole_blocks_then_rows(const RouterSpec& s, GatingResult& r, int64_t r0, in
   return (r16 == r0 || blocks(r0, r16)) && (r16 == r1 || route_rows_avx512_rowwise(s, r, r16, r1, b));
 }
 
+// f(direct, k) for the two choices each kernel is compiled for: direct (std::true_type) when the
+// logits are fp32 and read in place, and k as std::integral_constant 8 when k == 8, else 0 (any k).
+template <class F> bool with_direct_and_k(const RouterSpec& s, F&& f) {
+  auto by_k = [&](auto direct) { return s.k == 8 ? f(direct, std::integral_constant<int, 8>{}) : f(direct, std::integral_constant<int, 0>{}); };
+  return s.x.dtype == DType::f32 ? by_k(std::true_type{}) : by_k(std::false_type{});
+}
+
 // The outputs of 16 rows for k = 8 (ids, weights in lanes 0-7 of ids[i] / w[i]), two rows a vector.
 inline void write_pairs8(const RouterSpec& s, GatingResult& r, int64_t rb, const __m512* ids, const __m512* w) {
   const __m512i jr8 = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7), _mm512_set1_epi32(int32_t(s.R))),
@@ -265,8 +267,4 @@ inline void write_pairs8(const RouterSpec& s, GatingResult& r, int64_t rb, const
 
 }  // namespace ot::moe::impl::t16
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "src/moe/router_vbmi_end.h"

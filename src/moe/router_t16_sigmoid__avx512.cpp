@@ -14,13 +14,7 @@
 // Partial blocks and rows of more than 16 candidates are done as in the softmax kernel.
 #include "src/moe/router_t16__avx512.h"
 
-// clang ignores GCC's target pragma: its own form applies the same target to every function here.
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512vbmi,avx512vbmi2"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512vbmi,avx512vbmi2")
-#endif
+#include "src/moe/router_vbmi_begin.h"
 
 namespace ot::moe::impl {
 using namespace rsimd;
@@ -237,13 +231,8 @@ bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t 
   return true;
 }
 
-template <int NV, bool Direct>
-bool dispatch_k(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
-  return s.k == 8 ? t16_sigmoid_rows<NV, Direct, 8>(s, r, r0, r1, b) : t16_sigmoid_rows<NV, Direct, 0>(s, r, r0, r1, b);
-}
-template <int NV>
-bool dispatch(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
-  return s.x.dtype == DType::f32 ? dispatch_k<NV, true>(s, r, r0, r1, b) : dispatch_k<NV, false>(s, r, r0, r1, b);
+template <int NV> bool dispatch(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b) {
+  return with_direct_and_k(s, [&](auto direct, auto k) { return t16_sigmoid_rows<NV, decltype(direct)::value, decltype(k)::value>(s, r, r0, r1, b); });
 }
 
 }  // namespace
@@ -266,8 +255,4 @@ bool route_rows_t16_sigmoid(const RouterSpec& s, GatingResult& r, int64_t r0, in
 
 }  // namespace ot::moe::impl
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "src/moe/router_vbmi_end.h"
