@@ -18,4 +18,16 @@ inline char* row_at(void* p, DType t, int64_t ld, int64_t r) { return elem_at(p,
 inline char* row_at(const TensorView& v, int64_t ld, int64_t r) { return elem_at(v.data, v.dtype, r * ld); }
 inline char* row_at(const TensorView& v, int64_t r) { return elem_at(v.data, v.dtype, r * v.stride(0)); }
 
+// Rows of one dtype, row t at p + t * st elements: how the per-row kernels take inputs and outputs.
+struct StridedRows {
+  const void* p = nullptr;
+  DType dt = DType::f32;
+  int64_t st = 0;
+};
+struct StridedOutRows {
+  void* p = nullptr;
+  DType dt = DType::f32;
+  int64_t st = 0;
+};
+
 }  // namespace ot

@@ -45,11 +45,24 @@ TensorView channels_contiguous(const TensorView& v, Tensor& keep) {
   keep = Tensor::copy_of(v);
   return keep.view();
 }
-Rows rows_of(const TensorView& v, int64_t row, int64_t bos, int64_t c0) {
-  return {elem_at(v.data, v.dtype, row * v.strides[0] + bos * v.strides[1] + c0), v.dtype, v.strides[1]};
+// Sequence n's tokens of v from channel c0 on.
+char* seq_at(const TensorView& v, const ConvArgs& a, int64_t n, int64_t c0) {
+  return elem_at(v.data, v.dtype, a.seq.row[size_t(n)] * v.strides[0] + a.seq.bos[size_t(n)] * v.strides[1] + c0);
 }
-OutRows out_rows_of(const TensorView& v, int64_t row, int64_t bos, int64_t c0) {
-  return {elem_at(v.data, v.dtype, row * v.strides[0] + bos * v.strides[1] + c0), v.dtype, v.strides[1]};
+Rows rows_of(const TensorView& v, const ConvArgs& a, int64_t n, int64_t c0) { return {seq_at(v, a, n, c0), v.dtype, v.strides[1]}; }
+OutRows out_rows_of(const TensorView& v, const ConvArgs& a, int64_t n, int64_t c0) { return {seq_at(v, a, n, c0), v.dtype, v.strides[1]}; }
+// A forward or backward job of sequence n, channel block b at c0: its input rows, its length and
+// (when given) its initial state, gathered into init_buf.
+template <class Seq>
+Seq seq_job(const ConvArgs& a, int64_t n, int64_t c0, const Block& b, const TensorView& x, const TensorView& init, float* init_buf) {
+  Seq s;
+  s.x = rows_of(x, a, n, c0);
+  s.len = a.seq.len[size_t(n)];
+  if (init.defined()) {
+    gather_state(init, n, c0, b.nc, a.W, init_buf);
+    s.init = init_buf;
+  }
+  return s;
 }
 std::vector<int64_t> seq_starts(const ConvArgs& a, const CausalConv1dOptions& o) {
   if (!o.cu_seqlens.defined()) return {};
@@ -90,15 +103,8 @@ CausalConv1dOut causal_conv1d_fn(const TensorView& x_in, const TensorView& weigh
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t n = j / pw.blocks, blk = j % pw.blocks, c0 = blk * kBlock;
       const Block b = pw.block(blk, a.silu);
-      FwdSeq s;
-      const int64_t row = a.seq.row[size_t(n)], bos = a.seq.bos[size_t(n)];
-      s.x = rows_of(x, row, bos, c0);
-      s.y = out_rows_of(y, row, bos, c0);
-      s.len = a.seq.len[size_t(n)];
-      if (init.defined()) {
-        gather_state(init, n, c0, b.nc, a.W, init_buf);
-        s.init = init_buf;
-      }
+      FwdSeq s = seq_job<FwdSeq>(a, n, c0, b, x, init, init_buf);
+      s.y = out_rows_of(y, a, n, c0);
       if (fin.defined()) s.fin = fin_buf;
       kernels.fn.fwd_seq(b, s);
       if (fin.defined()) scatter_state(fin_buf, fin, n, c0, b.nc, a.W);
@@ -144,17 +150,10 @@ CausalConv1dGrads causal_conv1d_bwd(const TensorView& x_in, const TensorView& we
       std::fill(dw, dw + kMaxWidth * kBlock, 0.f);
       std::fill(db, db + kBlock, 0.f);
       for (int64_t n = 0; n < a.N; ++n) {
-        BwdSeq s;
-        const int64_t row = a.seq.row[size_t(n)], bos = a.seq.bos[size_t(n)];
-        s.x = rows_of(x, row, bos, c0);
-        s.dy = rows_of(dy, row, bos, c0);
-        s.dx = out_rows_of(dx, row, bos, c0);
-        s.len = a.seq.len[size_t(n)];
-        if (init.defined()) {
-          gather_state(init, n, c0, b.nc, a.W, init_buf);
-          s.init = init_buf;
-          s.dinit = dinit_buf;
-        }
+        BwdSeq s = seq_job<BwdSeq>(a, n, c0, b, x, init, init_buf);
+        s.dy = rows_of(dy, a, n, c0);
+        s.dx = out_rows_of(dx, a, n, c0);
+        if (init.defined()) s.dinit = dinit_buf;
         if (dfinal_states.defined()) {
           gather_state(dfinal_states, n, c0, b.nc, a.W, dfin_buf);
           s.dfin = dfin_buf;

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "ot/tensor.h"
+#include "src/core/elem_at.h"
 #include "src/core/kernel_list.h"
 
 namespace ot::gdn::detail::conv {
@@ -13,17 +14,9 @@ namespace ot::gdn::detail::conv {
 inline constexpr int64_t kBlock = 256;   // channels per job (rows of 512 contiguous bf16 bytes per token)
 inline constexpr int64_t kMaxWidth = 8;  // kernel widths 2..8
 
-// Tokens of one sequence for channels c0 .. c0 + nc - 1: token t at x + t * x_st elements.
-struct Rows {
-  const void* p = nullptr;
-  DType dt = DType::f32;
-  int64_t st = 0;
-};
-struct OutRows {
-  void* p = nullptr;
-  DType dt = DType::f32;
-  int64_t st = 0;
-};
+// Tokens of one sequence for channels c0 .. c0 + nc - 1: token t at p + t * st elements.
+using Rows = StridedRows;
+using OutRows = StridedOutRows;
 
 struct Block {
   int64_t nc = 0, W = 0;       // channels in this block (<= kBlock), kernel width

@@ -5,19 +5,12 @@
 #include <cstdint>
 
 #include "ot/tensor.h"
+#include "src/core/elem_at.h"
 
 namespace ot::gdn::detail::norm {
 
-struct In {
-  const void* p = nullptr;
-  DType dt = DType::f32;
-  int64_t st = 0;
-};
-struct Out {
-  void* p = nullptr;
-  DType dt = DType::f32;
-  int64_t st = 0;
-};
+using In = StridedRows;
+using Out = StridedOutRows;
 struct Cfg {
   int64_t N = 0, group = 0;  // group divides N
   float eps = 0.f;

@@ -12,6 +12,18 @@ double dsilu_of(double z) {
   double s = sigmoid(z);
   return s * (1 + z * (1 - s));
 }
+// u[i] = the group's input (x, or x silu(z) when the gate comes first); returns its 1 / rms.
+double normalised_input(const TensorView& x, const TensorView& z, int64_t r, int64_t g0, int64_t group, bool norm_before_gate, double eps,
+                        std::vector<double>& u) {
+  double ss = 0;
+  for (int64_t i = 0; i < group; ++i) {
+    double v = rd(x, {r, g0 + i});
+    if (!norm_before_gate) v *= silu_of(rd(z, {r, g0 + i}));
+    u[size_t(i)] = v;
+    ss += v * v;
+  }
+  return 1.0 / std::sqrt(ss / double(group) + eps);
+}
 }  // namespace
 
 void rms_norm_gated(const TensorView& x, const TensorView& z, const TensorView& weight, double eps, bool norm_before_gate,
@@ -20,14 +32,7 @@ void rms_norm_gated(const TensorView& x, const TensorView& z, const TensorView& 
   std::vector<double> u(static_cast<size_t>(group));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t g0 = 0; g0 < N; g0 += group) {
-      double ss = 0;
-      for (int64_t i = 0; i < group; ++i) {
-        double v = rd(x, {r, g0 + i});
-        if (!norm_before_gate) v *= silu_of(rd(z, {r, g0 + i}));
-        u[size_t(i)] = v;
-        ss += v * v;
-      }
-      double rs = 1.0 / std::sqrt(ss / double(group) + eps);
+      double rs = normalised_input(x, z, r, g0, group, norm_before_gate, eps, u);
       if (rstd.defined()) wr(rstd, {r, g0 / group}, rs);
       for (int64_t i = 0; i < group; ++i) {
         double o = u[size_t(i)] * rs * rd(weight, {g0 + i});
@@ -44,14 +49,7 @@ void rms_norm_gated_bwd(const TensorView& dy, const TensorView& x, const TensorV
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t g0 = 0; g0 < N; g0 += group) {
       // u = x (before gate) or x silu(z); uh = u rstd; gu = dL/duh.
-      double ss = 0;
-      for (int64_t i = 0; i < group; ++i) {
-        double v = rd(x, {r, g0 + i});
-        if (!norm_before_gate) v *= silu_of(rd(z, {r, g0 + i}));
-        uh[size_t(i)] = v;
-        ss += v * v;
-      }
-      double rs = 1.0 / std::sqrt(ss / double(group) + eps), dot = 0;
+      double rs = normalised_input(x, z, r, g0, group, norm_before_gate, eps, uh), dot = 0;
       for (int64_t i = 0; i < group; ++i) {
         double zi = rd(z, {r, g0 + i}), w = rd(weight, {g0 + i}), g = rd(dy, {r, g0 + i});
         uh[size_t(i)] *= rs;
