@@ -42,15 +42,7 @@ int run_norms(const BenchOptions& opt) {
     if (!opt.selected(c.name)) continue;
     Timing tm = time_interleaved(c.fast, opt.no_ref ? std::function<void()>() : c.ref, opt.repeats > 0 ? opt.repeats : 30,
                                  opt.no_ref ? 0 : 5, true);
-    BenchResult r;
-    r.name = c.name;
-    r.shape = c.shape;
-    r.dtype = "bf16";
-    r.threads = num_threads();
-    r.ms = tm.fast_ms;
-    r.ref_ms = tm.ref_ms;
-    set_bandwidth(r, c.bytes / (r.ms * 1e6), tm);
-    r.kernel = kernel_of_call(c.fast);
+    BenchResult r = bandwidth_result(c.name, c.shape, "bf16", num_threads(), c.bytes, tm, c.fast);
     r.extra["bytes"] = c.bytes;
     report(opt, r);
   }

@@ -182,15 +182,7 @@ int run_decode(const BenchOptions& opt) {
       int reps = opt.repeats > 0 ? opt.repeats : 50;
       Timing t = time_interleaved(fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref), reps, opt.no_ref ? 0 : 2, true);
       double bytes = 2.0 * double(B * HV * DK * DV) * double(dtype_size(sdt));
-      BenchResult r;
-      r.name = name;
-      r.shape = "B" + std::to_string(B) + " HV32 128x128";
-      r.dtype = sdt == DType::f32 ? "f32" : "bf16";
-      r.threads = threads;
-      r.ms = t.fast_ms;
-      r.ref_ms = t.ref_ms;
-      set_bandwidth(r, bytes / (t.fast_ms * 1e6), t);
-      r.kernel = kernel_of_call(fast);
+      BenchResult r = bandwidth_result(name, "B" + std::to_string(B) + " HV32 128x128", sdt == DType::f32 ? "f32" : "bf16", threads, bytes, t, fast);
       r.extra["state_bytes"] = bytes;
       double cpu = cpu_ms_median(fast, reps);
       double stream = stream_cpu_ms(size_t(B * HV * DK * DV) * dtype_size(sdt) / 4, reps);

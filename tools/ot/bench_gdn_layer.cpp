@@ -34,15 +34,7 @@ void run_cases(const BenchOptions& opt, const std::vector<Case>& cases) {
     };
     Timing t = time_interleaved(c.fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref),
                                 opt.repeats > 0 ? opt.repeats : 20, opt.no_ref ? 0 : 1, true);
-    BenchResult r;
-    r.name = c.name;
-    r.shape = c.shape;
-    r.dtype = "bf16";
-    r.threads = num_threads();
-    r.ms = t.fast_ms;
-    r.ref_ms = t.ref_ms;
-    set_bandwidth(r, c.bytes / (r.ms * 1e6), t);
-    r.kernel = kernel_of_call(c.fast);
+    BenchResult r = bandwidth_result(c.name, c.shape, "bf16", num_threads(), c.bytes, t, c.fast);
     r.extra["bytes"] = c.bytes;
     report(opt, r);
   }

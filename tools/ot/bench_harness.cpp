@@ -143,6 +143,20 @@ void set_bandwidth(BenchResult& r, double gbps, const Timing& t) {
   r.window_tests = t.window_tests;
 }
 
+BenchResult bandwidth_result(const std::string& name, const std::string& shape, const std::string& dtype, int threads, double bytes,
+                             const Timing& t, const std::function<void()>& fast) {
+  BenchResult r;
+  r.name = name;
+  r.shape = shape;
+  r.dtype = dtype;
+  r.threads = threads;
+  r.ms = t.fast_ms;
+  r.ref_ms = t.ref_ms;
+  set_bandwidth(r, bytes / (t.fast_ms * 1e6), t);
+  r.kernel = kernel_of_call(fast);
+  return r;
+}
+
 Tensor uniform_tensor(std::mt19937& rng, DType dt, const std::vector<int64_t>& shape, float lo, float hi) {
   Tensor f = Tensor::empty(DType::f32, shape);
   std::uniform_real_distribution<float> u(lo, hi);

@@ -98,6 +98,10 @@ struct BenchResult {
 // A GB/s result (r.threads set): its rate, the fraction of the cached memory peak at r.threads, and
 // the window bandwidth time_interleaved measured beside it (t: run with window_peak).
 void set_bandwidth(BenchResult& r, double gbps, const Timing& t);
+// The GB/s result of a case that moves `bytes` a call, timed by t, on `threads` threads: the times,
+// set_bandwidth, and the kernel that one call of fast reports.
+BenchResult bandwidth_result(const std::string& name, const std::string& shape, const std::string& dtype, int threads, double bytes,
+                             const Timing& t, const std::function<void()>& fast);
 // Prints a table row (with a header before the first row) or a JSON line. With an A/B, the case's
 // last time_interleaved's AbTiming goes with it (JSON ab_* fields; a line under the text row); a
 // case that did not time through time_interleaved is then an error.
