@@ -115,9 +115,7 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
       esum = _mm512_add_ps(esum, w[j]);
     }
     if (!softmax) scale = _mm512_div_ps(scale, esum);
-    for (int j = 0; j < k; ++j) w[j] = _mm512_mul_ps(w[j], scale);
-    transpose16(w);
-    transpose16(ids);
+    scale_and_transpose(ids, w, k, scale);
     if constexpr (K == 8) {
       write_pairs8(s, r, rb, ids, w);  // (the rows of many candidates are rewritten below)
     } else {

@@ -243,6 +243,14 @@ template <class F> bool with_direct_and_k(const RouterSpec& s, F&& f) {
   return s.x.dtype == DType::f32 ? by_k(std::true_type{}) : by_k(std::false_type{});
 }
 
+// The block's k choices (ids[j], w[j]: choice j of every row, a row per lane) as a vector per row
+// (ids[i], w[i]: row i's choices), each weight times mul.
+OT_T16_AI inline void scale_and_transpose(__m512* ids, __m512* w, int64_t k, __m512 mul) {
+  for (int64_t j = 0; j < k; ++j) w[j] = _mm512_mul_ps(w[j], mul);
+  transpose16(w);
+  transpose16(ids);
+}
+
 // The outputs of 16 rows for k = 8 (ids, weights in lanes 0-7 of ids[i] / w[i]), two rows a vector.
 inline void write_pairs8(const RouterSpec& s, GatingResult& r, int64_t rb, const __m512* ids, const __m512* w) {
   const __m512i jr8 = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7), _mm512_set1_epi32(int32_t(s.R))),

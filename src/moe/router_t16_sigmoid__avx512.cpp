@@ -203,9 +203,7 @@ bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t 
       ids[j] = _mm512_castsi512_ps(sid[j]);
     }
     const __m512 mul = _mm512_div_ps(_mm512_set1_ps(s.scale), _mm512_add_ps(sum, _mm512_set1_ps(s.eps)));
-    for (int j = 0; j < k; ++j) w[j] = _mm512_mul_ps(w[j], mul);
-    transpose16(w);
-    transpose16(ids);
+    scale_and_transpose(ids, w, k, mul);
     if constexpr (K == 8) {
       write_pairs8(s, r, rb, ids, w);  // (the rows of many candidates are rewritten below)
     } else {
