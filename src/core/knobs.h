@@ -39,4 +39,17 @@ void set(const std::string& name, int64_t value);
 // Every registered knob, by name.
 std::vector<const Knob*> all();
 
+// Sets a knob for the scope, then restores the value it had (tests reaching a path at small sizes).
+class ScopedKnob {
+ public:
+  ScopedKnob(const std::string& name, int64_t value) : name_(name), prev_(get(name)) { set(name, value); }
+  ~ScopedKnob() { set(name_, prev_); }
+  ScopedKnob(const ScopedKnob&) = delete;
+  ScopedKnob& operator=(const ScopedKnob&) = delete;
+
+ private:
+  std::string name_;
+  int64_t prev_;
+};
+
 }  // namespace ot::knobs

@@ -5,6 +5,7 @@
 
 #include "ot/cpu.h"
 #include "ot/workspace.h"
+#include "src/core/knobs.h"
 
 namespace ot::moe::impl {
 
@@ -34,7 +35,11 @@ void copy_row(void* dst, const void* src, size_t bytes, bool stream, const void*
 }
 // sfence is SSE (baseline x86-64): no per-ISA unit needed; cheap where no store was non-temporal.
 void stream_fence() { __builtin_ia32_sfence(); }
-bool stream_output(size_t bytes) { return bytes >= (size_t(16) << 20); }
+// Outputs from 16 MiB on (well past the last-level cache share of a core) are stored
+// non-temporally; the tests lower the bound to reach that path with small outputs.
+static knobs::Knob g_stream_min_kib("moe.stream_min_kib", 16 << 10, 0, int64_t(1) << 30,
+                                    "Outputs of at least this many KiB (routing copies, combines) take non-temporal stores");
+bool stream_output(size_t bytes) { return bytes >= size_t(g_stream_min_kib.get()) << 10; }
 
 void check_ids(const char* op, const char* arg, const TensorView& ids, int64_t lo, int64_t hi) {
   check_dtype(op, arg, ids, DType::i32);

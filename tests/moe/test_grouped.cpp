@@ -1,5 +1,6 @@
 // Grouped matmul, finalize routing and moe_final_optimizer_mm: fast vs reference and errors.
 #include "helpers.h"
+#include "src/core/knobs.h"
 
 using namespace ot;
 using namespace ot::moe;
@@ -141,14 +142,15 @@ TEST(MoeFinalizeRouting, MatchesReferenceAllModes) {
       }
 }
 
-// Rows of 1000 elements (128-lane blocks + a masked tail) and an output >= 16 MiB of 1056-element
-// rows (non-temporal stores), with skip, bias, scales and dropped rows: the combine's prefetch
-// distance crosses from one output's rows into the next one's.
+// Rows of 1000 elements (128-lane blocks + a masked tail) and an output of 1056-element rows past
+// the streaming bound (lowered to 4 MiB: non-temporal stores), with skip, bias, scales and dropped
+// rows: the combine's prefetch distance crosses from one output's rows into the next one's.
 TEST(MoeFinalizeRouting, LargeRowsMatchReference) {
-  struct Shape { int64_t N, H; };
+  struct Shape { int64_t N, H, stream_min_kib; };  // the default bound, then the lowered one
   for (DType t : {DType::bf16, DType::f32})
-    for (Shape s : {Shape{513, 1000}, Shape{8000, 1056}})
+    for (Shape s : {Shape{513, 1000, 16 << 10}, Shape{2048, 1056, 4 << 10}})
       for (int mode : {0, 3}) {
+        knobs::ScopedKnob stream_from("moe.stream_min_kib", s.stream_min_kib);
         const int64_t K = 2, E = 4, C = s.N / 2;
         bool pad = mode == 3;
         Tensor ex = pad ? randn(t, {E, C, s.H}, 1) : randn(t, {s.N * K, s.H}, 1);

@@ -1,6 +1,7 @@
 // Init routing v1/v2, expert token counts, re-routing, permute/unpermute: fast vs reference,
 // hand-computed cases (the spec's NumPy-reference semantics), capacity, ranges, quant, errors.
 #include "helpers.h"
+#include "src/core/knobs.h"
 #include "ot/quant.h"
 
 using namespace ot;
@@ -229,12 +230,14 @@ TEST(MoeTokenPermute, RoundTripAndReference) {
 }
 
 // Rows of 1000 elements (128-lane blocks + a tail; 2000-byte bf16 rows are copied with memcpy) and
-// outputs >= 16 MiB of 1056-element rows (non-temporal stores: 2112 / 4224 bytes, whole lines but
-// not whole 256-byte chunks), for the copies in token order and the combine's prefetch distance.
+// outputs of 1056-element rows past the streaming bound (lowered to 4 MiB: non-temporal stores of
+// 2112 / 4224 bytes, whole lines but not whole 256-byte chunks), for the copies in token order and
+// the combine's prefetch distance.
 TEST(MoeTokenPermute, LargeRowsMatchReference) {
-  struct Shape { int64_t T, K, H; };
+  struct Shape { int64_t T, K, H, stream_min_kib; };  // the default bound, then the lowered one
   for (DType t : {DType::bf16, DType::f32})
-    for (Shape s : {Shape{513, 8, 1000}, Shape{1000, 8, 1056}}) {
+    for (Shape s : {Shape{513, 8, 1000, 16 << 10}, Shape{256, 8, 1056, 4 << 10}}) {
+      knobs::ScopedKnob stream_from("moe.stream_min_kib", s.stream_min_kib);
       Tensor x = randn(t, {s.T, s.H}, uint32_t(s.T + 7));
       Tensor ids = rand_ids(s.T, s.K, 16, uint32_t(s.T + 8));
       for (int64_t n : {int64_t(0), -s.T}) {  // all rows, and the first T*(K-1) kept
