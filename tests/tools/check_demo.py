@@ -99,6 +99,20 @@ for op in ("in_proj", "out_proj", "rms_norm", "lm_head") + (("moe_ffn",) if "moe
     got = [row for row in rows if row[0] == op]
     check(len(got) == 2 and all(float(g[2]) > 0 for g in got), f"--compare-isolated: {op} has no prefill and decode row with an isolated time")
 
+# ---- quantised experts: each format's moe_ffn verified against its dequantise-then-multiply reference
+small = os.path.join(work, "small.json")  # one block, short prompts: the formats, not the speed
+with open(small, "w") as f:
+    json.dump({"model": {"layers": 1}, "run": {"prefill_lengths": [33, 5, 1], "decode_steps": 2}, "verify": {"prefill_lengths": [9, 1]}}, f)
+for w in ("int8", "int4-g32"):
+    r = run(["--config", small, "--weights", w])
+    check(r.returncode == 0, f"--weights {w} exited {r.returncode}: {r.stderr.strip()!r}")
+    check(f"experts {w}" in r.stdout, f"--weights {w}: the header does not name the expert format")
+    bits = w[3]  # int8 -> w8, int4-* -> w4: the kernel names of the quantised GEMM
+    check(re.search(rf"^moe_ffn .*_w{bits}\b", r.stdout, re.M) is not None, f"--weights {w}: moe_ffn does not report a w{bits} kernel")
+    check(re.search(r"^moe_ffn\s+\d+\s+\S+\s+\S+\s+ok", r.stdout, re.M) is not None, f"--weights {w}: no verified moe_ffn row")
+r = run(["--weights", "int4-g48"])
+check(r.returncode != 0 and "model.moe.expert_weights" in r.stderr, f"--weights int4-g48 was accepted: {r.stderr.strip()!r}")
+
 # ---- bad configs -------------------------------------------------------------------------------
 bad = [
     ({"model": {"gdn": {"value_heads": 6}}}, "model.gdn.value_heads"),  # not a multiple of key_heads (4)

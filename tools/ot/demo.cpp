@@ -23,7 +23,7 @@ namespace ot::demo {
 namespace {
 
 struct Options {
-  std::string config_file, trace_file;
+  std::string config_file, trace_file, weights;
   bool print_config = false, no_verify = false, ep = false, compare_isolated = false;
   int64_t decode_steps = -1;
   int threads = 0;
@@ -66,10 +66,10 @@ void print_header(const DemoConfig& c, const RunContext& ctx) {
   const double active = m.layers * (double(m.moe.top_k) * 3 * m.hidden * m.moe.intermediate + shared + gdn) + 2.0 * m.vocab * m.hidden;
   std::printf("ot demo: %lld decoder blocks (Gated DeltaNet + MoE FFN), hidden %lld, %s, %.0fM parameters (%.0fM active per token)\n",
               (long long)m.layers, (long long)m.hidden, dtype_key(m.dtype), params / 1e6, active / 1e6);
-  std::printf("  GDN: HK %lld, HV %lld, DK %lld, DV %lld | MoE: E %lld, top-%lld, I %lld, shared I %lld | vocab %lld\n",
+  std::printf("  GDN: HK %lld, HV %lld, DK %lld, DV %lld | MoE: E %lld, top-%lld, I %lld, shared I %lld, experts %s | vocab %lld\n",
               (long long)m.gdn.key_heads, (long long)m.gdn.value_heads, (long long)m.gdn.key_head_dim, (long long)m.gdn.value_head_dim,
               (long long)m.moe.experts, (long long)m.moe.top_k, (long long)m.moe.intermediate, (long long)m.moe.shared_intermediate,
-              (long long)m.vocab);
+              m.moe.quantised() ? m.moe.expert_weights.c_str() : dtype_key(m.dtype), (long long)m.vocab);
   std::printf("  machine: %s, %d threads%s\n", cpu::isa_name(cpu::active_isa()), num_threads(),
               ctx.world > 1 ? (", rank " + std::to_string(ctx.rank) + " of " + std::to_string(ctx.world) + " (expert parallel)").c_str() : "");
 }
@@ -211,12 +211,14 @@ const cli::RegisterCommand reg("demo", "Run a Qwen3-Next-like GDN + MoE decoder 
   sub.value("--threads", opt->threads, "Threads (0 = all; overrides run.threads)");
   sub.flag("--compare-isolated", opt->compare_isolated,
            "After the timed run, repeat every operator call of one prefill and one decode step in isolation and print pipeline vs isolated time");
+  sub.value("--weights", opt->weights, "Routed experts: float (model.dtype), int8, int4, int4-g32, int4-g64, int4-g128 (overrides model.moe.expert_weights)");
   sub.flag("--ep", opt->ep, "Under mpirun: run the MoE layers expert-parallel across the ranks");
   return [opt] {
     DemoConfig cfg = opt->config_file.empty() ? DemoConfig{} : load_config(opt->config_file);
     if (opt->decode_steps >= 0) cfg.run.decode_steps = opt->decode_steps;
     if (opt->threads > 0) cfg.run.threads = opt->threads;
     if (opt->no_verify) cfg.verify.enabled = false;
+    if (!opt->weights.empty()) cfg.model.moe.expert_weights = opt->weights;
     validate(cfg);
     if (opt->print_config) {
       std::printf("%s\n", config_to_json(cfg).dump(2).c_str());

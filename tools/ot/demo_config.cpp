@@ -40,6 +40,12 @@ class Obj {
       out = v->get<bool>();
     }
   }
+  void text(const std::string& key, std::string& out) {
+    if (auto* v = get(key)) {
+      OT_CHECK(v->is_string(), kOp, field(key), "a string", v->dump());
+      out = v->get<std::string>();
+    }
+  }
   void lengths(const std::string& key, std::vector<int64_t>& out, int64_t max_len) {
     if (auto* v = get(key)) {
       OT_CHECK(v->is_array() && !v->empty(), kOp, field(key), "a non-empty array of sequence lengths", v->dump());
@@ -95,6 +101,15 @@ const char* dtype_key(DType t) { return t == DType::bf16 ? "bf16" : t == DType::
 
 }  // namespace
 
+ExpertFormat expert_format(const MoeConfig& m) {
+  const std::string& s = m.expert_weights;
+  if (s == "int8") return {WeightFormat::int8, 0};
+  if (s == "int4" || s == "int4-g64") return {WeightFormat::int4, 64};
+  if (s == "int4-g32") return {WeightFormat::int4, 32};
+  if (s == "int4-g128") return {WeightFormat::int4, 128};
+  return {};
+}
+
 double DemoConfig::tolerance() const {
   return model.dtype == DType::bf16 ? verify.tol_bf16 : model.dtype == DType::f16 ? verify.tol_f16 : verify.tol_f32;
 }
@@ -107,6 +122,14 @@ void validate(const DemoConfig& c) {
   int64_t total = 0;
   for (int64_t l : c.run.prefill_lengths) total += l;
   OT_CHECK(total <= (int64_t(1) << 20), kOp, "run.prefill_lengths", "at most 2^20 tokens in total", total);
+  OT_CHECK(m.moe.expert_weights == "float" || expert_format(m.moe).group_size >= 0, kOp, "model.moe.expert_weights", "float, int8, int4, int4-g32, int4-g64 or int4-g128",
+           m.moe.expert_weights);
+  if (m.moe.quantised()) {
+    const int64_t gs = expert_format(m.moe).group_size;
+    OT_CHECK(gs == 0 || (m.hidden % gs == 0 && m.moe.intermediate % gs == 0), kOp, "model.moe.expert_weights",
+             detail::cat("a group size dividing model.hidden (", m.hidden, ") and model.moe.intermediate (", m.moe.intermediate, ")"),
+             m.moe.expert_weights);
+  }
   OT_CHECK(c.verify.layers <= m.layers, kOp, "verify.layers", detail::cat("at most model.layers (", m.layers, ")"), c.verify.layers);
 }
 
@@ -132,6 +155,7 @@ DemoConfig config_from_json(const nlohmann::json& j) {
     e.integer("intermediate", c.model.moe.intermediate, 1, 1 << 17);
     e.integer("shared_intermediate", c.model.moe.shared_intermediate, 0, 1 << 17);
     e.boolean("norm_topk_prob", c.model.moe.norm_topk_prob);
+    e.text("expert_weights", c.model.moe.expert_weights);
     e.finish();
     m.finish();
   }
@@ -193,7 +217,8 @@ nlohmann::json config_to_json(const DemoConfig& c) {
                   {"top_k", m.moe.top_k},
                   {"intermediate", m.moe.intermediate},
                   {"shared_intermediate", m.moe.shared_intermediate},
-                  {"norm_topk_prob", m.moe.norm_topk_prob}}}};
+                  {"norm_topk_prob", m.moe.norm_topk_prob},
+                  {"expert_weights", m.moe.expert_weights}}}};
   j["run"] = {{"prefill_lengths", c.run.prefill_lengths}, {"decode_steps", c.run.decode_steps}, {"seed", c.run.seed},
               {"threads", c.run.threads}};
   j["verify"] = {{"enabled", c.verify.enabled},

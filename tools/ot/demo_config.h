@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ot/quant_weights.h"
 #include "ot/tensor.h"
 
 namespace ot::demo {
@@ -27,7 +28,19 @@ struct MoeConfig {
   int64_t intermediate = 256;       // I of each routed expert
   int64_t shared_intermediate = 256;  // I of the shared expert (0: none; Qwen3-Next: equal to I)
   bool norm_topk_prob = true;       // Qwen3: renormalise the K routing weights
+  // Routed experts' weights: "float" (model.dtype), or quantised once at load (weight-only;
+  // activations stay in model.dtype): "int8" (per output channel), "int4" (group 64), "int4-g32",
+  // "int4-g64", "int4-g128". Symmetric. The shared expert stays in model.dtype.
+  std::string expert_weights = "float";
+  bool quantised() const { return expert_weights != "float"; }
 };
+
+// The quantised format that MoeConfig::expert_weights names; group_size -1: not a quantised format.
+struct ExpertFormat {
+  WeightFormat format = WeightFormat::int8;
+  int64_t group_size = -1;  // 0: per output channel (int8)
+};
+ExpertFormat expert_format(const MoeConfig& m);
 
 struct ModelConfig {
   int64_t hidden = 1024;  // H

@@ -10,15 +10,10 @@
 #include "ot/parallel.h"
 #include "ot/trace.h"
 
-// The library's operators are plugged in as they land on main (1 = call them).
-#define OT_DEMO_GDN 1
-#define OT_DEMO_MOE 1
-#if OT_DEMO_GDN
 #include "ot/gdn.h"
-#endif
-#if OT_DEMO_MOE
 #include "ot/moe.h"
-#endif
+#include "ot/moe/quant_experts.h"
+#include "ot/quant_weights.h"
 
 namespace ot::demo {
 
@@ -78,11 +73,12 @@ struct Layer {
   Tensor router_w;                // [E, H]
   Tensor gate, up, down;          // [E, H, I], [E, H, I], [E, I, H] (kept for the reference)
   Tensor sh_gate, sh_up, sh_down; // [1, H, Is] ... (kept for the reference)
-#if OT_DEMO_MOE
   gemm::PackedB router;
   moe::MoeExperts experts, shared;
   moe::MoeExperts local;  // expert parallel: this rank's experts
-#endif
+  // model.moe.expert_weights quantised: the store, and its codes and scales (kept for the reference)
+  moe::QuantMoeExperts qexperts;
+  QuantizedWeights q_gate_up, q_down;  // [E, H, 2I], [E, I, H]
 };
 
 void Verifier::add(const std::string& op, double err) {
@@ -110,8 +106,23 @@ int64_t Batch::tokens() const {
   return t;
 }
 
+// The routed experts quantised once (symmetric, model.moe.expert_weights): gate and up as one
+// [E, H, 2I] tensor, the store's layout. keep: the codes stay for the reference.
+static void quantise_experts(Layer& L, const MoeConfig& c, bool keep) {
+  const ExpertFormat f = expert_format(c);
+  const int64_t E = L.gate.size(0), H = L.gate.size(1), I = L.gate.size(2);
+  Tensor gate_up = Tensor::empty(L.gate.dtype(), {E, H, 2 * I});
+  copy_into(L.gate, gate_up.view().narrow(2, 0, I));
+  copy_into(L.up, gate_up.view().narrow(2, I, I));
+  QuantizedWeights gu = quantize_weights(gate_up, f.format, f.group_size, true), dn = quantize_weights(L.down, f.format, f.group_size, true);
+  L.qexperts = moe::QuantMoeExperts::from_quantized(gu.view(), dn.view());
+  if (keep) L.q_gate_up = std::move(gu), L.q_down = std::move(dn);
+}
+
 Model::Model(const DemoConfig& cfg, int64_t keep_ref_layers, const ExpertParallel* ep) : cfg_(cfg) {
   if (ep) ep_ = *ep, use_ep_ = true;
+  OT_CHECK(!(use_ep_ && cfg.model.moe.quantised()), "ot demo", "model.moe.expert_weights",
+           "float under --ep (the expert-parallel layer takes float experts)", cfg.model.moe.expert_weights);
   const ModelConfig& m = cfg.model;
   const int64_t H = m.hidden, HK = m.gdn.key_heads, HV = m.gdn.value_heads, DK = m.gdn.key_head_dim, DV = m.gdn.value_head_dim;
   const int64_t E = m.moe.experts, I = m.moe.intermediate, Is = m.moe.shared_intermediate;
@@ -153,7 +164,6 @@ Model::Model(const DemoConfig& cfg, int64_t keep_ref_layers, const ExpertParalle
       L->sh_up = init.uniform(dt, {1, H, Is}, 1 / std::sqrt(double(H)));
       L->sh_down = init.uniform(dt, {1, Is, H}, res_scale / std::sqrt(double(Is)));
     }
-#if OT_DEMO_MOE
     L->router = gemm::prepack(L->router_w.view(), gemm::BLayout::NK);
     // Expert parallel: every rank packs its own shard; the verified layers also keep every expert
     // packed for the single-process comparison.
@@ -162,9 +172,12 @@ Model::Model(const DemoConfig& cfg, int64_t keep_ref_layers, const ExpertParalle
       L->local = moe::MoeExperts::from_stacked(L->gate.view().narrow(0, e0, n), L->up.view().narrow(0, e0, n),
                                                L->down.view().narrow(0, e0, n), moe::WeightLayout::EHI);
     }
-    if (!use_ep_ || keep) L->experts = moe::MoeExperts::from_stacked(L->gate, L->up, L->down, moe::WeightLayout::EHI);
+    if (m.moe.quantised()) {
+      quantise_experts(*L, m.moe, keep);
+    } else if (!use_ep_ || keep) {
+      L->experts = moe::MoeExperts::from_stacked(L->gate, L->up, L->down, moe::WeightLayout::EHI);
+    }
     if (Is > 0) L->shared = moe::MoeExperts::from_stacked(L->sh_gate, L->sh_up, L->sh_down, moe::WeightLayout::EHI);
-#endif
     if (!keep) L->gate = L->up = L->down = L->sh_gate = L->sh_up = L->sh_down = Tensor();
     layers_.push_back(std::move(L));
   }
@@ -246,7 +259,6 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
   checked_linear("in_proj", xn, L.in_proj, proj, false, v, iso_);
   const int64_t cq = 0, ck = HK * DK, cv = 2 * HK * DK, cz = cv + HV * DV, cb = cz + HV * DV, ca = cb + HV;
   Tensor o;  // [T, HV, DV]
-#if OT_DEMO_GDN
   const int64_t N = int64_t(batch.lengths.size());
   if (prefill) {
     Tensor g = Tensor::empty(DType::f32, {1, T, HV}), beta = Tensor::empty(DType::f32, {1, T, HV});
@@ -310,12 +322,6 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
     o = r.o;
   }
   TensorView o3 = o.view().reshape({T, HV, DV});
-#else
-  // Stand-in until the GDN operators land: the values pass through unchanged.
-  (void)batch, (void)prefill, (void)l, (void)cq, (void)ck, (void)ca, (void)cb;
-  o = Tensor::copy_of(columns(proj, cv, HV * DV));
-  TensorView o3 = o.view().reshape({T, HV, DV});
-#endif
   Tensor y = gated_rms_norm(o3, columns(proj, cz, HV * DV), L.o_norm_heads, m.rms_norm_eps);
   if (iso_) iso_->time("gated_rms_norm", [&] { gated_rms_norm(o3, columns(proj, cz, HV * DV), L.o_norm_heads, m.rms_norm_eps); });
   if (v) {
@@ -326,26 +332,24 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
   checked_linear("out_proj", y, L.out_proj, x, true, v, iso_);
 }
 
-#if OT_DEMO_MOE
 // FLOPs: router 2THE, routed experts 6 T K H I, shared expert 6 T H Is. Bytes: the router, the
 // experts that received tokens (decode reads only those), the shared expert, x in, residual, y out.
-static Work moe_work(const ModelConfig& m, const moe::MoeFfnResult& r, int64_t T) {
+static Work moe_work(const ModelConfig& m, const moe::MoeFfnResult& r, int64_t T, const moe::QuantMoeExperts& q) {
   const double H = double(m.hidden), I = double(m.moe.intermediate), Is = double(m.moe.shared_intermediate),
                E = double(m.moe.experts), es = double(dtype_size(m.dtype));
   int64_t touched = 0;
   for (int64_t e = 0; e < m.moe.experts; ++e) touched += r.expert_counts.ptr<int64_t>()[e] > 0;
   const double flops = 2 * T * H * E + 6.0 * T * double(m.moe.top_k) * H * I + 6.0 * T * H * Is;
-  const double bytes = (E * H + double(touched) * 3 * H * I + 3 * H * Is + 3.0 * T * H) * es;
+  const double expert_bytes = m.moe.quantised() ? double(q.expert_bytes()) : 3 * H * I * es;  // packed, scales included
+  const double bytes = (E * H + 3 * H * Is + 3.0 * T * H) * es + double(touched) * expert_bytes;
   return {"moe_ffn", flops, bytes};
 }
-#endif
 
 void Model::ffn(Layer& L, Tensor& x, Verifier* v) {
   const ModelConfig& m = cfg_.model;
   const int64_t T = x.size(0), H = m.hidden;
   Tensor xn = Tensor::empty(m.dtype, {T, H});
   checked_rms_norm(x, L.post_norm.data(), m.rms_norm_eps, xn, v, iso_);
-#if OT_DEMO_MOE
   if (use_ep_) return ffn_ep(L, x, xn, v);
   moe::MoeFfnOptions opt;
   opt.k = m.moe.top_k;
@@ -353,25 +357,25 @@ void Model::ffn(Layer& L, Tensor& x, Verifier* v) {
   opt.norm_topk_prob = m.moe.norm_topk_prob;
   opt.shared = m.moe.shared_intermediate > 0 ? &L.shared : nullptr;
   opt.residual = x;
-  moe::MoeFfnResult r = moe::moe_ffn(xn, L.router, L.experts, opt);
-  work_.push_back(moe_work(m, r, T));
-  if (iso_) iso_->time("moe_ffn", [&] { moe::moe_ffn(xn, L.router, L.experts, opt); });
+  const bool quant = m.moe.quantised();
+  auto layer = [&](const moe::MoeFfnOptions& o) { return quant ? moe::moe_ffn(xn, L.router, L.qexperts, o) : moe::moe_ffn(xn, L.router, L.experts, o); };
+  moe::MoeFfnResult r = layer(opt);
+  work_.push_back(moe_work(m, r, T, L.qexperts));
+  if (iso_) iso_->time("moe_ffn", [&] { layer(opt); });
   if (v) {
     // Compared without the residual, so the error is relative to the FFN's own output. The
-    // reference reads the shared expert's unpacked weights (opt.shared only says there is one).
+    // reference reads the shared expert's unpacked weights (opt.shared only says there is one);
+    // quantised experts: it dequantises their codes, then multiplies.
     moe::MoeFfnOptions no_res = opt;
     no_res.residual = TensorView();
-    moe::MoeFfnResult f = moe::moe_ffn(xn, L.router, L.experts, no_res);
-    moe::MoeFfnResult rr = moe::ref::moe_ffn(xn, L.router_w, L.gate, L.up, L.down, no_res, L.sh_gate, L.sh_up, L.sh_down);
+    moe::MoeFfnResult f = layer(no_res);
+    moe::MoeFfnResult rr = quant ? moe::ref::moe_ffn(xn, L.router_w, L.q_gate_up.view(), L.q_down.view(), no_res, L.sh_gate, L.sh_up, L.sh_down)
+                                 : moe::ref::moe_ffn(xn, L.router_w, L.gate, L.up, L.down, no_res, L.sh_gate, L.sh_up, L.sh_down);
     v->add("moe_ffn", normalised_error(f.y, rr.y));
   }
   x = r.y;
-#else
-  (void)L, (void)v;  // stand-in until moe_ffn lands: the FFN is skipped
-#endif
 }
 
-#if OT_DEMO_MOE
 // Expert-parallel MoE layer: route this rank's tokens (router GEMM, top-k softmax, norm_topk_prob as
 // in moe_ffn), residual + shared expert into an fp32 base here, routed experts over the ranks.
 void Model::ffn_ep(Layer& L, Tensor& x, const Tensor& xn, Verifier* v) {
@@ -424,7 +428,6 @@ void Model::ffn_ep(Layer& L, Tensor& x, const Tensor& xn, Verifier* v) {
   scope.flops(2.0 * T * H * E + 6.0 * T * K * H * I + 6.0 * T * H * Is)
       .bytes((double(E) * H + double(L.local.num_experts()) * 3 * H * I + 3 * H * Is + 3.0 * T * H) * es);
 }
-#endif
 
 std::vector<int32_t> Model::step(const std::vector<int32_t>& tokens, const Batch& batch, bool prefill, Verifier* v, int64_t layers) {
   const ModelConfig& m = cfg_.model;
@@ -434,7 +437,6 @@ std::vector<int32_t> Model::step(const std::vector<int32_t>& tokens, const Batch
   embedding(embed_, tokens, x);
   if (iso_) iso_->time("embedding", [&] { embedding(embed_, tokens, x); });
   const int64_t nl = layers < 0 ? num_layers() : std::min(layers, num_layers());
-#if OT_DEMO_GDN
   if (prefill) {
     cu_seqlens_ = Tensor::empty(DType::i64, {N + 1});
     int64_t* cu = cu_seqlens_.ptr<int64_t>();
@@ -442,7 +444,6 @@ std::vector<int32_t> Model::step(const std::vector<int32_t>& tokens, const Batch
     for (int64_t n = 0; n < N; ++n) cu[n + 1] = cu[n] + batch.lengths[size_t(n)];
     seq_ = std::make_unique<gdn::SeqInfo>(gdn::make_seq_info(1, T, cu_seqlens_, "ot demo"));
   }
-#endif
   for (int64_t l = 0; l < nl; ++l) {
     Layer& L = *layers_[size_t(l)];
     mixer(L, l, x, batch, prefill, v);
