@@ -1,9 +1,16 @@
-// AVX2 kernels of the quantised grouped GEMM (layout: quant_internal.h). The single-row kernel: 32
-// columns (4 ymm). Codes widen to int32 lanes (vpmovsxbd / vpmovzxbd + nibble mask or shift) and
-// convert to fp32 in registers; each K group's partial sums take the group's scale and the offset
-// term once at the group's end, into the fp32 tile c (which stays in L1). One row runs two partial
-// sets over even and odd k, so eight independent FMA chains hide the FMA latency.
+// AVX2 kernels of the quantised grouped GEMM (layout: quant_internal.h), 32 columns (4 ymm) a panel.
+// - bf16 / fp16 activations, one row (decode): the activations come as int16 (per-32-block scale),
+//   so a code pair row multiplies in vpmaddwd: int4 nibbles need a shift and a mask per 8 columns,
+//   int8 bytes a shift pair; 16 pairs sum exactly in int32, then take the block's scale in fp32.
+//   Per 64 weights ~16 instructions, against ~34 for widening every code to fp32 (which left the
+//   int4 decode compute-bound at ~60 GFLOP/s on 2 threads, AMD EPYC AVX2-only VM).
+// - fp32 activations, one row: codes widen to fp32 in registers (a shift pair or shift and mask per
+//   8 columns, vcvtdq2ps), FMAs for the pair's two k; each K group's partial sums take the group's
+//   scale and the offset term once at the group's end, into the fp32 tile c (which stays in L1).
 #include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
 
 #include "src/gemm/quant_internal.h"
 
@@ -13,67 +20,112 @@ namespace {
 
 constexpr int64_t kPrefetchBytes = 1024;  // ahead of the code stream (decode reads each panel once)
 
-template <bool I4> __attribute__((always_inline)) inline void dequant(const char* row, __m256 b[4]) {
+// The fp32 weights of one pair row: w0 = row k, w1 = row k + 1, 8 columns 8v..8v+7 each.
+template <bool I4> __attribute__((always_inline)) inline void widen_pair(const char* pair, __m256 w0[4], __m256 w1[4]) {
   if constexpr (I4) {
-    const __m256i x0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row)));
-    const __m256i x1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8)));
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair));
     const __m256i lo = _mm256_set1_epi32(0xF);
-    b[0] = _mm256_cvtepi32_ps(_mm256_and_si256(x0, lo));
-    b[1] = _mm256_cvtepi32_ps(_mm256_and_si256(x1, lo));
-    b[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(x0, 4));
-    b[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(x1, 4));
+    // int32 lane c: bits 4t.. of its low half = (k, 8t + c), of its high half = (k + 1, 8t + c).
+    w0[0] = _mm256_cvtepi32_ps(_mm256_and_si256(x, lo));
+    w0[1] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(x, 4), lo));
+    w0[2] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(x, 8), lo));
+    w0[3] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(x, 12), lo));
+    w1[0] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(x, 16), lo));
+    w1[1] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(x, 20), lo));
+    w1[2] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(x, 24), lo));
+    w1[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(x, 28));
   } else {
-    for (int v = 0; v < 4; ++v)
-      b[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * v))));
+    for (int h = 0; h < 2; ++h) {
+      // int32 lane c, bytes: (k, 16h + c), (k, 16h + 8 + c), (k + 1, 16h + c), (k + 1, 16h + 8 + c).
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair + 32 * h));
+      w0[2 * h] = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(x, 24), 24));
+      w0[2 * h + 1] = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(x, 16), 24));
+      w1[2 * h] = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(x, 8), 24));
+      w1[2 * h + 1] = _mm256_cvtepi32_ps(_mm256_srai_epi32(x, 24));
+    }
   }
 }
 
-// One k step: p[r][v] += a[r][k] * w(k, 8v..8v+7). Plain loops over constant bounds (no lambda
-// capturing p by reference, which kept the accumulators in memory).
-template <int R, bool I4>
-__attribute__((always_inline)) inline void step(const char* row, const float* ak, int64_t lda, __m256 (&p)[R][4]) {
-  __m256 b[4];
-  dequant<I4>(row, b);
-  for (int r = 0; r < R; ++r) {
-    const __m256 av = _mm256_broadcast_ss(ak + r * lda);
-    for (int v = 0; v < 4; ++v) p[r][v] = _mm256_fmadd_ps(av, b[v], p[r][v]);
+// c (+)= s * partial + m * asum for the group whose header is s (the tile c stays in L1).
+__attribute__((always_inline)) inline void close_group(const float* s, float asum, const __m256 part[4], bool first, float* c) {
+  const __m256 as = _mm256_set1_ps(asum);
+  for (int v = 0; v < 4; ++v) {
+    __m256 acc = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + 8 * v);
+    acc = _mm256_fmadd_ps(part[v], _mm256_loadu_ps(s + 8 * v), acc);
+    acc = _mm256_fmadd_ps(as, _mm256_loadu_ps(s + kQNR + 8 * v), acc);
+    _mm256_storeu_ps(c + 8 * v, acc);
   }
 }
 
-template <int R, bool I4>
-void tile(const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups, int64_t len, float* c) {
-  constexpr int64_t rb = I4 ? kQNR / 2 : kQNR;
+// fp32 activations, one row: two partial sets (even and odd k) hide the FMA latency.
+template <bool I4> void tile_f32(const float* a, const float* asum, const char* panel, int64_t groups, int64_t len, float* c) {
+  const WeightFormat f = I4 ? WeightFormat::int4 : WeightFormat::int8;
+  const size_t pb = pair_bytes(f);
   for (int64_t j = 0; j < groups; ++j) {
     const float* s = reinterpret_cast<const float*>(panel);
     const char* codes = panel + kQHeader;
     const float* aj = a + j * len;
-    __m256 p[R][4], q[R][4];  // q: the odd-k partial sums of a single row
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < 4; ++v) p[r][v] = q[r][v] = _mm256_setzero_ps();
-    int64_t k = 0;
-    if constexpr (R == 1) {
-      for (; k + 2 <= len; k += 2) {
-        _mm_prefetch(codes + k * rb + kPrefetchBytes, _MM_HINT_T0);
-        step<R, I4>(codes + k * rb, aj + k, lda, p);
-        step<R, I4>(codes + (k + 1) * rb, aj + k + 1, lda, q);
-      }
-    }
-    for (; k < len; ++k) {
-      if (R > 1 && (k & 1) == 0) _mm_prefetch(codes + k * rb + kPrefetchBytes, _MM_HINT_T0);
-      step<R, I4>(codes + k * rb, aj + k, lda, p);
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m256 as = _mm256_set1_ps(asum[r * ldas + j]);
+    __m256 p[4], q[4];
+    for (int v = 0; v < 4; ++v) p[v] = q[v] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < len; k += 2) {
+      const char* pair = codes + size_t(k / 2) * pb;
+      _mm_prefetch(pair + kPrefetchBytes, _MM_HINT_T0);
+      __m256 w0[4], w1[4];
+      widen_pair<I4>(pair, w0, w1);
+      const __m256 a0 = _mm256_broadcast_ss(aj + k), a1 = k + 1 < len ? _mm256_broadcast_ss(aj + k + 1) : _mm256_setzero_ps();
       for (int v = 0; v < 4; ++v) {
-        const __m256 x = R == 1 ? _mm256_add_ps(p[r][v], q[r][v]) : p[r][v];
-        float* cp = c + r * kQNR + 8 * v;
-        __m256 acc = j ? _mm256_loadu_ps(cp) : _mm256_setzero_ps();
-        acc = _mm256_fmadd_ps(x, _mm256_loadu_ps(s + 8 * v), acc);
-        acc = _mm256_fmadd_ps(as, _mm256_loadu_ps(s + kQNR + 8 * v), acc);
-        _mm256_storeu_ps(cp, acc);
+        p[v] = _mm256_fmadd_ps(a0, w0[v], p[v]);
+        q[v] = _mm256_fmadd_ps(a1, w1[v], q[v]);
       }
     }
-    panel += kQHeader + size_t(len) * rb;
+    for (int v = 0; v < 4; ++v) p[v] = _mm256_add_ps(p[v], q[v]);
+    close_group(s, asum[j], p, j == 0, c);
+    panel += group_bytes(f, len);
+  }
+}
+
+// int16 activations, one row (see the file comment).
+template <bool I4>
+void tile_i16(const int16_t* a16, const float* ascale, const float* asum, const char* panel, int64_t groups, int64_t len, float* c) {
+  const WeightFormat f = I4 ? WeightFormat::int4 : WeightFormat::int8;
+  const size_t pb = pair_bytes(f);
+  const int64_t nb = act_blocks(len);
+  const __m256i nib = _mm256_set1_epi16(0xF);
+  for (int64_t j = 0; j < groups; ++j) {
+    const float* s = reinterpret_cast<const float*>(panel);
+    const char* codes = panel + kQHeader;
+    const int16_t* aj = a16 + j * nb * kQABlock;
+    __m256 part[4];
+    for (int v = 0; v < 4; ++v) part[v] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t k0 = b * kQABlock, pairs = (std::min(len, k0 + kQABlock) - k0 + 1) / 2;
+      __m256i acc[4];
+      for (int v = 0; v < 4; ++v) acc[v] = _mm256_setzero_si256();
+      for (int64_t p = 0; p < pairs; ++p) {
+        const char* pair = codes + size_t(k0 / 2 + p) * pb;
+        if (!I4 || (p & 1) == 0) _mm_prefetch(pair + kPrefetchBytes, _MM_HINT_T0);
+        int32_t ap;
+        std::memcpy(&ap, aj + k0 + 2 * p, 4);
+        const __m256i av = _mm256_set1_epi32(ap);  // (a[k], a[k + 1]) in every int32 lane
+        if constexpr (I4) {
+          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair));
+          acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(_mm256_and_si256(x, nib), av));
+          acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(_mm256_and_si256(_mm256_srli_epi16(x, 4), nib), av));
+          acc[2] = _mm256_add_epi32(acc[2], _mm256_madd_epi16(_mm256_and_si256(_mm256_srli_epi16(x, 8), nib), av));
+          acc[3] = _mm256_add_epi32(acc[3], _mm256_madd_epi16(_mm256_srli_epi16(x, 12), av));
+        } else {
+          for (int h = 0; h < 2; ++h) {
+            const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair + 32 * h));
+            acc[2 * h] = _mm256_add_epi32(acc[2 * h], _mm256_madd_epi16(_mm256_srai_epi16(_mm256_slli_epi16(x, 8), 8), av));
+            acc[2 * h + 1] = _mm256_add_epi32(acc[2 * h + 1], _mm256_madd_epi16(_mm256_srai_epi16(x, 8), av));
+          }
+        }
+      }
+      const __m256 sc = _mm256_set1_ps(ascale[j * nb + b]);
+      for (int v = 0; v < 4; ++v) part[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[v]), sc, part[v]);
+    }
+    close_group(s, asum[j], part, j == 0, c);
+    panel += group_bytes(f, len);
   }
 }
 
@@ -81,29 +133,38 @@ void tile(const float* a, int64_t lda, const float* asum, int64_t ldas, const ch
 
 void qkernel_avx2_int8(int rows, const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups, int64_t len,
                        float* c) {
-  (void)rows;  // one row (the table's mr)
-  tile<1, false>(a, lda, asum, ldas, panel, groups, len, c);
+  (void)rows, (void)lda, (void)ldas;  // one row (the table's mr)
+  tile_f32<false>(a, asum, panel, groups, len, c);
 }
 void qkernel_avx2_int4(int rows, const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups, int64_t len,
                        float* c) {
-  (void)rows;
-  tile<1, true>(a, lda, asum, ldas, panel, groups, len, c);
+  (void)rows, (void)lda, (void)ldas;
+  tile_f32<true>(a, asum, panel, groups, len, c);
+}
+void qkernel_avx2_int8_i16(const int16_t* a16, const float* ascale, const float* asum, const char* panel, int64_t groups, int64_t len, float* c) {
+  tile_i16<false>(a16, ascale, asum, panel, groups, len, c);
+}
+void qkernel_avx2_int4_i16(const int16_t* a16, const float* ascale, const float* asum, const char* panel, int64_t groups, int64_t len, float* c) {
+  tile_i16<true>(a16, ascale, asum, panel, groups, len, c);
 }
 
 namespace {
 template <bool I4> void dequant_block(const char* group, int64_t k0, int64_t kc, float* w) {
-  constexpr int64_t rb = I4 ? kQNR / 2 : kQNR;
+  const size_t pb = pair_bytes(I4 ? WeightFormat::int4 : WeightFormat::int8);
   const float* s = reinterpret_cast<const float*>(group);
   __m256 sv[4], mv[4];
   for (int v = 0; v < 4; ++v) {
     sv[v] = _mm256_loadu_ps(s + 8 * v);
     mv[v] = _mm256_loadu_ps(s + kQNR + 8 * v);
   }
-  const char* codes = group + kQHeader + k0 * rb;
-  for (int64_t k = 0; k < kc; ++k) {
-    __m256 b[4];
-    dequant<I4>(codes + k * rb, b);
-    for (int v = 0; v < 4; ++v) _mm256_store_ps(w + k * kQNR + 8 * v, _mm256_fmadd_ps(b[v], sv[v], mv[v]));
+  // k0 is even (kQKC is): whole pair rows; an odd kc leaves the last pair's second row unwritten.
+  const char* codes = group + kQHeader + size_t(k0 / 2) * pb;
+  for (int64_t k = 0; k < kc; k += 2) {
+    __m256 w0[4], w1[4];
+    widen_pair<I4>(codes + size_t(k / 2) * pb, w0, w1);
+    for (int v = 0; v < 4; ++v) _mm256_store_ps(w + k * kQNR + 8 * v, _mm256_fmadd_ps(w0[v], sv[v], mv[v]));
+    if (k + 1 < kc)
+      for (int v = 0; v < 4; ++v) _mm256_store_ps(w + (k + 1) * kQNR + 8 * v, _mm256_fmadd_ps(w1[v], sv[v], mv[v]));
   }
 }
 

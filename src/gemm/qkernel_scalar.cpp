@@ -10,7 +10,8 @@ namespace {
 template <bool I4>
 void qkernel_scalar(int rows, const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups, int64_t len,
                     float* c) {
-  const size_t rb = row_bytes(I4 ? WeightFormat::int4 : WeightFormat::int8);
+  const WeightFormat f = I4 ? WeightFormat::int4 : WeightFormat::int8;
+  const size_t pb = pair_bytes(f);
   std::memset(c, 0, sizeof(float) * size_t(rows) * kQNR);
   for (int64_t j = 0; j < groups; ++j) {
     const float* s = reinterpret_cast<const float*>(panel);
@@ -20,15 +21,12 @@ void qkernel_scalar(int rows, const float* a, int64_t lda, const float* asum, in
       float part[kQNR] = {};
       const float* ar = a + r * lda + j * len;
       for (int64_t k = 0; k < len; ++k) {
-        const unsigned char* row = codes + size_t(k) * rb;
-        for (int n = 0; n < kQNR; ++n) {
-          const int u = I4 ? int((row[n & 15] >> (n < 16 ? 0 : 4)) & 0xF) : int(static_cast<signed char>(row[n]));
-          part[n] += ar[k] * float(u);
-        }
+        const unsigned char* pair = codes + size_t(k / 2) * pb;
+        for (int n = 0; n < kQNR; ++n) part[n] += ar[k] * float(code_at(pair, I4, int(k % 2), n));
       }
       for (int n = 0; n < kQNR; ++n) c[r * kQNR + n] += s[n] * part[n] + m[n] * asum[r * ldas + j];
     }
-    panel += kQHeader + size_t(len) * rb;
+    panel += group_bytes(f, len);
   }
 }
 
@@ -44,15 +42,14 @@ void qkernel_scalar_int4(int rows, const float* a, int64_t lda, const float* asu
 }
 
 template <bool I4> void qdequant_scalar(const char* group, int64_t k0, int64_t kc, float* w) {
-  const size_t rb = row_bytes(I4 ? WeightFormat::int4 : WeightFormat::int8);
+  const size_t pb = pair_bytes(I4 ? WeightFormat::int4 : WeightFormat::int8);
   const float* s = reinterpret_cast<const float*>(group);
   const float* m = s + kQNR;
-  const unsigned char* codes = reinterpret_cast<const unsigned char*>(group + kQHeader) + size_t(k0) * rb;
+  const unsigned char* codes = reinterpret_cast<const unsigned char*>(group + kQHeader);
   for (int64_t k = 0; k < kc; ++k)
     for (int n = 0; n < kQNR; ++n) {
-      const unsigned char* row = codes + size_t(k) * rb;
-      const int u = I4 ? int((row[n & 15] >> (n < 16 ? 0 : 4)) & 0xF) : int(static_cast<signed char>(row[n]));
-      w[k * kQNR + n] = s[n] * float(u) + m[n];
+      const unsigned char* pair = codes + size_t((k0 + k) / 2) * pb;
+      w[k * kQNR + n] = s[n] * float(code_at(pair, I4, int((k0 + k) % 2), n)) + m[n];
     }
 }
 void qdequant_scalar_int8(const char* group, int64_t k0, int64_t kc, float* w) { qdequant_scalar<false>(group, k0, kc, w); }

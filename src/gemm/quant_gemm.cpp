@@ -1,6 +1,8 @@
 // Quantised grouped GEMM (ot/gemm_quant.h): prepack into the panels of quant_internal.h, the kernel
 // table, and the driver (activations to fp32 once, then (expert, panel unit) work items over threads).
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "ot/error.h"
@@ -53,11 +55,37 @@ std::vector<float> f32_copy(const TensorView& v) {
 
 // The kernel table: the first row whose ISA is active and whose format matches.
 const QKernel kTable[] = {
-    {cpu::Isa::avx2, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, "avx2_w8"},
-    {cpu::Isa::avx2, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, "avx2_w4"},
-    {cpu::Isa::scalar, WeightFormat::int8, qkernel_scalar_int8, 4, qdequant_scalar_int8, qtile_scalar, 4, "scalar_w8"},
-    {cpu::Isa::scalar, WeightFormat::int4, qkernel_scalar_int4, 4, qdequant_scalar_int4, qtile_scalar, 4, "scalar_w4"},
+    {cpu::Isa::avx2, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, qkernel_avx2_int8_i16, "avx2_w8"},
+    {cpu::Isa::avx2, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, qkernel_avx2_int4_i16, "avx2_w4"},
+    {cpu::Isa::scalar, WeightFormat::int8, qkernel_scalar_int8, 4, qdequant_scalar_int8, qtile_scalar, 4, nullptr, "scalar_w8"},
+    {cpu::Isa::scalar, WeightFormat::int4, qkernel_scalar_int4, 4, qdequant_scalar_int4, qtile_scalar, 4, nullptr, "scalar_w4"},
 };
+
+// a[0, len) as int16 blocks of kQABlock (zero-padded to whole blocks) with scale[b] = max |a| / 32767
+// (rounded to nearest even); returns the sum of the rounded values. A block with a NaN or Inf gets
+// a NaN scale and zero codes, so the row's outputs are NaN as on the fp32 path.
+float round_to_int16_blocks(const float* a, int64_t len, int16_t* q, float* scale) {
+  double total = 0;
+  for (int64_t k0 = 0, b = 0; k0 < len; k0 += kQABlock, ++b) {
+    const int64_t n = std::min<int64_t>(kQABlock, len - k0);
+    float amax = 0;
+    bool finite = true;
+    for (int64_t k = 0; k < n; ++k) {
+      finite = finite && std::isfinite(a[k0 + k]);
+      amax = std::max(amax, std::fabs(a[k0 + k]));
+    }
+    const float inv = finite && amax > 0 ? 32767.f / amax : 0.f;
+    scale[b] = finite ? amax / 32767.f : std::numeric_limits<float>::quiet_NaN();
+    int64_t isum = 0;
+    for (int64_t k = 0; k < kQABlock; ++k) {
+      const long v = k < n ? std::clamp(std::lrint(a[k0 + k] * inv), -32767l, 32767l) : 0;
+      q[k0 + k] = int16_t(v);
+      isum += v;
+    }
+    total += double(isum) * scale[b];
+  }
+  return float(total);
+}
 
 void epilogue(const detail::EpiArgs& e, const detail::EpiBlock& b) {
   if (cpu::has(cpu::Isa::avx512)) detail::epilogue_avx512(e, b);
@@ -87,8 +115,7 @@ PackedQuantB prepack_quantized(const QuantWeightView& w) {
   im.split = sh.N >= 2 && sh.N % 2 == 0;
   const int64_t span = im.split ? sh.N / 2 : sh.N;
   im.npanels = (span + kQNR - 1) / kQNR * (im.split ? 2 : 1);
-  const size_t rb = row_bytes(w.format);
-  im.panel_bytes = size_t(im.groups) * (kQHeader + size_t(im.len) * rb);
+  im.panel_bytes = size_t(im.groups) * group_bytes(w.format, im.len);
   im.mem = detail::WeightMem(std::max<size_t>(im.panel_bytes * size_t(im.npanels * im.G), 64));
   const std::vector<float> s = f32_copy(w.scale), o = im.offset ? f32_copy(w.offset) : std::vector<float>();
   const bool i4 = w.format == WeightFormat::int4;
@@ -110,22 +137,26 @@ PackedQuantB prepack_quantized(const QuantWeightView& w) {
           hs[kQNR + c] = i4 ? (off - 8.f) * sc : off * sc;  // int4 codes are stored as q + 8
         }
         unsigned char* codes = reinterpret_cast<unsigned char*>(dst + kQHeader);
-        std::fill(codes, codes + size_t(im.len) * rb, 0);
+        const size_t gb = group_bytes(w.format, im.len);
+        std::fill(codes, codes + (gb - kQHeader), 0);
         for (int64_t kk = 0; kk < im.len; ++kk) {
           const int64_t k = j * im.len + kk;
-          unsigned char* row = codes + size_t(kk) * rb;
+          unsigned char* pair = codes + size_t(kk / 2) * pair_bytes(w.format);
           for (int c = 0; c < width; ++c) {
             const int64_t n = col0 + c;
+            size_t byte;
+            int shift;
+            code_position(i4, int(kk % 2), c, &byte, &shift);
             if (!i4) {
-              row[c] = static_cast<unsigned char>(qd[g * q.stride(0) + k * q.stride(1) + n * q.stride(2)]);
+              pair[byte] = static_cast<unsigned char>(qd[g * q.stride(0) + k * q.stride(1) + n * q.stride(2)]);
             } else {
               const unsigned b = static_cast<unsigned char>(qd[g * q.stride(0) + k * q.stride(1) + (n / 2) * q.stride(2)]);
               const unsigned nib = (b >> (4 * (n & 1))) & 0xFu, u4 = (nib ^ 8u);  // two's complement q -> q + 8
-              row[c & 15] = static_cast<unsigned char>(row[c & 15] | (u4 << (c < 16 ? 0 : 4)));
+              pair[byte] = static_cast<unsigned char>(pair[byte] | (u4 << shift));
             }
           }
         }
-        dst += kQHeader + size_t(im.len) * rb;
+        dst += gb;
       }
     }
   });
@@ -152,14 +183,27 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
   const int64_t rows = row0[size_t(count)];
   if (rows == 0 || N == 0) return;
   const QKernel& kern = select_qkernel(im.format);
-  // Activations as fp32 rows and their per-group sums (the offset term), once per call.
-  std::vector<float> a32(size_t(rows * K)), asum(size_t(rows * im.groups));
+  // Activations as fp32 rows and their per-group sums (the offset term), once per call. A one-row
+  // group with bf16 / fp16 activations also gets them as int16 blocks when the kernel takes them
+  // (quant_internal.h); its sums are then those of the rounded values.
+  const int64_t nb = act_blocks(im.len), lenp = nb * kQABlock;
+  auto int16_row = [&](int64_t i) { return kern.fn_i16 && groups[i].M == 1 && groups[i].a_dtype != DType::f32; };
+  bool any_i16 = false;
+  for (int64_t i = 0; i < count; ++i) any_i16 = any_i16 || int16_row(i);
+  std::vector<float> a32(size_t(rows * K)), asum(size_t(rows * im.groups)), ascale(any_i16 ? size_t(rows * im.groups * nb) : 0);
+  std::vector<int16_t> a16(any_i16 ? size_t(rows * im.groups * lenp) : 0);
   parallel_for(rows, [&](int64_t r0, int64_t r1) {
     for (int64_t row = r0; row < r1; ++row) {
       const int64_t i = int64_t(std::upper_bound(row0.begin(), row0.end(), row) - row0.begin()) - 1, r = row - row0[size_t(i)];
       float* dst = a32.data() + row * K;
       const int64_t src = groups[i].a_rows ? groups[i].a_rows[r] : r;
       convert_to_f32(static_cast<const char*>(groups[i].a) + size_t(src * groups[i].lda) * dtype_size(groups[i].a_dtype), groups[i].a_dtype, dst, K);
+      if (int16_row(i)) {
+        for (int64_t j = 0; j < im.groups; ++j)
+          asum[size_t(row * im.groups + j)] = round_to_int16_blocks(dst + j * im.len, im.len, a16.data() + (row * im.groups + j) * lenp,
+                                                                    ascale.data() + (row * im.groups + j) * nb);
+        continue;
+      }
       for (int64_t j = 0; j < im.groups; ++j) {
         float acc = 0;
         for (int64_t k = 0; k < im.len; ++k) acc += dst[j * im.len + k];
@@ -169,7 +213,7 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
   });
   // Work items: (group, panel unit); a unit is a gate/up panel pair when the halves interleave.
   const int64_t per_unit = im.split ? 2 : 1, units_per_group = im.npanels / per_unit;
-  const size_t group_bytes = kQHeader + size_t(im.len) * row_bytes(im.format);
+  const size_t gbytes = group_bytes(im.format, im.len);
   std::vector<int64_t> items;
   for (int64_t i = 0; i < count; ++i)
     if (groups[i].M > 0)
@@ -201,7 +245,7 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
         const int64_t ntiles = (g.M + kern.tile_mr - 1) / kern.tile_mr;
         for (int64_t q = 0; q < per_unit; ++q) {
           const char* panel = im.panel(g.expert, unit * per_unit + q);
-          for (int64_t j = 0; j < im.groups; ++j, panel += group_bytes)
+          for (int64_t j = 0; j < im.groups; ++j, panel += gbytes)
             for (int64_t k0 = 0; k0 < im.len; k0 += kQKC) {
               const int64_t kc = std::min<int64_t>(kQKC, im.len - k0);
               kern.dequant(panel, k0, kc, wblk);
@@ -213,6 +257,11 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
               }
             }
         }
+      } else if (int16_row(i)) {
+        const int64_t row = row0[size_t(i)];
+        for (int64_t q = 0; q < per_unit; ++q)
+          kern.fn_i16(a16.data() + row * im.groups * lenp, ascale.data() + row * im.groups * nb, as, im.panel(g.expert, unit * per_unit + q),
+                      im.groups, im.len, tile[q]);
       } else {
         for (int64_t q = 0; q < per_unit; ++q)
           kern.fn(1, a, K, as, im.groups, im.panel(g.expert, unit * per_unit + q), im.groups, im.len, tile[q]);

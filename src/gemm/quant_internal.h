@@ -4,13 +4,17 @@
 // is even, as in the main engine, so a SwiGLU unit finds gate and up panels side by side). A panel
 // is its K groups in order (one group of K rows when per channel), each:
 //   float s[32], m[32]          scale and additive term: w = s * u + m
-//   codes[len][row_bytes]       int8: 32 signed bytes (u = q, m = offset * s);
-//                               int4: 16 bytes, byte b = column b (low nibble) | column b + 16
-//                               (high nibble), u = q + 8 in [0, 15] (m = (offset - 8) * s)
-// Columns past the edge have s = m = 0 and code 0. The single-row kernel computes, per group j,
+//   codes[ceil(len / 2)][pair_bytes]   rows k and k + 1 of the group together (a zero code row pads
+//                                      an odd len), laid out so that each 16-bit lane of a 32-byte
+//                                      block holds the pair (k, k + 1) of one column: vpmaddwd then
+//                                      multiplies a pair of int16 activations into one int32 lane.
+//     int4 (32 bytes a pair, u = q + 8 in [0, 15], m = (offset - 8) * s): 16-bit lane L = 2c + kk
+//       (c < 8, kk = k offset 0/1) holds in its nibble t (bits 4t..4t+3) column 8t + c;
+//     int8 (64 bytes a pair, u = q, m = offset * s): block h < 2, 16-bit lane L = 2c + kk holds
+//       column 16h + c in its low byte and column 16h + 8 + c in its high byte.
+// Columns past the edge have s = m = 0 and code 0. The single-row kernels compute, per group j,
 // s * sum_k a[k] * u[k] + m * asum[j] with asum the group's sum of a: the offset never touches the
-// inner loop and the codes only need a widening and an int -> float conversion. More rows take
-// the row-block path below.
+// inner loop and the codes only need a widening. More rows take the row-block path below.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -22,7 +26,27 @@ namespace ot::gemm::qdetail {
 
 inline constexpr int kQNR = 32;
 inline constexpr size_t kQHeader = 2 * kQNR * sizeof(float);
-inline size_t row_bytes(WeightFormat f) { return f == WeightFormat::int4 ? kQNR / 2 : kQNR; }
+// Bytes of one code pair row (k, k + 1) and of one group (header + pair rows).
+inline size_t pair_bytes(WeightFormat f) { return f == WeightFormat::int4 ? kQNR : 2 * kQNR; }
+inline size_t group_bytes(WeightFormat f, int64_t len) { return kQHeader + size_t((len + 1) / 2) * pair_bytes(f); }
+
+// Where the code of (k offset kk, column n) lives in a pair row: byte index and bit shift.
+inline void code_position(bool int4, int kk, int n, size_t* byte, int* shift) {
+  if (int4) {
+    const int lane = 2 * (n % 8) + kk, t = n / 8;
+    *byte = size_t(2 * lane + t / 2), *shift = 4 * (t % 2);
+  } else {
+    const int h = n / 16, c = n % 16, lane = 2 * (c % 8) + kk;
+    *byte = size_t(32 * h + 2 * lane + c / 8), *shift = 0;
+  }
+}
+// u of (kk, n): int4 in [0, 15], int8 the signed code.
+inline int code_at(const unsigned char* pair_row, bool int4, int kk, int n) {
+  size_t b;
+  int sh;
+  code_position(int4, kk, n, &b, &sh);
+  return int4 ? int((pair_row[b] >> sh) & 0xF) : int(static_cast<signed char>(pair_row[b]));
+}
 
 // c[r * 32 + j] = sum over K of a[r * lda + k] * w(k, j) for r < rows (rows <= the kernel's mr);
 // asum[r * ldas + j]: the sum of row r of a over group j; panel: as above, `groups` groups of `len`.
@@ -38,6 +62,16 @@ using QDequantFn = void (*)(const char* group, int64_t k0, int64_t kc, float* w)
 // c[r * 32 + j] += sum_k a[r * lda + k] * w[k * 32 + j] for r < rows (rows <= the tile's mr).
 using QTileFn = void (*)(int rows, int64_t kc, const float* a, int64_t lda, const float* w, float* c);
 
+// The single-row path on int16 activations (bf16 / fp16 inputs): a16 holds each group's len values
+// rounded to int16 against a per-32-block scale (ascale[j * blocks + b], blocks = ceil(len / 32)),
+// zero-padded to whole blocks; asum the groups' sums of those rounded values. Only the rounding of
+// the activations differs from the fp32 form (relative error <= 2^-16 of the block's largest
+// |a|, far below the rounding of the bf16 / fp16 input itself).
+inline constexpr int64_t kQABlock = 32;
+inline int64_t act_blocks(int64_t len) { return (len + kQABlock - 1) / kQABlock; }
+using QKernelI16Fn = void (*)(const int16_t* a16, const float* ascale, const float* asum, const char* panel, int64_t groups, int64_t len,
+                              float* c);
+
 // One row of the kernel table: the entry point takes the first row whose ISA is active and whose
 // format matches.
 struct QKernel {
@@ -48,6 +82,7 @@ struct QKernel {
   QDequantFn dequant;  // the row-block path
   QTileFn tile;
   int tile_mr;     // rows per call of tile
+  QKernelI16Fn fn_i16;  // the single-row path for bf16 / fp16 activations (nullptr: fn on fp32)
   const char* name;
 };
 const QKernel& select_qkernel(WeightFormat f);
@@ -60,6 +95,8 @@ void qkernel_avx2_int8(int rows, const float* a, int64_t lda, const float* asum,
                        float* c);
 void qkernel_avx2_int4(int rows, const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups, int64_t len,
                        float* c);
+void qkernel_avx2_int8_i16(const int16_t* a16, const float* ascale, const float* asum, const char* panel, int64_t groups, int64_t len, float* c);
+void qkernel_avx2_int4_i16(const int16_t* a16, const float* ascale, const float* asum, const char* panel, int64_t groups, int64_t len, float* c);
 void qdequant_scalar_int8(const char* group, int64_t k0, int64_t kc, float* w);
 void qdequant_scalar_int4(const char* group, int64_t k0, int64_t kc, float* w);
 void qtile_scalar(int rows, int64_t kc, const float* a, int64_t lda, const float* w, float* c);
