@@ -3,6 +3,7 @@
 // this machine: rows 0, 1, 7, 64, 300 over groups with empty ones, int8 per channel (K = 200, no
 // multiple of anything) and int4 / int8 group-wise, symmetric and asymmetric, N odd and even,
 // SwiGLU on and off, bias, x in fp32 / bf16 / fp16.
+#include <cmath>
 #include <string>
 
 #include "helpers.h"
@@ -127,4 +128,27 @@ TEST(GroupedMatmulQuant, BadInputNamesTheArgument) {
   v.data = Tensor::zeros(DType::i8, {2, 64, 17});
   EXPECT_OT_ERROR(grouped_matmul(x, v, gl, GroupListType::count), "weight");
   EXPECT_OT_ERROR(grouped_matmul(Tensor::zeros(DType::i32, {4, 64}), q.view(), gl, GroupListType::count), "x");
+}
+
+// A NaN activation of a one-row group (the int16 decode path for bf16 / fp16 x) makes that row's
+// outputs NaN, and only that row's, on every ISA path (docs/robustness.md).
+TEST(GroupedMatmulQuant, NanActivationReachesOnlyItsRow) {
+  const int64_t G = 3, K = 96, N = 40;
+  for (const Fmt fm : {Fmt{WeightFormat::int8, 0, true, K}, Fmt{WeightFormat::int4, 32, false, K}})
+    for (DType xt : {DType::bf16, DType::f16}) {
+      QuantizedWeights q = quantize_weights(randn(DType::f32, {G, K, N}, 7u, 0.05f), fm.f, fm.gs, fm.sym);
+      Tensor x = randn(xt, {G, K}, 8u);
+      set_from_double(x, 1 * K + 37, std::nan(""));
+      Tensor gl = mt::ints({G}, {1, 1, 1});
+      for (cpu::Isa isa : paths()) {
+        cpu::ScopedMaxIsa cap(isa);
+        Tensor y = grouped_matmul(x, q.view(), gl, GroupListType::count, Tensor(), gemm::Act::none);
+        for (int64_t r = 0; r < G; ++r)
+          for (int64_t n = 0; n < N; ++n) {
+            const double v = get_as_double(y, r * N + n);
+            EXPECT_EQ(std::isnan(v), r == 1) << weight_format_name(fm.f) << " " << dtype_name(xt) << " isa=" << cpu::isa_name(isa)
+                                             << " row " << r << " col " << n;
+          }
+      }
+    }
 }
