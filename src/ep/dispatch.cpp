@@ -111,6 +111,8 @@ Fault validate(const Comm& comm, const TensorView& x, const TensorView& ids, con
 
 }  // namespace
 
+DispatchWireTamper dispatch_wire_tamper = nullptr;
+
 PendingDispatch::PendingDispatch(PendingDispatch&& o) noexcept : res_(std::move(o.res_)), done_(o.done_) { o.done_ = true; }
 PendingDispatch& PendingDispatch::operator=(PendingDispatch&& o) noexcept {
   if (this != &o) {
@@ -446,6 +448,9 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
       win.publish();
     }
   }
+  if (dispatch_wire_tamper && one_round && ok)
+    for (int q = 0; q < W; ++q)
+      if (q != me) dispatch_wire_tamper(q, st.msgbuf.data() + msg.off[size_t(q)], msg.len[size_t(q)], fmt);
   st.ex = std::make_unique<PeerExchange>();
   st.ex->start(comm, kTagDispatch, st.msgbuf.data(), msg.off, msg.len);
   st.scount.assign(size_t(W), 0);
@@ -495,8 +500,27 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
       if (r != me) st.recv_slots[size_t(r)] += rec[1 + l];
     }
   }
+  // Counts from peers bound what this rank allocates and reads: a malformed record is rejected here,
+  // by this rank alone (only it got that record), before anything is sized from it. In the
+  // one-round form every transfer is over; the window grows as on the other ranks first.
+  for (int r = 0; r < W; ++r) {
+    const int64_t bs = st.all_bs[size_t(r)], rows = st.all_rows[size_t(r)];
+    std::string bad;
+    if (bs < 0 || bs > INT32_MAX) bad = detail::cat("a batch of ", bs, " tokens");
+    else if (rows < 0 || rows > bs) bad = detail::cat(rows, " gathered rows of a batch of ", bs);
+    else if (st.recv_rows[size_t(r)] < 0 || st.recv_rows[size_t(r)] > bs) bad = detail::cat(st.recv_rows[size_t(r)], " rows of a batch of ", bs);
+    else if (one_round && dec.extra[size_t(r)][2 + L] > 0 && (dec.extra[size_t(r)][1 + L] < 0 || dec.extra[size_t(r)][1 + L] > bs))
+      bad = detail::cat(dec.extra[size_t(r)][1 + L], " window rows of a batch of ", bs);
+    for (int64_t l = 0; l < L && bad.empty() && r != me; ++l)
+      if (cnt[size_t(l * W + r)] < 0 || cnt[size_t(l * W + r)] > bs * K)
+        bad = detail::cat(cnt[size_t(l * W + r)], " slots for local expert ", l, " from a batch of ", bs, " tokens of ", K);
+    if (bad.empty()) continue;
+    if (one_round) win.reserve(st.window_need);
+    throw Error(kOp, "message", "counts within the sender's batch", detail::cat("rank ", r, " sent ", bad));
+  }
   DispatchResult& res = PendingAccess::res(pd);
   res = DispatchResult();
+  st.cnt = cnt;
   st.plan(cnt, res);
 
   // 4. Rows. One-round: already here, after each record. Split all_to_all: one row per (token,
@@ -558,13 +582,45 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   return pd;
 }
 
+std::string DispatchState::check_received_rows(const std::vector<int64_t>& want) const {
+  const Placement& P = comm->placement();
+  const bool a2a = opt.dispatcher == Dispatcher::all_to_all;
+  std::vector<int64_t> got(size_t(L * W), 0);
+  for (int r = 0; r < W; ++r) {
+    if (r == me) continue;
+    for (int64_t i = 0; i < rcount[size_t(r)]; ++i) {
+      char* row = const_cast<char*>(rows_from[size_t(r)]) + size_t(i) * fmt.stride;
+      const int32_t tok = RowFormat::token(row);
+      const int32_t* idr = RowFormat::ids(row);
+      if (tok < 0 || tok >= all_bs[size_t(r)])
+        return detail::cat("rank ", r, " row ", i, ": token ", tok, " of a batch of ", all_bs[size_t(r)]);
+      for (int64_t k = 0; k < K; ++k) {
+        const int32_t e = idr[k];
+        if (e < 0) continue;
+        if (e >= P.num_experts()) return detail::cat("rank ", r, " row ", i, ": expert ", e, " of ", P.num_experts());
+        if ((!a2a || pulled[size_t(r)]) && P.destination(r, tok, e) != me) continue;
+        const int l = P.local_index(me, e);
+        if (l < 0) return detail::cat("rank ", r, " row ", i, ": expert ", e, ", which is not on rank ", me);
+        ++got[size_t(l * W + r)];
+      }
+    }
+    for (int64_t l = 0; l < L; ++l)
+      if (got[size_t(l * W + r)] != want[size_t(l * W + r)])
+        return detail::cat("rank ", r, ": ", got[size_t(l * W + r)], " slots for local expert ", l, ", its record says ",
+                           want[size_t(l * W + r)]);
+  }
+  return {};
+}
+
 void DispatchState::finish_receive(DispatchResult& res) {
   const Placement& P = comm->placement();
   const bool a2a = opt.dispatcher == Dispatcher::all_to_all;
   const size_t out_row = expand_row_bytes(H, dtype, opt.quant_int8);
   struct Copy { int64_t dst; const char* row; int l; };
   std::vector<Copy> copies;
-  for (int r = 0; r < W; ++r) {
+  // Every transfer is over: a malformed row is rejected after the clean-up the other ranks also do.
+  const std::string bad = check_received_rows(cnt);
+  for (int r = 0; r < W && bad.empty(); ++r) {
     if (r == me) continue;
     int64_t ret = 0;
     for (int64_t i = 0; i < rcount[size_t(r)]; ++i) {
@@ -617,6 +673,7 @@ void DispatchState::finish_receive(DispatchResult& res) {
   x_view = TensorView();
   ids_view = TensorView();
   opt.smooth_scales = TensorView();
+  if (!bad.empty()) throw Error(kOp, "message", "rows as the sender's record announces them", bad);
   received = true;
 }
 

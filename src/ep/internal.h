@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ot/ep.h"
@@ -244,6 +245,10 @@ struct DispatchState {
   void plan(const std::vector<int64_t>& cnt, DispatchResult& res);
   void place_local(DispatchResult& res);
   void finish_receive(DispatchResult& res);  // fan out the received rows (after the transfer)
+  // What is wrong with the received rows (empty: nothing): a token outside its sender's batch, an
+  // expert id that is not this rank's, or slots per (local expert, source) other than the record's.
+  std::string check_received_rows(const std::vector<int64_t>& cnt) const;
+  std::vector<int64_t> cnt;  // [L*W] slots per (local expert l, source r), from the records
   const float* smooth_row(int l) const;
 };
 
@@ -262,6 +267,12 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
 
 // Combine start; experts_failed makes every rank throw (a rank's local expert compute failed).
 PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const DispatchResult& dr, const CombineInputs& in, bool experts_failed);
+
+// Fault injection for the tests: when set, called on each one-round dispatch message this rank
+// sends, after packing ([record][rows], `bytes` in all), so a test can play a peer that sends
+// malformed messages. Never set by the library.
+using DispatchWireTamper = void (*)(int dest, char* msg, size_t bytes, const RowFormat& fmt);
+extern DispatchWireTamper dispatch_wire_tamper;
 
 inline int checked_int(int64_t v, const char* op, const char* what) {
   OT_CHECK(v >= 0 && v <= INT32_MAX, op, what, "a count that fits MPI's int", v);
