@@ -79,6 +79,14 @@ struct CommOptions {
   // the shared expert; E a multiple of W - S, spec 9.1, so E need not divide by W), 0 contiguous
   // shards (E a multiple of W). For DispatchOptions::shared_expert_rank_num = S.
   int shared_expert_ranks = 0;
+  // Seconds a rank waits for its peers' messages in one exchange of a dispatch or combine (as
+  // torch.distributed's default process-group timeout: 30 minutes). Past it the rank throws an
+  // ot::Error naming argument "peer" and the ranks it still waited for, and the Comm is unusable
+  // from then on (every later call throws, naming "comm"): drop it and end the job. <= 0: wait as
+  // long as MPI does. OT_EP_TIMEOUT_S in the environment overrides. Covers the message exchanges
+  // (every record, the rows of the one-round form); the row collectives of the split and all_gather
+  // forms wait in MPI (docs/robustness.md).
+  double timeout_s = 1800;
 };
 
 // A communicator wrapper: the caller's MPI communicator (not owned; MPI_COMM_WORLD by default), the

@@ -153,6 +153,7 @@ PendingCombine moe_distribute_combine_start(Comm& comm, const TensorView& y, con
 
 PendingCombine combine_start_impl(Comm& comm, const TensorView& y, const DispatchResult& dr, const CombineInputs& in, bool experts_failed) {
   trace::OpScope scope(kOp, "comm");
+  check_not_broken(comm, kOp);
   const DispatchState* dp = dr.handle.get();
   const int W = comm.ep_world_size(), me = comm.ep_rank_id();
   PendingCombine pc;

@@ -2,6 +2,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -100,6 +101,8 @@ Comm::Comm(MPI_Comm comm, int64_t num_experts, const CommOptions& opt) : comm_(c
   node_threads_ = node_core_share(impl_->node);
   if (opt.threads > 0) ot::set_num_threads(opt.threads);
   else if (opt.threads == -1 && !threads_chosen()) ot::set_num_threads(node_threads_);
+  impl_->timeout_s = opt.timeout_s;
+  if (const char* t = std::getenv("OT_EP_TIMEOUT_S"); t && *t) impl_->timeout_s = std::atof(t);
   const char* env = std::getenv("OT_EP_NODE_WINDOW");
   impl_->window.init(impl_->wire, impl_->node, opt.node_window && !(env && std::string(env) == "0"));
 }
@@ -215,11 +218,50 @@ bool PeerExchange::test() {
 
 void PeerExchange::wait() {
   if (!active_) return;
-  post_arrived(true);
-  MPI_Waitall(int(req_.size()), req_.data(), MPI_STATUSES_IGNORE);
+  const double limit = comm_->impl().timeout_s;
+  if (!comm_->impl().broken.empty()) abandon(0);  // an exchange before this one timed out: do not wait again
+  if (limit <= 0) {
+    post_arrived(true);
+    MPI_Waitall(int(req_.size()), req_.data(), MPI_STATUSES_IGNORE);
+  } else {  // poll as MPI_Waitall does, looking at the clock every 64 rounds
+    const auto t0 = std::chrono::steady_clock::now();
+    for (unsigned spin = 1; !test(); ++spin) {
+      if (spin % 64) continue;
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (waited > limit) abandon(waited);
+      sched_yield();  // ranks may share cores
+    }
+  }
+  finish();
+}
+
+void PeerExchange::finish() {
   active_ = false;
   auto& ex = comm_->impl().exchanges;
   ex.erase(std::remove(ex.begin(), ex.end(), this), ex.end());
+}
+
+void PeerExchange::abandon(double waited_s) {
+  std::string missing;
+  for (int r = 0; r < W_; ++r)
+    if (r != me_ && (!posted_[size_t(r)] || req_[size_t(W_ + r)] != MPI_REQUEST_NULL))
+      missing += detail::cat(missing.empty() ? "" : ", ", "rank ", r);
+  // MPI keeps the transfers it has started; their receive buffers stay alive with the Comm.
+  for (MPI_Request& q : req_)
+    if (q != MPI_REQUEST_NULL) MPI_Request_free(&q);
+  Comm::Impl& im = comm_->impl();
+  for (PooledBuffer& b : in_) im.abandoned.push_back(std::move(b));
+  finish();
+  const char* op = tag_op(tag_);
+  if (im.broken.empty()) im.broken = detail::cat(op, " waited ", waited_s, " s for ", missing);
+  throw Error(op, "peer", "a message from every rank within CommOptions::timeout_s",
+              detail::cat("nothing from ", missing, " after ", waited_s, " s"));
+}
+
+const char* tag_op(int tag) { return tag == kTagDispatch ? "moe_distribute_dispatch" : "moe_distribute_combine"; }
+
+void check_not_broken(Comm& comm, const char* op) {
+  OT_CHECK(comm.impl().broken.empty(), op, "comm", "a communicator whose exchanges all completed (none timed out)", comm.impl().broken);
 }
 
 void PeerExchange::release() {
@@ -227,7 +269,11 @@ void PeerExchange::release() {
 }
 
 PeerExchange::~PeerExchange() {
-  if (active_) wait();
+  if (!active_) return;
+  try {
+    wait();
+  } catch (const Error&) {  // timed out: abandoned, the Comm says so
+  }
 }
 
 void load_row_f32(const void* src, DType t, int64_t n, float* dst) {

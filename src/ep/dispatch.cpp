@@ -253,6 +253,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
                                       const DispatchOptions& opt, int64_t tag, bool split) {
   PendingDispatch pd;
   trace::OpScope scope(kOp, "comm");
+  check_not_broken(comm, kOp);
   const int W = comm.ep_world_size(), me = comm.ep_rank_id();
   const Placement& P = comm.placement();
   const bool a2a = opt.dispatcher == Dispatcher::all_to_all;

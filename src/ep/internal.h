@@ -131,6 +131,9 @@ struct Comm::Impl {
   std::map<int64_t, MPI_Datatype> row_types;  // contiguous byte rows, by size
   std::vector<MPI_Request*> inflight;         // advanced by progress()
   std::vector<PeerExchange*> exchanges;       // likewise
+  double timeout_s = 0;                       // CommOptions::timeout_s (<= 0: none)
+  std::string broken;                         // set when an exchange timed out: what happened
+  std::vector<PooledBuffer> abandoned;        // receive buffers of timed-out exchanges (MPI may still write)
   MPI_Datatype row_type(int64_t bytes);
   void track(MPI_Request* r) { inflight.push_back(r); }
   void untrack(MPI_Request* r);
@@ -149,6 +152,8 @@ class PeerExchange {
   // Message to rank q: len[q] bytes at sendbuf + off[q] (q != me; the buffer must outlive the wait).
   void start(Comm& comm, int tag, const char* sendbuf, const std::vector<size_t>& off, const std::vector<size_t>& len);
   bool test();  // posts the receives of messages that have arrived; true when all have completed
+  // Waits for every message; past the Comm's timeout, abandons the exchange (the Comm becomes
+  // broken) and throws an ot::Error of op naming "peer" and the ranks not heard from.
   void wait();
   int world() const { return W_; }
   const char* data(int r) const { return in_[size_t(r)].data(); }
@@ -165,7 +170,13 @@ class PeerExchange {
   std::vector<size_t> in_size_;
   bool post_arrived(bool block);
   void probe(bool block, std::vector<char>& blocked);
+  void finish();
+  [[noreturn]] void abandon(double waited_s);
 };
+// The op an exchange on this tag belongs to (for its errors).
+const char* tag_op(int tag);
+// Throws (op, "comm") when an earlier exchange of comm timed out.
+void check_not_broken(Comm& comm, const char* op);
 constexpr int kTagDispatch = 0x5e01, kTagCombine = 0x5e02;
 
 // ---- Wire format of one dispatched row: header, then H values (x dtype, or int8 when quantised).
