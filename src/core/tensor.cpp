@@ -1,10 +1,12 @@
 #include "ot/tensor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
 #include "ot/error.h"
 #include "ot/numeric.h"
+#include "ot/parallel.h"
 #include "ot/workspace.h"
 
 namespace ot {
@@ -212,18 +214,54 @@ static int64_t offset_of_flat(const TensorView& v, int64_t flat) {
 double get_as_double(const TensorView& v, int64_t flat) { return load(v.data, v.dtype, offset_of_flat(v, flat)); }
 void set_from_double(const TensorView& v, int64_t flat, double x) { store(v.data, v.dtype, offset_of_flat(v, flat), x); }
 
+// n elements of one row into another: same dtype a memcpy, float to float through the vector
+// conversions (exact widening, one round-to-nearest-even narrowing: the element loop's bits).
+static void copy_row(const void* src, DType st, void* dst, DType dt, int64_t n) {
+  if (st == dt) {
+    std::memcpy(dst, src, size_t(n) * dtype_size(st));
+  } else if (dt == DType::f32) {
+    convert_to_f32(src, st, static_cast<float*>(dst), n);
+  } else if (st == DType::f32) {
+    convert_from_f32(static_cast<const float*>(src), dst, dt, n);
+  } else {  // bf16 <-> f16
+    float buf[512];
+    for (int64_t i = 0; i < n; i += 512) {
+      const int64_t m = std::min<int64_t>(512, n - i);
+      convert_to_f32(static_cast<const char*>(src) + size_t(i) * dtype_size(st), st, buf, m);
+      convert_from_f32(buf, static_cast<char*>(dst) + size_t(i) * dtype_size(dt), dt, m);
+    }
+  }
+}
+
 void copy_into(const TensorView& src, const TensorView& dst) {
   OT_CHECK(src.numel() == dst.numel(), "copy_into", "dst", "as many elements as src", dst.shape_str(), " vs ", src.shape_str());
   bool ok = src.dtype == dst.dtype || (is_float(src.dtype) && is_float(dst.dtype));
   OT_CHECK(ok, "copy_into", "dst", "the same dtype, or float to float", dtype_name(src.dtype), " -> ", dtype_name(dst.dtype));
-  if (src.dtype == dst.dtype && src.is_contiguous() && dst.is_contiguous()) {
-    std::memcpy(dst.data, src.data, src.nbytes());
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  const size_t ss = dtype_size(src.dtype), ds = dtype_size(dst.dtype);
+  // Rows of unit stride (the whole tensor when both are contiguous, else the last dimension of two
+  // views of one shape) copy as rows, on all threads when there is enough of them; any other
+  // layout walks the elements.
+  int64_t row = 0;
+  if (src.is_contiguous() && dst.is_contiguous()) row = std::min<int64_t>(n, 16384);
+  else if (src.shape() == dst.shape() && src.strides[src.ndim - 1] == 1 && dst.strides[dst.ndim - 1] == 1) row = src.sizes[src.ndim - 1];
+  if (row > 0) {
+    const int64_t rows = (n + row - 1) / row;
+    auto run = [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t flat = r * row, m = std::min(row, n - flat);
+        copy_row(static_cast<const char*>(src.data) + size_t(offset_of_flat(src, flat)) * ss, src.dtype,
+                 static_cast<char*>(dst.data) + size_t(offset_of_flat(dst, flat)) * ds, dst.dtype, m);
+      }
+    };
+    if (n >= (int64_t(1) << 16)) parallel_for(rows, run);
+    else run(0, rows);
     return;
   }
   if (src.dtype == dst.dtype && (src.dtype == DType::i64 || src.dtype == DType::i32)) {
-    size_t es = dtype_size(src.dtype);
     for_each_offset(src, [&](int64_t flat, int64_t off) {
-      std::memcpy(static_cast<char*>(dst.data) + offset_of_flat(dst, flat) * es, static_cast<const char*>(src.data) + off * es, es);
+      std::memcpy(static_cast<char*>(dst.data) + offset_of_flat(dst, flat) * ss, static_cast<const char*>(src.data) + off * ss, ss);
     });
     return;
   }

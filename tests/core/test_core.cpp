@@ -112,6 +112,41 @@ TEST(Tensor, ViewsAndCopies) {
   EXPECT_THROW(copy_into(t, Tensor::empty(DType::f32, {5})), Error);
 }
 
+// copy_into's row paths (contiguous, row-strided, on all threads above 64K elements) and its
+// element walk (a transposed source) give the bits of the element-by-element definition, for
+// every float dtype pair, NaN, Inf and f16 overflow included.
+TEST(Tensor, CopyIntoEqualsElementwiseDefinitionAcrossDtypesAndLayouts) {
+  const DType fl[] = {DType::f32, DType::bf16, DType::f16};
+  for (int64_t rows : {int64_t(3), int64_t(300)}) {
+    const int64_t cols = 301;  // odd: vector tails
+    Tensor a = Tensor::empty(DType::f32, {rows, cols + 7});
+    for (int64_t i = 0; i < a.numel(); ++i) a.ptr<float>()[i] = float(std::sin(double(i)) * 1e3 / double(1 + i % 97));
+    a.ptr<float>()[5] = std::numeric_limits<float>::quiet_NaN();
+    a.ptr<float>()[9] = -std::numeric_limits<float>::infinity();
+    a.ptr<float>()[13] = 1e6f;
+    for (DType st : fl)
+      for (DType dt : fl) {
+        Tensor wide = Tensor::empty(st, {rows, cols + 7});
+        for (int64_t i = 0; i < a.numel(); ++i) set_from_double(wide, i, a.ptr<float>()[i]);
+        const TensorView strided = wide.view().narrow(1, 3, cols);
+        Tensor packed = Tensor::copy_of(strided);
+        const TensorView sources[] = {strided, packed.view(), TensorView(packed.view().data, st, {cols, rows}, {1, cols})};
+        for (const TensorView& from : sources) {
+          Tensor d = Tensor::empty(dt, {from.size(0), from.size(1) + 5});
+          const TensorView to = d.view().narrow(1, 2, from.size(1));
+          copy_into(from, to);
+          Tensor one = Tensor::empty(dt, {1});
+          for (int64_t i = 0; i < from.numel(); ++i) {
+            set_from_double(one, 0, get_as_double(from, i));
+            const double got = get_as_double(to, i), want = get_as_double(one, 0);
+            ASSERT_TRUE(std::isnan(want) ? std::isnan(got) : got == want)
+                << dtype_name(st) << " -> " << dtype_name(dt) << " from " << from.shape_str() << " at " << i;
+          }
+        }
+      }
+  }
+}
+
 TEST(Error, MessageNamesOperatorArgumentAndExpectedForm) {
   try {
     OT_CHECK(false, "moe_init_routing", "expert_idx", "int32", "int64");
