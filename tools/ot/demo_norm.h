@@ -1,5 +1,5 @@
 // Row kernels of the demo's plain RMSNorm: out = x * rstd(x) * w over rows [t0, t1) of [T, H] views
-// (last dim contiguous). The sum of squares runs over 8 fp32 lanes added in a fixed order, so a
+// (last dim contiguous). The sum of squares runs over fp32 lanes added in a fixed order, so a
 // row's result does not depend on the thread that computes it.
 #pragma once
 #include <cstdint>
