@@ -583,7 +583,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
   return pd;
 }
 
-std::string DispatchState::check_received_rows(const std::vector<int64_t>& want) const {
+std::string DispatchState::check_received_rows() const {
   const Placement& P = comm->placement();
   const bool a2a = opt.dispatcher == Dispatcher::all_to_all;
   std::vector<int64_t> got(size_t(L * W), 0);
@@ -606,9 +606,9 @@ std::string DispatchState::check_received_rows(const std::vector<int64_t>& want)
       }
     }
     for (int64_t l = 0; l < L; ++l)
-      if (got[size_t(l * W + r)] != want[size_t(l * W + r)])
+      if (got[size_t(l * W + r)] != cnt[size_t(l * W + r)])
         return detail::cat("rank ", r, ": ", got[size_t(l * W + r)], " slots for local expert ", l, ", its record says ",
-                           want[size_t(l * W + r)]);
+                           cnt[size_t(l * W + r)]);
   }
   return {};
 }
@@ -620,7 +620,7 @@ void DispatchState::finish_receive(DispatchResult& res) {
   struct Copy { int64_t dst; const char* row; int l; };
   std::vector<Copy> copies;
   // Every transfer is over: a malformed row is rejected after the clean-up the other ranks also do.
-  const std::string bad = check_received_rows(cnt);
+  const std::string bad = check_received_rows();
   for (int r = 0; r < W && bad.empty(); ++r) {
     if (r == me) continue;
     int64_t ret = 0;

@@ -257,8 +257,8 @@ struct DispatchState {
   void place_local(DispatchResult& res);
   void finish_receive(DispatchResult& res);  // fan out the received rows (after the transfer)
   // What is wrong with the received rows (empty: nothing): a token outside its sender's batch, an
-  // expert id that is not this rank's, or slots per (local expert, source) other than the record's.
-  std::string check_received_rows(const std::vector<int64_t>& cnt) const;
+  // expert id that is not this rank's, or slots per (local expert, source) other than cnt's.
+  std::string check_received_rows() const;
   std::vector<int64_t> cnt;  // [L*W] slots per (local expert l, source r), from the records
   const float* smooth_row(int l) const;
 };
