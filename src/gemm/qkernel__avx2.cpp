@@ -141,11 +141,11 @@ void qkernel_avx2_int4(int rows, const float* a, int64_t lda, const float* asum,
   (void)rows, (void)lda, (void)ldas;
   tile_f32<true>(a, asum, panel, groups, len, c);
 }
-void qkernel_avx2_int8_i16(const int16_t* a16, const float* ascale, const float* asum, const char* panel, int64_t groups, int64_t len, float* c) {
-  tile_i16<false>(a16, ascale, asum, panel, groups, len, c);
+void qkernel_avx2_int8_i16(const QI16Args& g) {  // one row (the table's i16_mr)
+  for (int q = 0; q < g.panels; ++q) tile_i16<false>(g.a16, g.ascale, g.asum, g.panel + q * g.panel_step, g.groups, g.len, g.c + q * g.ldcp);
 }
-void qkernel_avx2_int4_i16(const int16_t* a16, const float* ascale, const float* asum, const char* panel, int64_t groups, int64_t len, float* c) {
-  tile_i16<true>(a16, ascale, asum, panel, groups, len, c);
+void qkernel_avx2_int4_i16(const QI16Args& g) {  // one row (the table's i16_mr)
+  for (int q = 0; q < g.panels; ++q) tile_i16<true>(g.a16, g.ascale, g.asum, g.panel + q * g.panel_step, g.groups, g.len, g.c + q * g.ldcp);
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include "ot/gemm_quant.h"
 #include "ot/numeric.h"
 #include "ot/parallel.h"
+#include "src/core/knobs.h"
 #include "src/gemm/internal.h"
 #include "src/gemm/quant_internal.h"
 
@@ -47,6 +48,11 @@ size_t PackedQuantB::bytes() const { return impl_ ? expert_bytes() * size_t(impl
 
 namespace {
 
+// int16-activation kernels (AVX-512 VNNI): software prefetch distance and one or two panel streams
+// per thread for one-row groups.
+knobs::Knob g_quant_pf("quant.pf", 4096, 0, 8192, "quantised GEMM int16 path: software prefetch this many bytes ahead (0 = none)");
+knobs::Knob g_quant_streams("quant.streams", 2, 1, 2, "quantised GEMM, one-row groups: read the gate and up panels side by side (2) or one after the other (1)");
+
 std::vector<float> f32_copy(const TensorView& v) {
   std::vector<float> out(size_t(v.numel()));
   if (!out.empty()) copy_into(v, TensorView(out.data(), DType::f32, v.shape()));
@@ -55,10 +61,14 @@ std::vector<float> f32_copy(const TensorView& v) {
 
 // The kernel table: the first row whose ISA is active and whose format matches.
 const QKernel kTable[] = {
-    {cpu::Isa::avx2, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, qkernel_avx2_int8_i16, "avx2_w8"},
-    {cpu::Isa::avx2, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, qkernel_avx2_int4_i16, "avx2_w4"},
-    {cpu::Isa::scalar, WeightFormat::int8, qkernel_scalar_int8, 4, qdequant_scalar_int8, qtile_scalar, 4, nullptr, "scalar_w8"},
-    {cpu::Isa::scalar, WeightFormat::int4, qkernel_scalar_int4, 4, qdequant_scalar_int4, qtile_scalar, 4, nullptr, "scalar_w4"},
+    {cpu::Isa::avx512, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, qkernel_avx512vnni_int8_i16, 4, true,
+     "avx512vnni_w8"},
+    {cpu::Isa::avx512, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, qkernel_avx512vnni_int4_i16, 4, true,
+     "avx512vnni_w4"},
+    {cpu::Isa::avx2, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, qkernel_avx2_int8_i16, 1, false, "avx2_w8"},
+    {cpu::Isa::avx2, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, qkernel_avx2_int4_i16, 1, false, "avx2_w4"},
+    {cpu::Isa::scalar, WeightFormat::int8, qkernel_scalar_int8, 4, qdequant_scalar_int8, qtile_scalar, 4, nullptr, 0, false, "scalar_w8"},
+    {cpu::Isa::scalar, WeightFormat::int4, qkernel_scalar_int4, 4, qdequant_scalar_int4, qtile_scalar, 4, nullptr, 0, false, "scalar_w4"},
 };
 
 // a[0, len) as int16 blocks of kQABlock (zero-padded to whole blocks) with scale[b] = max |a| / 32767
@@ -98,7 +108,7 @@ void epilogue(const detail::EpiArgs& e, const detail::EpiBlock& b) {
 namespace qdetail {
 const QKernel& select_qkernel(WeightFormat f) {
   for (const QKernel& k : kTable)
-    if (k.format == f && cpu::has(k.isa)) return k;
+    if (k.format == f && cpu::has(k.isa) && (!k.vnni || cpu::features().avx512_vnni)) return k;
   throw Error("grouped_gemm_quant", "format", "int8 or int4", weight_format_name(f));
 }
 }  // namespace qdetail
@@ -183,11 +193,13 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
   const int64_t rows = row0[size_t(count)];
   if (rows == 0 || N == 0) return;
   const QKernel& kern = select_qkernel(im.format);
-  // Activations as fp32 rows and their per-group sums (the offset term), once per call. A one-row
-  // group with bf16 / fp16 activations also gets them as int16 blocks when the kernel takes them
-  // (quant_internal.h); its sums are then those of the rounded values.
+  // Activations as fp32 rows and their per-group sums (the offset term), once per call. A group
+  // with bf16 / fp16 activations also gets them as int16 blocks when the kernel takes them (AVX2:
+  // one-row groups only; quant_internal.h); its sums are then those of the rounded values.
   const int64_t nb = act_blocks(im.len), lenp = nb * kQABlock;
-  auto int16_row = [&](int64_t i) { return kern.fn_i16 && groups[i].M == 1 && groups[i].a_dtype != DType::f32; };
+  auto int16_row = [&](int64_t i) {
+    return kern.fn_i16 && (groups[i].M == 1 || kern.i16_mr > 1) && groups[i].a_dtype != DType::f32;
+  };
   bool any_i16 = false;
   for (int64_t i = 0; i < count; ++i) any_i16 = any_i16 || int16_row(i);
   std::vector<float> a32(size_t(rows * K)), asum(size_t(rows * im.groups)), ascale(any_i16 ? size_t(rows * im.groups * nb) : 0);
@@ -218,6 +230,8 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
   for (int64_t i = 0; i < count; ++i)
     if (groups[i].M > 0)
       for (int64_t u = 0; u < units_per_group; ++u) items.push_back(i * units_per_group + u);
+  const int64_t pf = g_quant_pf.get();
+  const bool two_streams = g_quant_streams.get() == 2;
   parallel_for_dynamic(int64_t(items.size()), 1, [&](int64_t b0, int64_t b1) {
     alignas(64) float tile[2][4 * kQNR];
     alignas(64) float wblk[kQKC * kQNR];
@@ -233,35 +247,62 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
       e.ldc = g.c.ld;
       const float* a = a32.data() + row0[size_t(i)] * K;
       const float* as = asum.data() + row0[size_t(i)] * im.groups;
-      // One row: codes to fp32 in registers. More rows: each chunk of K is dequantised once into an
-      // L1 block that all row tiles reuse; the tiles accumulate into acc [per_unit][M][32].
+      // int16 activations: the kernel's row tiles over the whole K (AVX-512 VNNI; AVX2 one row).
+      // fp32, one row: codes to fp32 in registers. fp32, more rows: each chunk of K is dequantised
+      // once into an L1 block that all row tiles reuse. Several rows accumulate into acc
+      // [per_unit][M][32].
       const bool single = g.M == 1;
       const int64_t tile_rows = single ? 1 : g.M;
       float* accp = tile[0];
       if (!single) {
         acc.resize(size_t(per_unit * g.M * kQNR));
-        std::fill(acc.begin(), acc.end(), 0.f);
         accp = acc.data();
-        const int64_t ntiles = (g.M + kern.tile_mr - 1) / kern.tile_mr;
+      }
+      auto out_of = [&](int64_t q) { return single ? tile[q] : accp + q * g.M * kQNR; };
+      // Balanced tile heights (4 rows: 2 + 2, not 3 + 1: a one-row tile is latency bound).
+      auto row_tiles = [&](int64_t mr, auto&& f) {
+        const int64_t ntiles = (g.M + mr - 1) / mr;
+        for (int64_t t = 0, m0 = 0; m0 < g.M; ++t) {
+          const int64_t h = (g.M - m0 + (ntiles - t) - 1) / (ntiles - t);
+          f(m0, h);
+          m0 += h;
+        }
+      };
+      if (int16_row(i)) {
+        const int64_t row = row0[size_t(i)];
+        QI16Args ar{};
+        ar.lda = im.groups * lenp, ar.ldsc = im.groups * nb, ar.ldas = im.groups;
+        ar.panel_step = im.panel_bytes, ar.groups = im.groups, ar.len = im.len, ar.pf = pf;
+        ar.ldcp = single ? int64_t(tile[1] - tile[0]) : g.M * kQNR;
+        auto rows_at = [&](int64_t m0, int64_t h) {
+          ar.rows = int(h);
+          ar.a16 = a16.data() + (row + m0) * ar.lda, ar.ascale = ascale.data() + (row + m0) * ar.ldsc, ar.asum = as + m0 * im.groups;
+        };
+        if (single && per_unit == 2 && two_streams) {  // gate and up panels side by side
+          rows_at(0, 1);
+          ar.panels = 2, ar.panel = im.panel(g.expert, unit * 2), ar.c = out_of(0);
+          kern.fn_i16(ar);
+        } else {
+          for (int64_t q = 0; q < per_unit; ++q)
+            row_tiles(kern.i16_mr, [&](int64_t m0, int64_t h) {
+              rows_at(m0, h);
+              ar.panels = 1, ar.panel = im.panel(g.expert, unit * per_unit + q), ar.c = out_of(q) + m0 * kQNR;
+              kern.fn_i16(ar);
+            });
+        }
+      } else if (!single) {
+        std::fill(acc.begin(), acc.end(), 0.f);
         for (int64_t q = 0; q < per_unit; ++q) {
           const char* panel = im.panel(g.expert, unit * per_unit + q);
           for (int64_t j = 0; j < im.groups; ++j, panel += gbytes)
             for (int64_t k0 = 0; k0 < im.len; k0 += kQKC) {
               const int64_t kc = std::min<int64_t>(kQKC, im.len - k0);
               kern.dequant(panel, k0, kc, wblk);
-              // Balanced tile heights (4 rows: 2 + 2, not 3 + 1: a one-row tile is FMA-latency bound).
-              for (int64_t t = 0, m0 = 0; m0 < g.M; ++t) {
-                const int64_t h = (g.M - m0 + (ntiles - t) - 1) / (ntiles - t);
-                kern.tile(int(h), kc, a + m0 * K + j * im.len + k0, K, wblk, accp + (q * g.M + m0) * kQNR);
-                m0 += h;
-              }
+              row_tiles(kern.tile_mr, [&](int64_t m0, int64_t h) {
+                kern.tile(int(h), kc, a + m0 * K + j * im.len + k0, K, wblk, out_of(q) + m0 * kQNR);
+              });
             }
         }
-      } else if (int16_row(i)) {
-        const int64_t row = row0[size_t(i)];
-        for (int64_t q = 0; q < per_unit; ++q)
-          kern.fn_i16(a16.data() + row * im.groups * lenp, ascale.data() + row * im.groups * nb, as, im.panel(g.expert, unit * per_unit + q),
-                      im.groups, im.len, tile[q]);
       } else {
         for (int64_t q = 0; q < per_unit; ++q)
           kern.fn(1, a, K, as, im.groups, im.panel(g.expert, unit * per_unit + q), im.groups, im.len, tile[q]);

@@ -62,15 +62,33 @@ using QDequantFn = void (*)(const char* group, int64_t k0, int64_t kc, float* w)
 // c[r * 32 + j] += sum_k a[r * lda + k] * w[k * 32 + j] for r < rows (rows <= the tile's mr).
 using QTileFn = void (*)(int rows, int64_t kc, const float* a, int64_t lda, const float* w, float* c);
 
-// The single-row path on int16 activations (bf16 / fp16 inputs): a16 holds each group's len values
+// The int16-activation path (bf16 / fp16 inputs; one row on AVX2, row tiles on AVX-512 VNNI): a16 holds each group's len values
 // rounded to int16 against a per-32-block scale (ascale[j * blocks + b], blocks = ceil(len / 32)),
 // zero-padded to whole blocks; asum the groups' sums of those rounded values. Only the rounding of
 // the activations differs from the fp32 form (relative error <= 2^-16 of the block's largest
 // |a|, far below the rounding of the bf16 / fp16 input itself).
 inline constexpr int64_t kQABlock = 32;
 inline int64_t act_blocks(int64_t len) { return (len + kQABlock - 1) / kQABlock; }
-using QKernelI16Fn = void (*)(const int16_t* a16, const float* ascale, const float* asum, const char* panel, int64_t groups, int64_t len,
-                              float* c);
+// One call: rows r < rows (rows <= the kernel's i16_mr) of a16 (row r at a16 + r * lda, its block
+// scales at ascale + r * ldsc, its group sums at asum + r * ldas) times `panels` panels (panel q at
+// panel + q * panel_step) into c (panel q, row r at c + q * ldcp + r * 32); pf: the software
+// prefetch distance in bytes (0: none).
+struct QI16Args {
+  int rows, panels;
+  const int16_t* a16;
+  int64_t lda;
+  const float* ascale;
+  int64_t ldsc;
+  const float* asum;
+  int64_t ldas;
+  const char* panel;
+  size_t panel_step;
+  int64_t groups, len;
+  float* c;
+  int64_t ldcp;
+  int64_t pf;
+};
+using QKernelI16Fn = void (*)(const QI16Args&);
 
 // One row of the kernel table: the entry point takes the first row whose ISA is active and whose
 // format matches.
@@ -82,7 +100,9 @@ struct QKernel {
   QDequantFn dequant;  // the row-block path
   QTileFn tile;
   int tile_mr;     // rows per call of tile
-  QKernelI16Fn fn_i16;  // the single-row path for bf16 / fp16 activations (nullptr: fn on fp32)
+  QKernelI16Fn fn_i16;  // the int16 path for bf16 / fp16 activations (nullptr: fn on fp32)
+  int i16_mr;           // rows per call of fn_i16 (1: only one-row groups take it)
+  bool vnni;            // needs AVX512_VNNI besides the ISA level
   const char* name;
 };
 const QKernel& select_qkernel(WeightFormat f);
@@ -95,8 +115,10 @@ void qkernel_avx2_int8(int rows, const float* a, int64_t lda, const float* asum,
                        float* c);
 void qkernel_avx2_int4(int rows, const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups, int64_t len,
                        float* c);
-void qkernel_avx2_int8_i16(const int16_t* a16, const float* ascale, const float* asum, const char* panel, int64_t groups, int64_t len, float* c);
-void qkernel_avx2_int4_i16(const int16_t* a16, const float* ascale, const float* asum, const char* panel, int64_t groups, int64_t len, float* c);
+void qkernel_avx2_int8_i16(const QI16Args& g);
+void qkernel_avx2_int4_i16(const QI16Args& g);
+void qkernel_avx512vnni_int8_i16(const QI16Args& g);
+void qkernel_avx512vnni_int4_i16(const QI16Args& g);
 void qdequant_scalar_int8(const char* group, int64_t k0, int64_t kc, float* w);
 void qdequant_scalar_int4(const char* group, int64_t k0, int64_t kc, float* w);
 void qtile_scalar(int rows, int64_t kc, const float* a, int64_t lda, const float* w, float* c);

@@ -1,0 +1,204 @@
+// AVX-512 VNNI kernel of the quantised grouped GEMM (layout: quant_internal.h) on int16 activations
+// (bf16 / fp16 inputs), any row count up to the kernel's mr: a 64-byte load covers one int8 code
+// pair row (32 columns x k, k + 1) or two int4 pair rows, the codes widen to int16 in 1-2 ops a
+// vector and one vpdpwssd multiplies-and-accumulates 32 of them against an (a[k], a[k + 1]) pair.
+// The widened codes serve every row of the tile (prefill and multi-token experts), so the decode of
+// the codes is paid once per R rows. Per 64 int8 weights and row: 2 vpdpwssd + 1 broadcast (+3 ops
+// shared by the rows), against 7 ops per 32 weights of the AVX2 kernel (which left decode on
+// Zen 5 compute-bound at 57-70 GFLOP/s, 0.6-1.0x the bf16 row's time).
+//
+// Lane order: int8 low bytes give (int32 lane 8h + c) = column 16h + c, high bytes column
+// 16h + 8 + c; int4 loads pair rows p (low 256 bits) and p + 1 (high), nibble t giving lane c =
+// column 8t + c of each. Both are put back in column order once per 32-k block (int4: the two pair
+// rows' halves added exactly in int32) or per group (int8: the fp32 partials).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "src/gemm/quant_internal.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512vnni"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512vnni")
+#endif
+
+namespace ot::gemm::qdetail {
+
+namespace {
+
+#define OT_QAI __attribute__((always_inline))
+
+// c (+)= s * p + m * asum for one row, p in column order (columns 0-15, 16-31).
+OT_QAI inline void close_group(const float* s, float asum, __m512 p0, __m512 p1, bool first, float* c) {
+  const __m512 as = _mm512_set1_ps(asum);
+  __m512 c0 = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c), c1 = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + 16);
+  c0 = _mm512_fmadd_ps(p0, _mm512_loadu_ps(s), c0);
+  c1 = _mm512_fmadd_ps(p1, _mm512_loadu_ps(s + 16), c1);
+  c0 = _mm512_fmadd_ps(as, _mm512_loadu_ps(s + kQNR), c0);
+  c1 = _mm512_fmadd_ps(as, _mm512_loadu_ps(s + kQNR + 16), c1);
+  _mm512_storeu_ps(c, c0);
+  _mm512_storeu_ps(c + 16, c1);
+}
+
+// The 512-bit halves of (x, y) in column order: [x lo256, y lo256] and [x hi256, y hi256].
+OT_QAI inline __m512i lo_halves(__m512i x, __m512i y) { return _mm512_shuffle_i64x2(x, y, 0x44); }
+OT_QAI inline __m512i hi_halves(__m512i x, __m512i y) { return _mm512_shuffle_i64x2(x, y, 0xEE); }
+OT_QAI inline __m512 lo_halves(__m512 x, __m512 y) { return _mm512_shuffle_f32x4(x, y, 0x44); }
+OT_QAI inline __m512 hi_halves(__m512 x, __m512 y) { return _mm512_shuffle_f32x4(x, y, 0xEE); }
+
+// R rows times P panels (QI16Args). P = 2 reads two panels side by side: two concurrent
+// streams per thread (one stream leaves one-row decode at ~50 GB/s on two threads; the bf16 decode
+// pair tile does the same, kernel_bf16_decode__avx512bf16.cpp).
+
+// int8: S = 2 accumulator sets alternate over the pair rows when R * P = 1 (4 vpdpwssd chains).
+template <int R, int P> void tile_int8(const QI16Args& o) {
+  constexpr int S = R * P == 1 ? 2 : 1;
+  const size_t pb = pair_bytes(WeightFormat::int8), gb = group_bytes(WeightFormat::int8, o.len);
+  const int64_t nb = act_blocks(o.len);
+  for (int64_t j = 0; j < o.groups; ++j) {
+    __m512 pl[P][R], ph[P][R];  // lane order: pl = columns 0-7 and 16-23, ph = 8-15 and 24-31
+    for (int q = 0; q < P; ++q)
+      for (int r = 0; r < R; ++r) pl[q][r] = ph[q][r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t k0 = b * kQABlock, pairs = (std::min(o.len, k0 + kQABlock) - k0 + 1) / 2;
+      __m512i al[P][S][R], ah[P][S][R];
+      for (int q = 0; q < P; ++q)
+        for (int u = 0; u < S; ++u)
+          for (int r = 0; r < R; ++r) al[q][u][r] = ah[q][u][r] = _mm512_setzero_si512();
+      const char* pr = o.panel + size_t(j) * gb + kQHeader + size_t(k0 / 2) * pb;
+      const int16_t* ak = o.a16 + j * nb * kQABlock + k0;
+      auto step = [&](int64_t p, int u) OT_QAI {
+        __m512i lo[P], hi[P];
+        for (int q = 0; q < P; ++q) {
+          const char* x0 = pr + q * o.panel_step + size_t(p) * pb;
+          const __m512i x = _mm512_loadu_si512(x0);
+          if (o.pf) _mm_prefetch(x0 + o.pf, _MM_HINT_T0);
+          lo[q] = _mm512_srai_epi16(_mm512_slli_epi16(x, 8), 8);
+          hi[q] = _mm512_srai_epi16(x, 8);
+        }
+        for (int r = 0; r < R; ++r) {
+          int32_t ap;
+          std::memcpy(&ap, ak + r * o.lda + 2 * p, 4);
+          const __m512i av = _mm512_set1_epi32(ap);  // (a[k], a[k + 1]) in every int32 lane
+          for (int q = 0; q < P; ++q) {
+            al[q][u][r] = _mm512_dpwssd_epi32(al[q][u][r], lo[q], av);
+            ah[q][u][r] = _mm512_dpwssd_epi32(ah[q][u][r], hi[q], av);
+          }
+        }
+      };
+      int64_t p = 0;
+      for (; p + S <= pairs; p += S)
+        for (int u = 0; u < S; ++u) step(p + u, u);
+      for (; p < pairs; ++p) step(p, 0);
+      for (int r = 0; r < R; ++r) {
+        const __m512 sc = _mm512_set1_ps(o.ascale[r * o.ldsc + j * nb + b]);
+        for (int q = 0; q < P; ++q) {
+          __m512i l = al[q][0][r], h = ah[q][0][r];
+          for (int u = 1; u < S; ++u) l = _mm512_add_epi32(l, al[q][u][r]), h = _mm512_add_epi32(h, ah[q][u][r]);
+          pl[q][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), sc, pl[q][r]);
+          ph[q][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), sc, ph[q][r]);
+        }
+      }
+    }
+    for (int q = 0; q < P; ++q) {
+      const float* s = reinterpret_cast<const float*>(o.panel + q * o.panel_step + size_t(j) * gb);
+      for (int r = 0; r < R; ++r)
+        close_group(s, o.asum[r * o.ldas + j], lo_halves(pl[q][r], ph[q][r]), hi_halves(pl[q][r], ph[q][r]), j == 0,
+                    o.c + q * o.ldcp + r * kQNR);
+    }
+  }
+}
+
+// int4: each 64-byte load is two pair rows (p, p + 1), the activations of both in the two halves of
+// the broadcast; an odd last pair row loads only its own 32 bytes (its partner's activations are
+// the block's zero padding).
+template <int R, int P> void tile_int4(const QI16Args& o) {
+  const size_t pb = pair_bytes(WeightFormat::int4), gb = group_bytes(WeightFormat::int4, o.len);
+  const int64_t nb = act_blocks(o.len);
+  const __m512i nib = _mm512_set1_epi16(0xF);
+  const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  for (int64_t j = 0; j < o.groups; ++j) {
+    __m512 p0[P][R], p1[P][R];  // columns 0-15, 16-31
+    for (int q = 0; q < P; ++q)
+      for (int r = 0; r < R; ++r) p0[q][r] = p1[q][r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t k0 = b * kQABlock, pairs = (std::min(o.len, k0 + kQABlock) - k0 + 1) / 2;
+      __m512i acc[P][R][4];
+      for (int q = 0; q < P; ++q)
+        for (int r = 0; r < R; ++r)
+          for (int t = 0; t < 4; ++t) acc[q][r][t] = _mm512_setzero_si512();
+      const char* pr = o.panel + size_t(j) * gb + kQHeader + size_t(k0 / 2) * pb;
+      const int16_t* ak = o.a16 + j * nb * kQABlock + k0;
+      for (int64_t p = 0; p < pairs; p += 2) {
+        __m512i n[P][4];
+        for (int q = 0; q < P; ++q) {
+          const char* x0 = pr + q * o.panel_step + size_t(p) * pb;
+          const __m512i x = p + 1 < pairs ? _mm512_loadu_si512(x0) : _mm512_maskz_loadu_epi64(0x0F, x0);
+          if (o.pf) _mm_prefetch(x0 + o.pf, _MM_HINT_T0);
+          n[q][0] = _mm512_and_si512(x, nib);
+          n[q][1] = _mm512_and_si512(_mm512_srli_epi16(x, 4), nib);
+          n[q][2] = _mm512_and_si512(_mm512_srli_epi16(x, 8), nib);
+          n[q][3] = _mm512_srli_epi16(x, 12);
+        }
+        for (int r = 0; r < R; ++r) {
+          // a[k .. k + 3] of pair rows p, p + 1 (within the block's zero-padded 32 values)
+          const __m512i av = _mm512_permutexvar_epi32(halves, _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ak + r * o.lda + 2 * p))));
+          for (int q = 0; q < P; ++q)
+            for (int t = 0; t < 4; ++t) acc[q][r][t] = _mm512_dpwssd_epi32(acc[q][r][t], n[q][t], av);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512 sc = _mm512_set1_ps(o.ascale[r * o.ldsc + j * nb + b]);
+        for (int q = 0; q < P; ++q) {
+          // lane c of acc[t]'s halves: column 8t + c of pair rows p and p + 1, added exactly.
+          const __m512i* a = acc[q][r];
+          const __m512i c0 = _mm512_add_epi32(lo_halves(a[0], a[1]), hi_halves(a[0], a[1]));
+          const __m512i c1 = _mm512_add_epi32(lo_halves(a[2], a[3]), hi_halves(a[2], a[3]));
+          p0[q][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), sc, p0[q][r]);
+          p1[q][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), sc, p1[q][r]);
+        }
+      }
+    }
+    for (int q = 0; q < P; ++q) {
+      const float* s = reinterpret_cast<const float*>(o.panel + q * o.panel_step + size_t(j) * gb);
+      for (int r = 0; r < R; ++r) close_group(s, o.asum[r * o.ldas + j], p0[q][r], p1[q][r], j == 0, o.c + q * o.ldcp + r * kQNR);
+    }
+  }
+}
+
+template <bool I4, int R, int P> void tile_rows(const QI16Args& o) {
+  if constexpr (I4) tile_int4<R, P>(o);
+  else tile_int8<R, P>(o);
+}
+
+// Two panels side by side for one row (decode), else a panel at a time.
+template <bool I4> void tile_any(int rows, int panels, const QI16Args& o) {
+  if (rows == 1 && panels == 2) return tile_rows<I4, 1, 2>(o);
+  for (int q = 0; q < panels; ++q) {
+    QI16Args one = o;
+    one.panel += q * o.panel_step;
+    one.c += q * o.ldcp;
+    switch (rows) {
+      case 1: tile_rows<I4, 1, 1>(one); break;
+      case 2: tile_rows<I4, 2, 1>(one); break;
+      case 3: tile_rows<I4, 3, 1>(one); break;
+      default: tile_rows<I4, 4, 1>(one); break;
+    }
+  }
+}
+
+}  // namespace
+
+void qkernel_avx512vnni_int8_i16(const QI16Args& g) { tile_any<false>(g.rows, g.panels, g); }
+void qkernel_avx512vnni_int4_i16(const QI16Args& g) { tile_any<true>(g.rows, g.panels, g); }
+
+}  // namespace ot::gemm::qdetail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
