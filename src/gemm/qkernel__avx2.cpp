@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "src/gemm/quant_internal.h"
 
@@ -211,6 +212,53 @@ void qtile_avx2(int rows, int64_t kc, const float* a, int64_t lda, const float* 
     case 2: fma_tile<2>(kc, a, lda, w, c); break;
     default: fma_tile<3>(kc, a, lda, w, c); break;
   }
+}
+
+
+// The activations' int16 blocks (QActI16Fn, quant_internal.h), the same bits as the scalar form:
+// the same fp32 products, round to nearest even (MXCSR's default, as lrint), an exact int32 sum.
+float qact_i16_avx2(const float* a, int64_t len, int16_t* q, float* scale) {
+  double total = 0;
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t k0 = 0, b = 0; k0 < len; k0 += kQABlock, ++b) {
+    const int64_t n = std::min<int64_t>(kQABlock, len - k0);
+    alignas(32) float tail[kQABlock] = {};
+    const float* x = a + k0;
+    if (n < kQABlock) x = static_cast<const float*>(std::memcpy(tail, x, sizeof(float) * size_t(n)));
+    __m256 v[4], mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + 8 * i);
+      const __m256 d = _mm256_sub_ps(v[i], v[i]);  // NaN for NaN and +-Inf
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
+      mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+    }
+    if (_mm256_movemask_ps(bad)) {
+      scale[b] = std::numeric_limits<float>::quiet_NaN();
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k0), _mm256_setzero_si256());
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k0 + 16), _mm256_setzero_si256());
+      total += 0.0 * double(scale[b]);
+      continue;
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+    const __m256 inv = _mm256_set1_ps(amax > 0 ? 32767.f / amax : 0.f);
+    scale[b] = amax / 32767.f;
+    const __m256i lim = _mm256_set1_epi32(32767), nlim = _mm256_set1_epi32(-32767);
+    __m256i y[4], sum = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      y[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)), lim), nlim);
+      sum = _mm256_add_epi32(sum, y[i]);
+    }
+    for (int h = 0; h < 2; ++h)  // packs interleaves the 128-bit halves; the permute restores the order
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k0 + 16 * h), _mm256_permute4x64_epi64(_mm256_packs_epi32(y[2 * h], y[2 * h + 1]), 0xD8));
+    alignas(32) int32_t s8[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s8), sum);
+    int32_t isum = 0;
+    for (int i = 0; i < 8; ++i) isum += s8[i];
+    total += double(isum) * double(scale[b]);
+  }
+  return float(total);
 }
 
 }  // namespace ot::gemm::qdetail

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "src/gemm/quant_internal.h"
 
@@ -30,6 +31,9 @@ namespace ot::gemm::qdetail {
 namespace {
 
 #define OT_QAI __attribute__((always_inline))
+// The loops over rows, panels and accumulator sets must unroll for the accumulators to stay in
+// registers (GCC 12 otherwise keeps the arrays on the stack: a store-forwarding chain a vpdpwssd).
+#define OT_QUNROLL _Pragma("GCC unroll 8")
 
 // c (+)= s * p + m * asum for one row, p in column order (columns 0-15, 16-31).
 OT_QAI inline void close_group(const float* s, float asum, __m512 p0, __m512 p1, bool first, float* c) {
@@ -42,6 +46,11 @@ OT_QAI inline void close_group(const float* s, float asum, __m512 p0, __m512 p1,
   _mm512_storeu_ps(c, c0);
   _mm512_storeu_ps(c + 16, c1);
 }
+
+// acc += the int16 pair products of x and y (vpdpwssd) in acc's own register: GCC 12 copies the
+// accumulator to a scratch register and back around each _mm512_dpwssd_epi32 (2 moves a product,
+// which left the 4-row tile issue-bound at ~40% of the vpdpwssd rate).
+OT_QAI inline void dp(__m512i& acc, __m512i x, __m512i y) { asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(x), "vm"(y)); }
 
 // The 512-bit halves of (x, y) in column order: [x lo256, y lo256] and [x hi256, y hi256].
 OT_QAI inline __m512i lo_halves(__m512i x, __m512i y) { return _mm512_shuffle_i64x2(x, y, 0x44); }
@@ -60,52 +69,52 @@ template <int R, int P> void tile_int8(const QI16Args& o) {
   const int64_t nb = act_blocks(o.len);
   for (int64_t j = 0; j < o.groups; ++j) {
     __m512 pl[P][R], ph[P][R];  // lane order: pl = columns 0-7 and 16-23, ph = 8-15 and 24-31
-    for (int q = 0; q < P; ++q)
-      for (int r = 0; r < R; ++r) pl[q][r] = ph[q][r] = _mm512_setzero_ps();
+    OT_QUNROLL for (int q = 0; q < P; ++q)
+      OT_QUNROLL for (int r = 0; r < R; ++r) pl[q][r] = ph[q][r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t k0 = b * kQABlock, pairs = (std::min(o.len, k0 + kQABlock) - k0 + 1) / 2;
       __m512i al[P][S][R], ah[P][S][R];
-      for (int q = 0; q < P; ++q)
-        for (int u = 0; u < S; ++u)
-          for (int r = 0; r < R; ++r) al[q][u][r] = ah[q][u][r] = _mm512_setzero_si512();
+      OT_QUNROLL for (int q = 0; q < P; ++q)
+        OT_QUNROLL for (int u = 0; u < S; ++u)
+          OT_QUNROLL for (int r = 0; r < R; ++r) al[q][u][r] = ah[q][u][r] = _mm512_setzero_si512();
       const char* pr = o.panel + size_t(j) * gb + kQHeader + size_t(k0 / 2) * pb;
       const int16_t* ak = o.a16 + j * nb * kQABlock + k0;
       auto step = [&](int64_t p, int u) OT_QAI {
         __m512i lo[P], hi[P];
-        for (int q = 0; q < P; ++q) {
+        OT_QUNROLL for (int q = 0; q < P; ++q) {
           const char* x0 = pr + q * o.panel_step + size_t(p) * pb;
           const __m512i x = _mm512_loadu_si512(x0);
           if (o.pf) _mm_prefetch(x0 + o.pf, _MM_HINT_T0);
           lo[q] = _mm512_srai_epi16(_mm512_slli_epi16(x, 8), 8);
           hi[q] = _mm512_srai_epi16(x, 8);
         }
-        for (int r = 0; r < R; ++r) {
+        OT_QUNROLL for (int r = 0; r < R; ++r) {
           int32_t ap;
           std::memcpy(&ap, ak + r * o.lda + 2 * p, 4);
           const __m512i av = _mm512_set1_epi32(ap);  // (a[k], a[k + 1]) in every int32 lane
-          for (int q = 0; q < P; ++q) {
-            al[q][u][r] = _mm512_dpwssd_epi32(al[q][u][r], lo[q], av);
-            ah[q][u][r] = _mm512_dpwssd_epi32(ah[q][u][r], hi[q], av);
+          OT_QUNROLL for (int q = 0; q < P; ++q) {
+            dp(al[q][u][r], lo[q], av);
+            dp(ah[q][u][r], hi[q], av);
           }
         }
       };
       int64_t p = 0;
       for (; p + S <= pairs; p += S)
-        for (int u = 0; u < S; ++u) step(p + u, u);
+        OT_QUNROLL for (int u = 0; u < S; ++u) step(p + u, u);
       for (; p < pairs; ++p) step(p, 0);
-      for (int r = 0; r < R; ++r) {
+      OT_QUNROLL for (int r = 0; r < R; ++r) {
         const __m512 sc = _mm512_set1_ps(o.ascale[r * o.ldsc + j * nb + b]);
-        for (int q = 0; q < P; ++q) {
+        OT_QUNROLL for (int q = 0; q < P; ++q) {
           __m512i l = al[q][0][r], h = ah[q][0][r];
-          for (int u = 1; u < S; ++u) l = _mm512_add_epi32(l, al[q][u][r]), h = _mm512_add_epi32(h, ah[q][u][r]);
+          OT_QUNROLL for (int u = 1; u < S; ++u) l = _mm512_add_epi32(l, al[q][u][r]), h = _mm512_add_epi32(h, ah[q][u][r]);
           pl[q][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), sc, pl[q][r]);
           ph[q][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), sc, ph[q][r]);
         }
       }
     }
-    for (int q = 0; q < P; ++q) {
+    OT_QUNROLL for (int q = 0; q < P; ++q) {
       const float* s = reinterpret_cast<const float*>(o.panel + q * o.panel_step + size_t(j) * gb);
-      for (int r = 0; r < R; ++r)
+      OT_QUNROLL for (int r = 0; r < R; ++r)
         close_group(s, o.asum[r * o.ldas + j], lo_halves(pl[q][r], ph[q][r]), hi_halves(pl[q][r], ph[q][r]), j == 0,
                     o.c + q * o.ldcp + r * kQNR);
     }
@@ -122,19 +131,19 @@ template <int R, int P> void tile_int4(const QI16Args& o) {
   const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   for (int64_t j = 0; j < o.groups; ++j) {
     __m512 p0[P][R], p1[P][R];  // columns 0-15, 16-31
-    for (int q = 0; q < P; ++q)
-      for (int r = 0; r < R; ++r) p0[q][r] = p1[q][r] = _mm512_setzero_ps();
+    OT_QUNROLL for (int q = 0; q < P; ++q)
+      OT_QUNROLL for (int r = 0; r < R; ++r) p0[q][r] = p1[q][r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t k0 = b * kQABlock, pairs = (std::min(o.len, k0 + kQABlock) - k0 + 1) / 2;
       __m512i acc[P][R][4];
-      for (int q = 0; q < P; ++q)
-        for (int r = 0; r < R; ++r)
-          for (int t = 0; t < 4; ++t) acc[q][r][t] = _mm512_setzero_si512();
+      OT_QUNROLL for (int q = 0; q < P; ++q)
+        OT_QUNROLL for (int r = 0; r < R; ++r)
+          OT_QUNROLL for (int t = 0; t < 4; ++t) acc[q][r][t] = _mm512_setzero_si512();
       const char* pr = o.panel + size_t(j) * gb + kQHeader + size_t(k0 / 2) * pb;
       const int16_t* ak = o.a16 + j * nb * kQABlock + k0;
       for (int64_t p = 0; p < pairs; p += 2) {
         __m512i n[P][4];
-        for (int q = 0; q < P; ++q) {
+        OT_QUNROLL for (int q = 0; q < P; ++q) {
           const char* x0 = pr + q * o.panel_step + size_t(p) * pb;
           const __m512i x = p + 1 < pairs ? _mm512_loadu_si512(x0) : _mm512_maskz_loadu_epi64(0x0F, x0);
           if (o.pf) _mm_prefetch(x0 + o.pf, _MM_HINT_T0);
@@ -143,16 +152,16 @@ template <int R, int P> void tile_int4(const QI16Args& o) {
           n[q][2] = _mm512_and_si512(_mm512_srli_epi16(x, 8), nib);
           n[q][3] = _mm512_srli_epi16(x, 12);
         }
-        for (int r = 0; r < R; ++r) {
+        OT_QUNROLL for (int r = 0; r < R; ++r) {
           // a[k .. k + 3] of pair rows p, p + 1 (within the block's zero-padded 32 values)
           const __m512i av = _mm512_permutexvar_epi32(halves, _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ak + r * o.lda + 2 * p))));
-          for (int q = 0; q < P; ++q)
-            for (int t = 0; t < 4; ++t) acc[q][r][t] = _mm512_dpwssd_epi32(acc[q][r][t], n[q][t], av);
+          OT_QUNROLL for (int q = 0; q < P; ++q)
+            OT_QUNROLL for (int t = 0; t < 4; ++t) dp(acc[q][r][t], n[q][t], av);
         }
       }
-      for (int r = 0; r < R; ++r) {
+      OT_QUNROLL for (int r = 0; r < R; ++r) {
         const __m512 sc = _mm512_set1_ps(o.ascale[r * o.ldsc + j * nb + b]);
-        for (int q = 0; q < P; ++q) {
+        OT_QUNROLL for (int q = 0; q < P; ++q) {
           // lane c of acc[t]'s halves: column 8t + c of pair rows p and p + 1, added exactly.
           const __m512i* a = acc[q][r];
           const __m512i c0 = _mm512_add_epi32(lo_halves(a[0], a[1]), hi_halves(a[0], a[1]));
@@ -162,9 +171,9 @@ template <int R, int P> void tile_int4(const QI16Args& o) {
         }
       }
     }
-    for (int q = 0; q < P; ++q) {
+    OT_QUNROLL for (int q = 0; q < P; ++q) {
       const float* s = reinterpret_cast<const float*>(o.panel + q * o.panel_step + size_t(j) * gb);
-      for (int r = 0; r < R; ++r) close_group(s, o.asum[r * o.ldas + j], p0[q][r], p1[q][r], j == 0, o.c + q * o.ldcp + r * kQNR);
+      OT_QUNROLL for (int r = 0; r < R; ++r) close_group(s, o.asum[r * o.ldas + j], p0[q][r], p1[q][r], j == 0, o.c + q * o.ldcp + r * kQNR);
     }
   }
 }
@@ -194,6 +203,37 @@ template <bool I4> void tile_any(int rows, int panels, const QI16Args& o) {
 
 void qkernel_avx512vnni_int8_i16(const QI16Args& g) { tile_any<false>(g.rows, g.panels, g); }
 void qkernel_avx512vnni_int4_i16(const QI16Args& g) { tile_any<true>(g.rows, g.panels, g); }
+
+
+// The activations' int16 blocks (QActI16Fn, quant_internal.h), the same bits as the scalar form:
+// the same fp32 products, round to nearest even (MXCSR's default, as lrint), an exact int32 sum.
+float qact_i16_avx512(const float* a, int64_t len, int16_t* q, float* scale) {
+  double total = 0;
+  for (int64_t k0 = 0, b = 0; k0 < len; k0 += kQABlock, ++b) {
+    const int64_t n = std::min<int64_t>(kQABlock, len - k0);
+    alignas(64) float tail[kQABlock] = {};
+    const float* x = a + k0;
+    if (n < kQABlock) x = static_cast<const float*>(std::memcpy(tail, x, sizeof(float) * size_t(n)));
+    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+    const __mmask16 bad = _mm512_fpclass_ps_mask(x0, 0x99) | _mm512_fpclass_ps_mask(x1, 0x99);  // NaN or +-Inf
+    if (bad) {
+      scale[b] = std::numeric_limits<float>::quiet_NaN();
+      _mm512_storeu_si512(q + k0, _mm512_setzero_si512());
+      total += 0.0 * double(scale[b]);
+      continue;
+    }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+    const __m512 inv = _mm512_set1_ps(amax > 0 ? 32767.f / amax : 0.f);
+    scale[b] = amax / 32767.f;
+    const __m512i lim = _mm512_set1_epi32(32767), nlim = _mm512_set1_epi32(-32767);
+    const __m512i y0 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x0, inv)), lim), nlim);
+    const __m512i y1 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x1, inv)), lim), nlim);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k0), _mm512_cvtepi32_epi16(y0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k0 + 16), _mm512_cvtepi32_epi16(y1));
+    total += double(_mm512_reduce_add_epi32(_mm512_add_epi32(y0, y1))) * double(scale[b]);
+  }
+  return float(total);
+}
 
 }  // namespace ot::gemm::qdetail
 

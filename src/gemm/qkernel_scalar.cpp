@@ -1,5 +1,8 @@
 // Portable kernels of the quantised grouped GEMM (layout: quant_internal.h). Any row count.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "src/gemm/quant_internal.h"
 
@@ -59,6 +62,30 @@ void qtile_scalar(int rows, int64_t kc, const float* a, int64_t lda, const float
   for (int r = 0; r < rows; ++r)
     for (int64_t k = 0; k < kc; ++k)
       for (int n = 0; n < kQNR; ++n) c[r * kQNR + n] += a[r * lda + k] * w[k * kQNR + n];
+}
+
+// The activations' int16 blocks (QActI16Fn, quant_internal.h).
+float qact_i16_scalar(const float* a, int64_t len, int16_t* q, float* scale) {
+  double total = 0;
+  for (int64_t k0 = 0, b = 0; k0 < len; k0 += kQABlock, ++b) {
+    const int64_t n = std::min<int64_t>(kQABlock, len - k0);
+    float amax = 0;
+    bool finite = true;
+    for (int64_t k = 0; k < n; ++k) {
+      finite = finite && std::isfinite(a[k0 + k]);
+      amax = std::max(amax, std::fabs(a[k0 + k]));
+    }
+    const float inv = finite && amax > 0 ? 32767.f / amax : 0.f;
+    scale[b] = finite ? amax / 32767.f : std::numeric_limits<float>::quiet_NaN();
+    int64_t isum = 0;
+    for (int64_t k = 0; k < kQABlock; ++k) {
+      const long v = k < n && finite ? std::clamp(std::lrint(a[k0 + k] * inv), -32767l, 32767l) : 0;
+      q[k0 + k] = int16_t(v);
+      isum += v;
+    }
+    total += double(isum) * scale[b];
+  }
+  return float(total);
 }
 
 }  // namespace ot::gemm::qdetail

@@ -51,6 +51,8 @@ namespace {
 // int16-activation kernels (AVX-512 VNNI): software prefetch distance and one or two panel streams
 // per thread for one-row groups.
 knobs::Knob g_quant_pf("quant.pf", 4096, 0, 8192, "quantised GEMM int16 path: software prefetch this many bytes ahead (0 = none)");
+constexpr int64_t kMaxStreamUnits = 8;
+knobs::Knob g_quant_units("quant.units", 4, 1, kMaxStreamUnits, "quantised GEMM, one-row groups on int16 activations: panel units a work item");
 knobs::Knob g_quant_streams("quant.streams", 2, 1, 2, "quantised GEMM, one-row groups: read the gate and up panels side by side (2) or one after the other (1)");
 
 std::vector<float> f32_copy(const TensorView& v) {
@@ -61,41 +63,16 @@ std::vector<float> f32_copy(const TensorView& v) {
 
 // The kernel table: the first row whose ISA is active and whose format matches.
 const QKernel kTable[] = {
-    {cpu::Isa::avx512, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, qkernel_avx512vnni_int8_i16, 4, true,
+    {cpu::Isa::avx512, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, qkernel_avx512vnni_int8_i16, qact_i16_avx512, 4, true,
      "avx512vnni_w8"},
-    {cpu::Isa::avx512, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, qkernel_avx512vnni_int4_i16, 4, true,
+    {cpu::Isa::avx512, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, qkernel_avx512vnni_int4_i16, qact_i16_avx512, 4, true,
      "avx512vnni_w4"},
-    {cpu::Isa::avx2, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, qkernel_avx2_int8_i16, 1, false, "avx2_w8"},
-    {cpu::Isa::avx2, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, qkernel_avx2_int4_i16, 1, false, "avx2_w4"},
-    {cpu::Isa::scalar, WeightFormat::int8, qkernel_scalar_int8, 4, qdequant_scalar_int8, qtile_scalar, 4, nullptr, 0, false, "scalar_w8"},
-    {cpu::Isa::scalar, WeightFormat::int4, qkernel_scalar_int4, 4, qdequant_scalar_int4, qtile_scalar, 4, nullptr, 0, false, "scalar_w4"},
+    {cpu::Isa::avx2, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, qkernel_avx2_int8_i16, qact_i16_avx2, 1, false, "avx2_w8"},
+    {cpu::Isa::avx2, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, qkernel_avx2_int4_i16, qact_i16_avx2, 1, false, "avx2_w4"},
+    {cpu::Isa::scalar, WeightFormat::int8, qkernel_scalar_int8, 4, qdequant_scalar_int8, qtile_scalar, 4, nullptr, nullptr, 0, false, "scalar_w8"},
+    {cpu::Isa::scalar, WeightFormat::int4, qkernel_scalar_int4, 4, qdequant_scalar_int4, qtile_scalar, 4, nullptr, nullptr, 0, false, "scalar_w4"},
 };
 
-// a[0, len) as int16 blocks of kQABlock (zero-padded to whole blocks) with scale[b] = max |a| / 32767
-// (rounded to nearest even); returns the sum of the rounded values. A block with a NaN or Inf gets
-// a NaN scale and zero codes, so the row's outputs are NaN as on the fp32 path.
-float round_to_int16_blocks(const float* a, int64_t len, int16_t* q, float* scale) {
-  double total = 0;
-  for (int64_t k0 = 0, b = 0; k0 < len; k0 += kQABlock, ++b) {
-    const int64_t n = std::min<int64_t>(kQABlock, len - k0);
-    float amax = 0;
-    bool finite = true;
-    for (int64_t k = 0; k < n; ++k) {
-      finite = finite && std::isfinite(a[k0 + k]);
-      amax = std::max(amax, std::fabs(a[k0 + k]));
-    }
-    const float inv = finite && amax > 0 ? 32767.f / amax : 0.f;
-    scale[b] = finite ? amax / 32767.f : std::numeric_limits<float>::quiet_NaN();
-    int64_t isum = 0;
-    for (int64_t k = 0; k < kQABlock; ++k) {
-      const long v = k < n ? std::clamp(std::lrint(a[k0 + k] * inv), -32767l, 32767l) : 0;
-      q[k0 + k] = int16_t(v);
-      isum += v;
-    }
-    total += double(isum) * scale[b];
-  }
-  return float(total);
-}
 
 void epilogue(const detail::EpiArgs& e, const detail::EpiBlock& b) {
   if (cpu::has(cpu::Isa::avx512)) detail::epilogue_avx512(e, b);
@@ -212,7 +189,7 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
       convert_to_f32(static_cast<const char*>(groups[i].a) + size_t(src * groups[i].lda) * dtype_size(groups[i].a_dtype), groups[i].a_dtype, dst, K);
       if (int16_row(i)) {
         for (int64_t j = 0; j < im.groups; ++j)
-          asum[size_t(row * im.groups + j)] = round_to_int16_blocks(dst + j * im.len, im.len, a16.data() + (row * im.groups + j) * lenp,
+          asum[size_t(row * im.groups + j)] = kern.act_i16(dst + j * im.len, im.len, a16.data() + (row * im.groups + j) * lenp,
                                                                     ascale.data() + (row * im.groups + j) * nb);
         continue;
       }
@@ -223,21 +200,30 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
       }
     }
   });
-  // Work items: (group, panel unit); a unit is a gate/up panel pair when the halves interleave.
+  // Work items: (group, first unit, units); a unit is a gate/up panel pair when the halves
+  // interleave. One-row groups on the int16 kernels take several units an item, read as two long
+  // streams (the item's first half of panels beside its second half), as the bf16 decode tile does.
   const int64_t per_unit = im.split ? 2 : 1, units_per_group = im.npanels / per_unit;
   const size_t gbytes = group_bytes(im.format, im.len);
-  std::vector<int64_t> items;
-  for (int64_t i = 0; i < count; ++i)
+  const int64_t stream_units = g_quant_units.get();
+  struct Item {
+    int64_t group, unit0, units;
+  };
+  std::vector<Item> items;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t step = groups[i].M == 1 && int16_row(i) ? stream_units : 1;
     if (groups[i].M > 0)
-      for (int64_t u = 0; u < units_per_group; ++u) items.push_back(i * units_per_group + u);
+      for (int64_t u = 0; u < units_per_group; u += step) items.push_back({i, u, std::min(step, units_per_group - u)});
+  }
   const int64_t pf = g_quant_pf.get();
   const bool two_streams = g_quant_streams.get() == 2;
   parallel_for_dynamic(int64_t(items.size()), 1, [&](int64_t b0, int64_t b1) {
-    alignas(64) float tile[2][4 * kQNR];
+    alignas(64) float tile[2 * kMaxStreamUnits][kQNR];
     alignas(64) float wblk[kQKC * kQNR];
     std::vector<float> acc;
     for (int64_t it = b0; it < b1; ++it) {
-      const int64_t i = items[size_t(it)] / units_per_group, unit = items[size_t(it)] % units_per_group;
+      const Item& w = items[size_t(it)];
+      const int64_t i = w.group;
       const QuantGroup& g = groups[i];
       detail::EpiArgs e;
       e.bias = g.bias;
@@ -247,74 +233,19 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
       e.ldc = g.c.ld;
       const float* a = a32.data() + row0[size_t(i)] * K;
       const float* as = asum.data() + row0[size_t(i)] * im.groups;
-      // int16 activations: the kernel's row tiles over the whole K (AVX-512 VNNI; AVX2 one row).
-      // fp32, one row: codes to fp32 in registers. fp32, more rows: each chunk of K is dequantised
-      // once into an L1 block that all row tiles reuse. Several rows accumulate into acc
-      // [per_unit][M][32].
-      const bool single = g.M == 1;
-      const int64_t tile_rows = single ? 1 : g.M;
-      float* accp = tile[0];
-      if (!single) {
-        acc.resize(size_t(per_unit * g.M * kQNR));
-        accp = acc.data();
-      }
-      auto out_of = [&](int64_t q) { return single ? tile[q] : accp + q * g.M * kQNR; };
-      // Balanced tile heights (4 rows: 2 + 2, not 3 + 1: a one-row tile is latency bound).
-      auto row_tiles = [&](int64_t mr, auto&& f) {
-        const int64_t ntiles = (g.M + mr - 1) / mr;
-        for (int64_t t = 0, m0 = 0; m0 < g.M; ++t) {
-          const int64_t h = (g.M - m0 + (ntiles - t) - 1) / (ntiles - t);
-          f(m0, h);
-          m0 += h;
-        }
+      const int64_t row = row0[size_t(i)];
+      QI16Args ar{};
+      ar.lda = im.groups * lenp, ar.ldsc = im.groups * nb, ar.ldas = im.groups;
+      ar.groups = im.groups, ar.len = im.len, ar.pf = pf;
+      auto rows_at = [&](int64_t m0, int64_t h) {
+        ar.rows = int(h);
+        ar.a16 = a16.data() + (row + m0) * ar.lda, ar.ascale = ascale.data() + (row + m0) * ar.ldsc, ar.asum = as + m0 * im.groups;
       };
-      if (int16_row(i)) {
-        const int64_t row = row0[size_t(i)];
-        QI16Args ar{};
-        ar.lda = im.groups * lenp, ar.ldsc = im.groups * nb, ar.ldas = im.groups;
-        ar.panel_step = im.panel_bytes, ar.groups = im.groups, ar.len = im.len, ar.pf = pf;
-        ar.ldcp = single ? int64_t(tile[1] - tile[0]) : g.M * kQNR;
-        auto rows_at = [&](int64_t m0, int64_t h) {
-          ar.rows = int(h);
-          ar.a16 = a16.data() + (row + m0) * ar.lda, ar.ascale = ascale.data() + (row + m0) * ar.ldsc, ar.asum = as + m0 * im.groups;
-        };
-        if (single && per_unit == 2 && two_streams) {  // gate and up panels side by side
-          rows_at(0, 1);
-          ar.panels = 2, ar.panel = im.panel(g.expert, unit * 2), ar.c = out_of(0);
-          kern.fn_i16(ar);
-        } else {
-          for (int64_t q = 0; q < per_unit; ++q)
-            row_tiles(kern.i16_mr, [&](int64_t m0, int64_t h) {
-              rows_at(m0, h);
-              ar.panels = 1, ar.panel = im.panel(g.expert, unit * per_unit + q), ar.c = out_of(q) + m0 * kQNR;
-              kern.fn_i16(ar);
-            });
-        }
-      } else if (!single) {
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t q = 0; q < per_unit; ++q) {
-          const char* panel = im.panel(g.expert, unit * per_unit + q);
-          for (int64_t j = 0; j < im.groups; ++j, panel += gbytes)
-            for (int64_t k0 = 0; k0 < im.len; k0 += kQKC) {
-              const int64_t kc = std::min<int64_t>(kQKC, im.len - k0);
-              kern.dequant(panel, k0, kc, wblk);
-              row_tiles(kern.tile_mr, [&](int64_t m0, int64_t h) {
-                kern.tile(int(h), kc, a + m0 * K + j * im.len + k0, K, wblk, out_of(q) + m0 * kQNR);
-              });
-            }
-        }
-      } else {
-        for (int64_t q = 0; q < per_unit; ++q)
-          kern.fn(1, a, K, as, im.groups, im.panel(g.expert, unit * per_unit + q), im.groups, im.len, tile[q]);
-      }
-      {
-        const int64_t m0 = 0;
-        const int rows_t = int(tile_rows);
-        float* t0 = accp;
-        float* t1 = single ? tile[1] : accp + g.M * kQNR;
+      // The epilogue of unit u from its tiles (t0: panel 0, t1: panel 1 of the unit; ldt floats a row).
+      auto finish = [&](int64_t unit, int64_t rows, const float* t0, const float* t1) {
         detail::EpiBlock blk;
-        blk.m0 = m0;
-        blk.rows = rows_t;
+        blk.m0 = 0;
+        blk.rows = int(rows);
         blk.ldt = kQNR;
         int64_t col0;
         int width;
@@ -327,17 +258,77 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
           blk.ucol = col0 + N / 2;
           blk.width = width;
           epilogue(e, blk);
-        } else {
-          for (int64_t q = 0; q < per_unit; ++q) {
-            im.cols(unit * per_unit + q, &col0, &width);
-            blk.t = q ? t1 : t0;
-            blk.col0 = col0;
-            blk.bcol = col0;
-            blk.width = width;
-            epilogue(e, blk);
+          return;
+        }
+        for (int64_t q = 0; q < per_unit; ++q) {
+          im.cols(unit * per_unit + q, &col0, &width);
+          blk.t = q ? t1 : t0;
+          blk.col0 = col0;
+          blk.bcol = col0;
+          blk.width = width;
+          epilogue(e, blk);
+        }
+      };
+      if (g.M == 1) {
+        // One row: the item's panels into tile[q]; int16 activations by the panel pairs (q, q + h).
+        const int64_t np = w.units * per_unit, h = two_streams && int16_row(i) ? np / 2 : 0;
+        const char* p0 = im.panel(g.expert, w.unit0 * per_unit);
+        if (int16_row(i)) {
+          rows_at(0, 1);
+          ar.panel_step = size_t(h) * im.panel_bytes, ar.ldcp = h * kQNR, ar.panels = 2;
+          for (int64_t q = 0; q < h; ++q) {
+            ar.panel = p0 + size_t(q) * im.panel_bytes, ar.c = tile[q];
+            kern.fn_i16(ar);
           }
+          ar.panels = 1;
+          for (int64_t q = 2 * h; q < np; ++q) {
+            ar.panel = p0 + size_t(q) * im.panel_bytes, ar.c = tile[q];
+            kern.fn_i16(ar);
+          }
+        } else {
+          for (int64_t q = 0; q < np; ++q) kern.fn(1, a, K, as, im.groups, p0 + size_t(q) * im.panel_bytes, im.groups, im.len, tile[q]);
+        }
+        for (int64_t u = 0; u < w.units; ++u) finish(w.unit0 + u, 1, tile[u * per_unit], tile[u * per_unit + per_unit - 1]);
+        continue;
+      }
+      // Several rows (one unit an item) into acc [per_unit][M][32]: int16 activations by the
+      // kernel's row tiles over the whole K; fp32 by chunks of K dequantised once into an L1 block
+      // that all row tiles reuse. Balanced tile heights (4 rows: 2 + 2, not 3 + 1: a one-row tile
+      // is latency bound).
+      const int64_t unit = w.unit0;
+      acc.resize(size_t(per_unit * g.M * kQNR));
+      float* accp = acc.data();
+      auto row_tiles = [&](int64_t mr, auto&& f) {
+        const int64_t ntiles = (g.M + mr - 1) / mr;
+        for (int64_t t = 0, m0 = 0; m0 < g.M; ++t) {
+          const int64_t hgt = (g.M - m0 + (ntiles - t) - 1) / (ntiles - t);
+          f(m0, hgt);
+          m0 += hgt;
+        }
+      };
+      if (int16_row(i)) {
+        ar.panels = 1, ar.ldcp = 0;
+        for (int64_t q = 0; q < per_unit; ++q)
+          row_tiles(kern.i16_mr, [&](int64_t m0, int64_t hgt) {
+            rows_at(m0, hgt);
+            ar.panel = im.panel(g.expert, unit * per_unit + q), ar.c = accp + (q * g.M + m0) * kQNR;
+            kern.fn_i16(ar);
+          });
+      } else {
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t q = 0; q < per_unit; ++q) {
+          const char* panel = im.panel(g.expert, unit * per_unit + q);
+          for (int64_t j = 0; j < im.groups; ++j, panel += gbytes)
+            for (int64_t k0 = 0; k0 < im.len; k0 += kQKC) {
+              const int64_t kc = std::min<int64_t>(kQKC, im.len - k0);
+              kern.dequant(panel, k0, kc, wblk);
+              row_tiles(kern.tile_mr, [&](int64_t m0, int64_t hgt) {
+                kern.tile(int(hgt), kc, a + m0 * K + j * im.len + k0, K, wblk, accp + (q * g.M + m0) * kQNR);
+              });
+            }
         }
       }
+      finish(unit, g.M, accp, accp + (per_unit - 1) * g.M * kQNR);
     }
   });
 }

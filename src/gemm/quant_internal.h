@@ -89,6 +89,11 @@ struct QI16Args {
   int64_t pf;
 };
 using QKernelI16Fn = void (*)(const QI16Args&);
+// a[0, len) as int16 blocks of kQABlock into q (zero-padded to whole blocks) with scale[b] =
+// max |a| / 32767 and codes round-to-nearest-even(a * 32767 / max |a|); returns the sum of the
+// rounded values (times their scales). A block with a NaN or Inf gets a NaN scale and zero codes,
+// so the row's outputs are NaN as on the fp32 path. Every ISA's form gives the same bits.
+using QActI16Fn = float (*)(const float* a, int64_t len, int16_t* q, float* scale);
 
 // One row of the kernel table: the entry point takes the first row whose ISA is active and whose
 // format matches.
@@ -101,6 +106,7 @@ struct QKernel {
   QTileFn tile;
   int tile_mr;     // rows per call of tile
   QKernelI16Fn fn_i16;  // the int16 path for bf16 / fp16 activations (nullptr: fn on fp32)
+  QActI16Fn act_i16;    // the activations' rounding for fn_i16
   int i16_mr;           // rows per call of fn_i16 (1: only one-row groups take it)
   bool vnni;            // needs AVX512_VNNI besides the ISA level
   const char* name;
@@ -115,6 +121,9 @@ void qkernel_avx2_int8(int rows, const float* a, int64_t lda, const float* asum,
                        float* c);
 void qkernel_avx2_int4(int rows, const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups, int64_t len,
                        float* c);
+float qact_i16_scalar(const float* a, int64_t len, int16_t* q, float* scale);
+float qact_i16_avx2(const float* a, int64_t len, int16_t* q, float* scale);
+float qact_i16_avx512(const float* a, int64_t len, int16_t* q, float* scale);
 void qkernel_avx2_int8_i16(const QI16Args& g);
 void qkernel_avx2_int4_i16(const QI16Args& g);
 void qkernel_avx512vnni_int8_i16(const QI16Args& g);
