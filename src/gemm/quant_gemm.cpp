@@ -177,25 +177,34 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
   auto int16_row = [&](int64_t i) {
     return kern.fn_i16 && (groups[i].M == 1 || kern.i16_mr > 1) && groups[i].a_dtype != DType::f32;
   };
-  bool any_i16 = false;
-  for (int64_t i = 0; i < count; ++i) any_i16 = any_i16 || int16_row(i);
-  std::vector<float> a32(size_t(rows * K)), asum(size_t(rows * im.groups)), ascale(any_i16 ? size_t(rows * im.groups * nb) : 0);
-  std::vector<int16_t> a16(any_i16 ? size_t(rows * im.groups * lenp) : 0);
+  bool any_i16 = false, any_f32 = false;
+  for (int64_t i = 0; i < count; ++i) (int16_row(i) ? any_i16 : any_f32) = true;
+  // Grow-only buffers of the calling thread: fresh pages each call cost more than the conversion
+  // (page faults under virtualisation: a T 512 qwen3 layer's 48 MB took longer than its GEMMs).
+  struct Buffers {
+    detail::Buf a32, asum, ascale, a16;
+  };
+  thread_local Buffers buf;
+  float* a32 = any_f32 ? reinterpret_cast<float*>(buf.a32.get(size_t(rows * K) * sizeof(float))) : nullptr;
+  float* asum = reinterpret_cast<float*>(buf.asum.get(size_t(rows * im.groups) * sizeof(float)));
+  float* ascale = any_i16 ? reinterpret_cast<float*>(buf.ascale.get(size_t(rows * im.groups * nb) * sizeof(float))) : nullptr;
+  int16_t* a16 = any_i16 ? reinterpret_cast<int16_t*>(buf.a16.get(size_t(rows * im.groups * lenp) * sizeof(int16_t))) : nullptr;
   parallel_for(rows, [&](int64_t r0, int64_t r1) {
+    std::vector<float> row_f32;  // an int16 row's fp32 form (only the blocks keep it)
     for (int64_t row = r0; row < r1; ++row) {
       const int64_t i = int64_t(std::upper_bound(row0.begin(), row0.end(), row) - row0.begin()) - 1, r = row - row0[size_t(i)];
-      float* dst = a32.data() + row * K;
+      const bool i16 = int16_row(i);
+      if (i16) row_f32.resize(size_t(K));
+      float* dst = i16 ? row_f32.data() : a32 + row * K;
       const int64_t src = groups[i].a_rows ? groups[i].a_rows[r] : r;
       convert_to_f32(static_cast<const char*>(groups[i].a) + size_t(src * groups[i].lda) * dtype_size(groups[i].a_dtype), groups[i].a_dtype, dst, K);
-      if (int16_row(i)) {
-        for (int64_t j = 0; j < im.groups; ++j)
-          asum[size_t(row * im.groups + j)] = kern.act_i16(dst + j * im.len, im.len, a16.data() + (row * im.groups + j) * lenp,
-                                                                    ascale.data() + (row * im.groups + j) * nb);
-        continue;
-      }
       for (int64_t j = 0; j < im.groups; ++j) {
         float acc = 0;
-        for (int64_t k = 0; k < im.len; ++k) acc += dst[j * im.len + k];
+        if (i16) {
+          acc = kern.act_i16(dst + j * im.len, im.len, a16 + (row * im.groups + j) * lenp, ascale + (row * im.groups + j) * nb);
+        } else {
+          for (int64_t k = 0; k < im.len; ++k) acc += dst[j * im.len + k];
+        }
         asum[size_t(row * im.groups + j)] = acc;
       }
     }
@@ -231,15 +240,15 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
       e.c = g.c.data;
       e.c_dtype = g.c.dtype;
       e.ldc = g.c.ld;
-      const float* a = a32.data() + row0[size_t(i)] * K;
-      const float* as = asum.data() + row0[size_t(i)] * im.groups;
+      const float* a = a32 ? a32 + row0[size_t(i)] * K : nullptr;  // (fp32 paths only)
+      const float* as = asum + row0[size_t(i)] * im.groups;
       const int64_t row = row0[size_t(i)];
       QI16Args ar{};
       ar.lda = im.groups * lenp, ar.ldsc = im.groups * nb, ar.ldas = im.groups;
       ar.groups = im.groups, ar.len = im.len, ar.pf = pf;
       auto rows_at = [&](int64_t m0, int64_t h) {
         ar.rows = int(h);
-        ar.a16 = a16.data() + (row + m0) * ar.lda, ar.ascale = ascale.data() + (row + m0) * ar.ldsc, ar.asum = as + m0 * im.groups;
+        ar.a16 = a16 + (row + m0) * ar.lda, ar.ascale = ascale + (row + m0) * ar.ldsc, ar.asum = as + m0 * im.groups;
       };
       // The epilogue of unit u from its tiles (t0: panel 0, t1: panel 1 of the unit; ldt floats a row).
       auto finish = [&](int64_t unit, int64_t rows, const float* t0, const float* t1) {
