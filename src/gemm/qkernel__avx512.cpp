@@ -68,9 +68,9 @@ template <int R, int P> void tile_int8(const QI16Args& o) {
   const size_t pb = pair_bytes(WeightFormat::int8), gb = group_bytes(WeightFormat::int8, o.len);
   const int64_t nb = act_blocks(o.len);
   for (int64_t j = 0; j < o.groups; ++j) {
-    __m512 pl[P][R], ph[P][R];  // lane order: pl = columns 0-7 and 16-23, ph = 8-15 and 24-31
-    OT_QUNROLL for (int q = 0; q < P; ++q)
-      OT_QUNROLL for (int r = 0; r < R; ++r) pl[q][r] = ph[q][r] = _mm512_setzero_ps();
+    // The group's fp32 partials in L1 (R up to 8: in registers they would crowd out the
+    // accumulators), lane order: [0] = columns 0-7 and 16-23, [1] = 8-15 and 24-31.
+    alignas(64) float part[P][R][2][16] = {};
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t k0 = b * kQABlock, pairs = (std::min(o.len, k0 + kQABlock) - k0 + 1) / 2;
       __m512i al[P][S][R], ah[P][S][R];
@@ -107,16 +107,17 @@ template <int R, int P> void tile_int8(const QI16Args& o) {
         OT_QUNROLL for (int q = 0; q < P; ++q) {
           __m512i l = al[q][0][r], h = ah[q][0][r];
           OT_QUNROLL for (int u = 1; u < S; ++u) l = _mm512_add_epi32(l, al[q][u][r]), h = _mm512_add_epi32(h, ah[q][u][r]);
-          pl[q][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), sc, pl[q][r]);
-          ph[q][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), sc, ph[q][r]);
+          _mm512_store_ps(part[q][r][0], _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), sc, _mm512_load_ps(part[q][r][0])));
+          _mm512_store_ps(part[q][r][1], _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), sc, _mm512_load_ps(part[q][r][1])));
         }
       }
     }
     OT_QUNROLL for (int q = 0; q < P; ++q) {
       const float* s = reinterpret_cast<const float*>(o.panel + q * o.panel_step + size_t(j) * gb);
-      OT_QUNROLL for (int r = 0; r < R; ++r)
-        close_group(s, o.asum[r * o.ldas + j], lo_halves(pl[q][r], ph[q][r]), hi_halves(pl[q][r], ph[q][r]), j == 0,
-                    o.c + q * o.ldcp + r * kQNR);
+      OT_QUNROLL for (int r = 0; r < R; ++r) {
+        const __m512 pl = _mm512_load_ps(part[q][r][0]), ph = _mm512_load_ps(part[q][r][1]);
+        close_group(s, o.asum[r * o.ldas + j], lo_halves(pl, ph), hi_halves(pl, ph), j == 0, o.c + q * o.ldcp + r * kQNR);
+      }
     }
   }
 }
@@ -194,7 +195,18 @@ template <bool I4> void tile_any(int rows, int panels, const QI16Args& o) {
       case 1: tile_rows<I4, 1, 1>(one); break;
       case 2: tile_rows<I4, 2, 1>(one); break;
       case 3: tile_rows<I4, 3, 1>(one); break;
-      default: tile_rows<I4, 4, 1>(one); break;
+      case 4: tile_rows<I4, 4, 1>(one); break;
+      default:
+        if constexpr (!I4) {  // int8 tiles up to 8 rows (int4 needs 4 accumulators a row: 4)
+          switch (rows) {
+            case 5: tile_rows<I4, 5, 1>(one); break;
+            case 6: tile_rows<I4, 6, 1>(one); break;
+            case 7: tile_rows<I4, 7, 1>(one); break;
+            default: tile_rows<I4, 8, 1>(one); break;
+          }
+        } else {
+          tile_rows<I4, 4, 1>(one);
+        }
     }
   }
 }

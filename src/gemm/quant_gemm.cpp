@@ -63,7 +63,7 @@ std::vector<float> f32_copy(const TensorView& v) {
 
 // The kernel table: the first row whose ISA is active and whose format matches.
 const QKernel kTable[] = {
-    {cpu::Isa::avx512, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, qkernel_avx512vnni_int8_i16, qact_i16_avx512, 4, true,
+    {cpu::Isa::avx512, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, qkernel_avx512vnni_int8_i16, qact_i16_avx512, 8, true,
      "avx512vnni_w8"},
     {cpu::Isa::avx512, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, qkernel_avx512vnni_int4_i16, qact_i16_avx512, 4, true,
      "avx512vnni_w4"},
