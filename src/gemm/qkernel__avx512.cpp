@@ -122,18 +122,19 @@ template <int R, int P> void tile_int8(const QI16Args& o) {
   }
 }
 
-// int4: each 64-byte load is two pair rows (p, p + 1), the activations of both in the two halves of
-// the broadcast; an odd last pair row loads only its own 32 bytes (its partner's activations are
-// the block's zero padding).
+// int4: each 64-byte load is two pair rows (p, p + 1), their int32 lanes interleaved by one permute
+// (lane 2c: row p's lane c, 2c + 1: row p + 1's), so one 64-bit broadcast of a[k .. k + 3] serves
+// both and the permute is paid once per load, not once per row. An odd last pair row loads only
+// its own 32 bytes (its partner's activations are the block's zero padding). At the block's end
+// the lane pairs are added exactly and put in column order.
 template <int R, int P> void tile_int4(const QI16Args& o) {
   const size_t pb = pair_bytes(WeightFormat::int4), gb = group_bytes(WeightFormat::int4, o.len);
   const int64_t nb = act_blocks(o.len);
   const __m512i nib = _mm512_set1_epi16(0xF);
-  const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i zip = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   for (int64_t j = 0; j < o.groups; ++j) {
-    __m512 p0[P][R], p1[P][R];  // columns 0-15, 16-31
-    OT_QUNROLL for (int q = 0; q < P; ++q)
-      OT_QUNROLL for (int r = 0; r < R; ++r) p0[q][r] = p1[q][r] = _mm512_setzero_ps();
+    alignas(64) float part[P][R][2][16] = {};  // columns 0-15, 16-31 (in L1, as tile_int8's)
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t k0 = b * kQABlock, pairs = (std::min(o.len, k0 + kQABlock) - k0 + 1) / 2;
       __m512i acc[P][R][4];
@@ -146,16 +147,18 @@ template <int R, int P> void tile_int4(const QI16Args& o) {
         __m512i n[P][4];
         OT_QUNROLL for (int q = 0; q < P; ++q) {
           const char* x0 = pr + q * o.panel_step + size_t(p) * pb;
-          const __m512i x = p + 1 < pairs ? _mm512_loadu_si512(x0) : _mm512_maskz_loadu_epi64(0x0F, x0);
+          __m512i x = p + 1 < pairs ? _mm512_loadu_si512(x0) : _mm512_maskz_loadu_epi64(0x0F, x0);
           if (o.pf) _mm_prefetch(x0 + o.pf, _MM_HINT_T0);
+          x = _mm512_permutexvar_epi32(zip, x);
           n[q][0] = _mm512_and_si512(x, nib);
           n[q][1] = _mm512_and_si512(_mm512_srli_epi16(x, 4), nib);
           n[q][2] = _mm512_and_si512(_mm512_srli_epi16(x, 8), nib);
           n[q][3] = _mm512_srli_epi16(x, 12);
         }
         OT_QUNROLL for (int r = 0; r < R; ++r) {
-          // a[k .. k + 3] of pair rows p, p + 1 (within the block's zero-padded 32 values)
-          const __m512i av = _mm512_permutexvar_epi32(halves, _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ak + r * o.lda + 2 * p))));
+          int64_t a4;  // a[k .. k + 3] of pair rows p, p + 1 (within the block's zero-padded 32 values)
+          std::memcpy(&a4, ak + r * o.lda + 2 * p, 8);
+          const __m512i av = _mm512_set1_epi64(a4);
           OT_QUNROLL for (int q = 0; q < P; ++q)
             OT_QUNROLL for (int t = 0; t < 4; ++t) dp(acc[q][r][t], n[q][t], av);
         }
@@ -163,18 +166,19 @@ template <int R, int P> void tile_int4(const QI16Args& o) {
       OT_QUNROLL for (int r = 0; r < R; ++r) {
         const __m512 sc = _mm512_set1_ps(o.ascale[r * o.ldsc + j * nb + b]);
         OT_QUNROLL for (int q = 0; q < P; ++q) {
-          // lane c of acc[t]'s halves: column 8t + c of pair rows p and p + 1, added exactly.
-          const __m512i* a = acc[q][r];
-          const __m512i c0 = _mm512_add_epi32(lo_halves(a[0], a[1]), hi_halves(a[0], a[1]));
-          const __m512i c1 = _mm512_add_epi32(lo_halves(a[2], a[3]), hi_halves(a[2], a[3]));
-          p0[q][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), sc, p0[q][r]);
-          p1[q][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), sc, p1[q][r]);
+          // even lane 2c of acc[t] + odd lane 2c + 1: column 8t + c, added exactly
+          __m512i e[4];
+          OT_QUNROLL for (int t = 0; t < 4; ++t) e[t] = _mm512_add_epi32(acc[q][r][t], _mm512_srli_epi64(acc[q][r][t], 32));
+          const __m512i c0 = _mm512_permutex2var_epi32(e[0], evens, e[1]), c1 = _mm512_permutex2var_epi32(e[2], evens, e[3]);
+          _mm512_store_ps(part[q][r][0], _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), sc, _mm512_load_ps(part[q][r][0])));
+          _mm512_store_ps(part[q][r][1], _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), sc, _mm512_load_ps(part[q][r][1])));
         }
       }
     }
     OT_QUNROLL for (int q = 0; q < P; ++q) {
       const float* s = reinterpret_cast<const float*>(o.panel + q * o.panel_step + size_t(j) * gb);
-      OT_QUNROLL for (int r = 0; r < R; ++r) close_group(s, o.asum[r * o.ldas + j], p0[q][r], p1[q][r], j == 0, o.c + q * o.ldcp + r * kQNR);
+      OT_QUNROLL for (int r = 0; r < R; ++r)
+        close_group(s, o.asum[r * o.ldas + j], _mm512_load_ps(part[q][r][0]), _mm512_load_ps(part[q][r][1]), j == 0, o.c + q * o.ldcp + r * kQNR);
     }
   }
 }
@@ -197,7 +201,7 @@ template <bool I4> void tile_any(int rows, int panels, const QI16Args& o) {
       case 3: tile_rows<I4, 3, 1>(one); break;
       case 4: tile_rows<I4, 4, 1>(one); break;
       default:
-        if constexpr (!I4) {  // int8 tiles up to 8 rows (int4 needs 4 accumulators a row: 4)
+        if constexpr (!I4) {  // int8 tiles up to 8 rows (int4: 4; 6 rows spilled and ran 10-15% slower)
           switch (rows) {
             case 5: tile_rows<I4, 5, 1>(one); break;
             case 6: tile_rows<I4, 6, 1>(one); break;
