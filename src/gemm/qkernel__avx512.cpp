@@ -190,7 +190,17 @@ template <bool I4, int R, int P> void tile_rows(const QI16Args& o) {
 
 // Two panels side by side for one row (decode), else a panel at a time.
 template <bool I4> void tile_any(int rows, int panels, const QI16Args& o) {
-  if (rows == 1 && panels == 2) return tile_rows<I4, 1, 2>(o);
+  if (panels == 2) {  // two panels side by side: the table's stream_rows (int8 4, int4 2)
+    switch (rows) {
+      case 1: return tile_rows<I4, 1, 2>(o);
+      case 2: return tile_rows<I4, 2, 2>(o);
+      default:
+        if constexpr (!I4) {
+          if (rows == 3) return tile_rows<I4, 3, 2>(o);
+          if (rows == 4) return tile_rows<I4, 4, 2>(o);
+        }
+    }
+  }
   for (int q = 0; q < panels; ++q) {
     QI16Args one = o;
     one.panel += q * o.panel_step;

@@ -48,12 +48,13 @@ size_t PackedQuantB::bytes() const { return impl_ ? expert_bytes() * size_t(impl
 
 namespace {
 
-// int16-activation kernels (AVX-512 VNNI): software prefetch distance and one or two panel streams
-// per thread for one-row groups.
+// int16-activation kernels: software prefetch distance (a per-machine choice: 4096 bytes ran
+// 0.86-0.94x the time of 1024 on Zen 5, none 1.10x).
 knobs::Knob g_quant_pf("quant.pf", 4096, 0, 8192, "quantised GEMM int16 path: software prefetch this many bytes ahead (0 = none)");
-constexpr int64_t kMaxStreamUnits = 8;
-knobs::Knob g_quant_units("quant.units", 4, 1, kMaxStreamUnits, "quantised GEMM, one-row groups on int16 activations: panel units a work item");
-knobs::Knob g_quant_streams("quant.streams", 2, 1, 2, "quantised GEMM, one-row groups: read the gate and up panels side by side (2) or one after the other (1)");
+// One-row (and stream_rows) groups: panel units a work item, read as two streams. Zen 5, A/B in one
+// process: 4 units 0.67-1.0x the time of 1, 8 no better; two streams 0.87-0.89x of one; multi-row
+// groups as streams 0.79-0.94x of row tiles.
+constexpr int64_t kStreamUnits = 4;
 
 std::vector<float> f32_copy(const TensorView& v) {
   std::vector<float> out(size_t(v.numel()));
@@ -63,14 +64,14 @@ std::vector<float> f32_copy(const TensorView& v) {
 
 // The kernel table: the first row whose ISA is active and whose format matches.
 const QKernel kTable[] = {
-    {cpu::Isa::avx512, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, qkernel_avx512vnni_int8_i16, qact_i16_avx512, 8, true,
+    {cpu::Isa::avx512, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, qkernel_avx512vnni_int8_i16, qact_i16_avx512, 8, 4, true,
      "avx512vnni_w8"},
-    {cpu::Isa::avx512, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, qkernel_avx512vnni_int4_i16, qact_i16_avx512, 4, true,
+    {cpu::Isa::avx512, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, qkernel_avx512vnni_int4_i16, qact_i16_avx512, 4, 2, true,
      "avx512vnni_w4"},
-    {cpu::Isa::avx2, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, qkernel_avx2_int8_i16, qact_i16_avx2, 1, false, "avx2_w8"},
-    {cpu::Isa::avx2, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, qkernel_avx2_int4_i16, qact_i16_avx2, 1, false, "avx2_w4"},
-    {cpu::Isa::scalar, WeightFormat::int8, qkernel_scalar_int8, 4, qdequant_scalar_int8, qtile_scalar, 4, nullptr, nullptr, 0, false, "scalar_w8"},
-    {cpu::Isa::scalar, WeightFormat::int4, qkernel_scalar_int4, 4, qdequant_scalar_int4, qtile_scalar, 4, nullptr, nullptr, 0, false, "scalar_w4"},
+    {cpu::Isa::avx2, WeightFormat::int8, qkernel_avx2_int8, 1, qdequant_avx2_int8, qtile_avx2, 3, qkernel_avx2_int8_i16, qact_i16_avx2, 1, 1, false, "avx2_w8"},
+    {cpu::Isa::avx2, WeightFormat::int4, qkernel_avx2_int4, 1, qdequant_avx2_int4, qtile_avx2, 3, qkernel_avx2_int4_i16, qact_i16_avx2, 1, 1, false, "avx2_w4"},
+    {cpu::Isa::scalar, WeightFormat::int8, qkernel_scalar_int8, 4, qdequant_scalar_int8, qtile_scalar, 4, nullptr, nullptr, 0, 1, false, "scalar_w8"},
+    {cpu::Isa::scalar, WeightFormat::int4, qkernel_scalar_int4, 4, qdequant_scalar_int4, qtile_scalar, 4, nullptr, nullptr, 0, 1, false, "scalar_w4"},
 };
 
 
@@ -214,20 +215,21 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
   // streams (the item's first half of panels beside its second half), as the bf16 decode tile does.
   const int64_t per_unit = im.split ? 2 : 1, units_per_group = im.npanels / per_unit;
   const size_t gbytes = group_bytes(im.format, im.len);
-  const int64_t stream_units = g_quant_units.get();
+  const int64_t stream_units = kStreamUnits;
+  // Groups read as item streams: one row, or up to the kernel's stream_rows on int16 activations.
+  auto streamed = [&](int64_t i) { return groups[i].M == 1 || (int16_row(i) && groups[i].M <= kern.stream_rows); };
   struct Item {
     int64_t group, unit0, units;
   };
   std::vector<Item> items;
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t step = groups[i].M == 1 && int16_row(i) ? stream_units : 1;
+    const int64_t step = streamed(i) && int16_row(i) ? stream_units : 1;
     if (groups[i].M > 0)
       for (int64_t u = 0; u < units_per_group; u += step) items.push_back({i, u, std::min(step, units_per_group - u)});
   }
   const int64_t pf = g_quant_pf.get();
-  const bool two_streams = g_quant_streams.get() == 2;
   parallel_for_dynamic(int64_t(items.size()), 1, [&](int64_t b0, int64_t b1) {
-    alignas(64) float tile[2 * kMaxStreamUnits][kQNR];
+    alignas(64) float tile[2 * kStreamUnits][kQNR];
     alignas(64) float wblk[kQKC * kQNR];
     std::vector<float> acc;
     for (int64_t it = b0; it < b1; ++it) {
@@ -278,26 +280,31 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
           epilogue(e, blk);
         }
       };
-      if (g.M == 1) {
-        // One row: the item's panels into tile[q]; int16 activations by the panel pairs (q, q + h).
-        const int64_t np = w.units * per_unit, h = two_streams && int16_row(i) ? np / 2 : 0;
+      if (streamed(i)) {
+        // The item's panels into out [np][M][32]; int16 activations by the panel pairs (q, q + h).
+        const int64_t np = w.units * per_unit, h = int16_row(i) ? np / 2 : 0, pstride = g.M * kQNR;
+        float* out = tile[0];
+        if (g.M > 1) {
+          acc.resize(size_t(np * pstride));
+          out = acc.data();
+        }
         const char* p0 = im.panel(g.expert, w.unit0 * per_unit);
         if (int16_row(i)) {
-          rows_at(0, 1);
-          ar.panel_step = size_t(h) * im.panel_bytes, ar.ldcp = h * kQNR, ar.panels = 2;
+          rows_at(0, g.M);
+          ar.panel_step = size_t(h) * im.panel_bytes, ar.ldcp = h * pstride, ar.panels = 2;
           for (int64_t q = 0; q < h; ++q) {
-            ar.panel = p0 + size_t(q) * im.panel_bytes, ar.c = tile[q];
+            ar.panel = p0 + size_t(q) * im.panel_bytes, ar.c = out + q * pstride;
             kern.fn_i16(ar);
           }
           ar.panels = 1;
           for (int64_t q = 2 * h; q < np; ++q) {
-            ar.panel = p0 + size_t(q) * im.panel_bytes, ar.c = tile[q];
+            ar.panel = p0 + size_t(q) * im.panel_bytes, ar.c = out + q * pstride;
             kern.fn_i16(ar);
           }
         } else {
-          for (int64_t q = 0; q < np; ++q) kern.fn(1, a, K, as, im.groups, p0 + size_t(q) * im.panel_bytes, im.groups, im.len, tile[q]);
+          for (int64_t q = 0; q < np; ++q) kern.fn(1, a, K, as, im.groups, p0 + size_t(q) * im.panel_bytes, im.groups, im.len, out + q * pstride);
         }
-        for (int64_t u = 0; u < w.units; ++u) finish(w.unit0 + u, 1, tile[u * per_unit], tile[u * per_unit + per_unit - 1]);
+        for (int64_t u = 0; u < w.units; ++u) finish(w.unit0 + u, g.M, out + u * per_unit * pstride, out + (u * per_unit + per_unit - 1) * pstride);
         continue;
       }
       // Several rows (one unit an item) into acc [per_unit][M][32]: int16 activations by the

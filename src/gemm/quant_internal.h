@@ -108,6 +108,7 @@ struct QKernel {
   QKernelI16Fn fn_i16;  // the int16 path for bf16 / fp16 activations (nullptr: fn on fp32)
   QActI16Fn act_i16;    // the activations' rounding for fn_i16
   int i16_mr;           // rows per call of fn_i16 (1: only one-row groups take it)
+  int stream_rows;      // groups of up to this many rows read two panels side by side (fn_i16, panels = 2)
   bool vnni;            // needs AVX512_VNNI besides the ISA level
   const char* name;
 };
