@@ -74,7 +74,6 @@ const QKernel kTable[] = {
     {cpu::Isa::scalar, WeightFormat::int4, qkernel_scalar_int4, 4, qdequant_scalar_int4, qtile_scalar, 4, nullptr, nullptr, 0, 1, false, "scalar_w4"},
 };
 
-
 void epilogue(const detail::EpiArgs& e, const detail::EpiBlock& b) {
   if (cpu::has(cpu::Isa::avx512)) detail::epilogue_avx512(e, b);
   else if (cpu::has(cpu::Isa::avx2)) detail::epilogue_avx2(e, b);
@@ -215,7 +214,6 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
   // streams (the item's first half of panels beside its second half), as the bf16 decode tile does.
   const int64_t per_unit = im.split ? 2 : 1, units_per_group = im.npanels / per_unit;
   const size_t gbytes = group_bytes(im.format, im.len);
-  const int64_t stream_units = kStreamUnits;
   // Groups read as item streams: one row, or up to the kernel's stream_rows on int16 activations.
   auto streamed = [&](int64_t i) { return groups[i].M == 1 || (int16_row(i) && groups[i].M <= kern.stream_rows); };
   struct Item {
@@ -223,7 +221,7 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
   };
   std::vector<Item> items;
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t step = streamed(i) && int16_row(i) ? stream_units : 1;
+    const int64_t step = streamed(i) && int16_row(i) ? kStreamUnits : 1;
     if (groups[i].M > 0)
       for (int64_t u = 0; u < units_per_group; u += step) items.push_back({i, u, std::min(step, units_per_group - u)});
   }
@@ -231,7 +229,7 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
   parallel_for_dynamic(int64_t(items.size()), 1, [&](int64_t b0, int64_t b1) {
     alignas(64) float tile[2 * kStreamUnits][kQNR];
     alignas(64) float wblk[kQKC * kQNR];
-    std::vector<float> acc;
+    thread_local std::vector<float> acc;  // several rows' tiles (grow-only: an item is a chunk)
     for (int64_t it = b0; it < b1; ++it) {
       const Item& w = items[size_t(it)];
       const int64_t i = w.group;
