@@ -8,9 +8,9 @@
 // Zen 5 compute-bound at 57-70 GFLOP/s, 0.6-1.0x the bf16 row's time).
 //
 // Lane order: int8 low bytes give (int32 lane 8h + c) = column 16h + c, high bytes column
-// 16h + 8 + c; int4 loads pair rows p (low 256 bits) and p + 1 (high), nibble t giving lane c =
-// column 8t + c of each. Both are put back in column order once per 32-k block (int4: the two pair
-// rows' halves added exactly in int32) or per group (int8: the fp32 partials).
+// 16h + 8 + c, put back in column order once per group (the fp32 partials); int4 interleaves the
+// lanes of pair rows p and p + 1 (lanes 2c, 2c + 1: column 8t + c of nibble t), added exactly in
+// int32 and put in column order once per 32-k block.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -53,8 +53,6 @@ OT_QAI inline void close_group(const float* s, float asum, __m512 p0, __m512 p1,
 OT_QAI inline void dp(__m512i& acc, __m512i x, __m512i y) { asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(x), "vm"(y)); }
 
 // The 512-bit halves of (x, y) in column order: [x lo256, y lo256] and [x hi256, y hi256].
-OT_QAI inline __m512i lo_halves(__m512i x, __m512i y) { return _mm512_shuffle_i64x2(x, y, 0x44); }
-OT_QAI inline __m512i hi_halves(__m512i x, __m512i y) { return _mm512_shuffle_i64x2(x, y, 0xEE); }
 OT_QAI inline __m512 lo_halves(__m512 x, __m512 y) { return _mm512_shuffle_f32x4(x, y, 0x44); }
 OT_QAI inline __m512 hi_halves(__m512 x, __m512 y) { return _mm512_shuffle_f32x4(x, y, 0xEE); }
 
