@@ -222,9 +222,12 @@ float qact_i16_avx2(const float* a, int64_t len, int16_t* q, float* scale) {
   const __m256 sign = _mm256_set1_ps(-0.f);
   for (int64_t k0 = 0, b = 0; k0 < len; k0 += kQABlock, ++b) {
     const int64_t n = std::min<int64_t>(kQABlock, len - k0);
-    alignas(32) float tail[kQABlock] = {};
+    alignas(32) float tail[kQABlock];  // a partial block, zero-padded (whole blocks are read in place)
     const float* x = a + k0;
-    if (n < kQABlock) x = static_cast<const float*>(std::memcpy(tail, x, sizeof(float) * size_t(n)));
+    if (n < kQABlock) {
+      std::fill(std::copy(x, x + n, tail), tail + kQABlock, 0.f);
+      x = tail;
+    }
     __m256 v[4], mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) {
       v[i] = _mm256_loadu_ps(x + 8 * i);

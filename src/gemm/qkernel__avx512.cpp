@@ -235,9 +235,12 @@ float qact_i16_avx512(const float* a, int64_t len, int16_t* q, float* scale) {
   double total = 0;
   for (int64_t k0 = 0, b = 0; k0 < len; k0 += kQABlock, ++b) {
     const int64_t n = std::min<int64_t>(kQABlock, len - k0);
-    alignas(64) float tail[kQABlock] = {};
+    alignas(64) float tail[kQABlock];  // a partial block, zero-padded (whole blocks are read in place)
     const float* x = a + k0;
-    if (n < kQABlock) x = static_cast<const float*>(std::memcpy(tail, x, sizeof(float) * size_t(n)));
+    if (n < kQABlock) {
+      std::fill(std::copy(x, x + n, tail), tail + kQABlock, 0.f);
+      x = tail;
+    }
     const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
     const __mmask16 bad = _mm512_fpclass_ps_mask(x0, 0x99) | _mm512_fpclass_ps_mask(x1, 0x99);  // NaN or +-Inf
     if (bad) {

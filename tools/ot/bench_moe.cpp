@@ -15,7 +15,6 @@
 // per call); their check is tests/moe/test_ffn_quant.cpp.
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <string>
 #include <vector>
 
