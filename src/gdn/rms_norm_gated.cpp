@@ -10,6 +10,7 @@
 #include "ot/output_pool.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
+#include "src/core/kernel_list.h"
 #include "src/gdn/gdn_internal.h"
 #include "src/gdn/rms_norm_gated_kernels.h"
 #include "src/ref/gdn_layer_ref.h"
@@ -73,6 +74,17 @@ Out out_of(const TensorView& v) { return {v.data, v.dtype, v.strides[0]}; }
 TensorView rows_view(const Tensor& t, int64_t rows, int64_t N) { return TensorView(t.view().data, t.dtype(), {rows, N}); }
 int64_t groups_of(const Args& a) { return a.group == 0 ? 0 : a.N / a.group; }
 
+// The forward's row kernels: the first the ISA runs and whose condition holds.
+using FwdRows = void (*)(const Cfg&, In, In, Out, float*, int64_t, int64_t, float*);
+using FwdKernel = cpu::KernelEntry<FwdRows, Args>;
+bool whole_vector_groups(const Args& a) { return a.group % 16 == 0; }
+const FwdKernel kFwdKernels[] = {
+    {cpu::Isa::avx512, whole_vector_groups, fwd_rows_avx512, "avx512"},
+    {cpu::Isa::avx2, nullptr, fwd_rows_avx2, "avx2"},
+    {cpu::Isa::scalar, nullptr, fwd_rows_generic, "generic"},
+};
+const FwdKernel& fwd_kernel(const Args& a) { return cpu::select_kernel("rms_norm_gated", kFwdKernels, a); }
+
 }  // namespace
 
 RmsNormGatedOut rms_norm_gated(const TensorView& x_in, const TensorView& z_in, const TensorView& weight, const RmsNormGatedOptions& o) {
@@ -82,8 +94,9 @@ RmsNormGatedOut rms_norm_gated(const TensorView& x_in, const TensorView& z_in, c
   RmsNormGatedOut r;
   r.y = pooled_empty(x_in.dtype, x_in.shape());
   r.rstd = Tensor::empty(DType::f32, {a.rows, groups_of(a)});
-  const bool use_ref = cpu::force_ref(), avx2 = cpu::has(cpu::Isa::avx2);
-  if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : avx2 ? "avx2" : "generic");
+  const bool use_ref = cpu::force_ref();
+  const FwdKernel& kernel = fwd_kernel(a);
+  if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : kernel.name);
   if (a.rows == 0 || a.N == 0) return r;
   Tensor kx, kz;
   const TensorView x = as_rows(x_in, a.rows, a.N, kx), z = as_rows(z_in, a.rows, a.N, kz), y = rows_view(r.y, a.rows, a.N);
@@ -98,8 +111,7 @@ RmsNormGatedOut rms_norm_gated(const TensorView& x_in, const TensorView& z_in, c
   parallel_for(blocks, [&](int64_t b0, int64_t b1) {
     std::vector<float> buf(size_t(fwd_scratch(a.N)), 0.f);
     const int64_t r0 = b0 * kRowBlock, r1 = std::min(a.rows, b1 * kRowBlock);
-    if (avx2) fwd_rows_avx2(c, in_of(x), in_of(z), out_of(y), rstd, r0, r1, buf.data());
-    else fwd_rows_generic(c, in_of(x), in_of(z), out_of(y), rstd, r0, r1, buf.data());
+    kernel.fn(c, in_of(x), in_of(z), out_of(y), rstd, r0, r1, buf.data());
   });
   return r;
 }

@@ -25,6 +25,8 @@ inline int64_t bwd_scratch(int64_t N) { return 6 * pad8(N); }
 // y = rmsnorm-gate(x, z) of rows r0 .. r1-1; rstd [rows][N / group] (null: not wanted).
 void fwd_rows_generic(const Cfg& c, In x, In z, Out y, float* rstd, int64_t r0, int64_t r1, float* scratch);
 void fwd_rows_avx2(const Cfg& c, In x, In z, Out y, float* rstd, int64_t r0, int64_t r1, float* scratch);
+// Groups of whole vectors only (group % 16 == 0): rms_norm_gated_kernels__avx512.cpp.
+void fwd_rows_avx512(const Cfg& c, In x, In z, Out y, float* rstd, int64_t r0, int64_t r1, float* scratch);
 // dx, dz of rows r0 .. r1-1 and dw[N] += this range's weight gradient (in row order). rstd: the
 // forward's (null: recomputed).
 struct Bwd {

@@ -19,10 +19,11 @@ namespace conv_test {
 using namespace gdn_test;
 namespace gdn = ot::gdn;
 
-// Every kernel level this CPU has: scalar (the portable build) and avx2.
+// Every kernel level this CPU has: scalar (the portable build), avx2 and avx512.
 inline std::vector<ot::cpu::Isa> isa_paths() {
   std::vector<ot::cpu::Isa> v{ot::cpu::Isa::scalar};
-  if (ot::cpu::detected_isa() >= ot::cpu::Isa::avx2) v.push_back(ot::cpu::Isa::avx2);
+  for (ot::cpu::Isa i : {ot::cpu::Isa::avx2, ot::cpu::Isa::avx512})
+    if (ot::cpu::detected_isa() >= i) v.push_back(i);
   return v;
 }
 

@@ -1,5 +1,5 @@
 // rms_norm_gated and its backward against the fp64 reference (every ISA path, norm before / after
-// the gate, groups, fp32/bf16/fp16 in and out, rows 0/1/many, N not a multiple of 8, strided x),
+// the gate, groups of part and whole vectors, fp32/bf16/fp16 in and out, rows 0/1/many, N not a multiple of 8, strided x),
 // the reference's backward against fp64 finite differences, and bad inputs.
 #include <gtest/gtest.h>
 
@@ -87,10 +87,11 @@ TEST(RmsNormGated, ShapesGroupsGateOrder) {
       c.shape = shape, c.nbg = nbg;
       SCOPED_TRACE(testing::Message() << "N " << shape.back() << " nbg " << nbg);
       check(c, seed++);
-      if (shape.back() % 8 == 0 && shape.back() > 8) {
-        c.group = 8;
-        check(c, seed++);
-      }
+      for (int64_t g : {8, 16})  // groups of part vectors (8) and of whole AVX-512 vectors (16)
+        if (shape.back() % g == 0 && shape.back() > g) {
+          c.group = g;
+          check(c, seed++);
+        }
     }
 }
 
