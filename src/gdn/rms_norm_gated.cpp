@@ -85,6 +85,21 @@ const FwdKernel kFwdKernels[] = {
 };
 const FwdKernel& fwd_kernel(const Args& a) { return cpu::select_kernel("rms_norm_gated", kFwdKernels, a); }
 
+// The backward's: the AVX-512 rows also need dy in the dtype of x (dx's).
+struct BwdPlan {
+  Args a;
+  DType x, dy;
+};
+using BwdRows = void (*)(const Cfg&, const Bwd&, int64_t, int64_t, float*, float*);
+using BwdKernel = cpu::KernelEntry<BwdRows, BwdPlan>;
+bool whole_vectors_dy_as_x(const BwdPlan& p) { return whole_vector_groups(p.a) && p.dy == p.x; }
+const BwdKernel kBwdKernels[] = {
+    {cpu::Isa::avx512, whole_vectors_dy_as_x, bwd_rows_avx512, "avx512"},
+    {cpu::Isa::avx2, nullptr, bwd_rows_avx2, "avx2"},
+    {cpu::Isa::scalar, nullptr, bwd_rows_generic, "generic"},
+};
+const BwdKernel& bwd_kernel(const BwdPlan& p) { return cpu::select_kernel("rms_norm_gated_bwd", kBwdKernels, p); }
+
 }  // namespace
 
 RmsNormGatedOut rms_norm_gated(const TensorView& x_in, const TensorView& z_in, const TensorView& weight, const RmsNormGatedOptions& o) {
@@ -131,8 +146,9 @@ RmsNormGatedGrads rms_norm_gated_bwd(const TensorView& dy_in, const TensorView& 
   g.dx = pooled_empty(x_in.dtype, x_in.shape());
   g.dz = pooled_empty(z_in.dtype, z_in.shape());
   g.dweight = Tensor::zeros(DType::f32, {a.N});
-  const bool use_ref = cpu::force_ref(), avx2 = cpu::has(cpu::Isa::avx2);
-  if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : avx2 ? "avx2" : "generic");
+  const bool use_ref = cpu::force_ref();
+  const BwdKernel& kernel = bwd_kernel({a, x_in.dtype, dy_in.dtype});
+  if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : kernel.name);
   if (a.rows == 0 || a.N == 0) return g;
   Tensor kx, kz, kd;
   const TensorView x = as_rows(x_in, a.rows, a.N, kx), z = as_rows(z_in, a.rows, a.N, kz), dy = as_rows(dy_in, a.rows, a.N, kd);
@@ -151,8 +167,7 @@ RmsNormGatedGrads rms_norm_gated_bwd(const TensorView& dy_in, const TensorView& 
     for (int64_t k = b0; k < b1; ++k) {
       const int64_t r0 = k * kRowBlock, r1 = std::min(a.rows, r0 + kRowBlock);
       float* dw = partial.data() + k * a.N;
-      if (avx2) bwd_rows_avx2(c, b, r0, r1, dw, buf.data());
-      else bwd_rows_generic(c, b, r0, r1, dw, buf.data());
+      kernel.fn(c, b, r0, r1, dw, buf.data());
     }
   });
   float* dw = g.dweight.ptr<float>();

@@ -36,5 +36,7 @@ struct Bwd {
 };
 void bwd_rows_generic(const Cfg& c, const Bwd& b, int64_t r0, int64_t r1, float* dw, float* scratch);
 void bwd_rows_avx2(const Cfg& c, const Bwd& b, int64_t r0, int64_t r1, float* dw, float* scratch);
+// Groups of whole vectors and dy in the dtype of x only: rms_norm_gated_kernels__avx512.cpp.
+void bwd_rows_avx512(const Cfg& c, const Bwd& b, int64_t r0, int64_t r1, float* dw, float* scratch);
 
 }  // namespace ot::gdn::detail::norm

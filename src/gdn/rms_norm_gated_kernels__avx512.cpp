@@ -1,5 +1,5 @@
-// AVX-512 gated RMSNorm forward for groups of whole vectors (group % 16 == 0; the dispatcher in
-// rms_norm_gated.cpp sends other groups to the AVX2 rows). A row is read from memory once, in two
+// AVX-512 gated RMSNorm forward and backward for groups of whole vectors (group % 16 == 0; the
+// kernel lists in rms_norm_gated.cpp send other groups to the AVX2 rows). A row is read from memory once, in two
 // passes over the L1-resident row: the group's sum of squares, then the normalised, weighted and
 // gated output, converted and stored directly. The fp32 scratch rows of the AVX2 form (a load,
 // store and reload of every value per step) were ~5 cycles an element: 10% of the read bandwidth.
@@ -29,13 +29,14 @@ template <DType T> inline void store_v(void* p, int64_t i, __m512 v) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(p) + i), h);
   }
 }
-// silu(z) = z sigmoid(z), sigmoid = 1 / (1 + e^-z) by vrcp14ps and a Newton step (~1 ulp; vdivps
-// held the loop on its divider).
-inline __m512 silu_v(__m512 z) {
+// sigmoid = 1 / (1 + e^-z) by vrcp14ps and a Newton step (~1 ulp; vdivps held the loop on its
+// divider); silu(z) = z sigmoid(z), in the AVX2 row form's order.
+inline __m512 sigmoid_v(__m512 z) {
   const __m512 one = _mm512_set1_ps(1.f), d = _mm512_add_ps(one, gemm::vm::exp(_mm512_sub_ps(_mm512_setzero_ps(), z)));
   const __m512 r = _mm512_rcp14_ps(d);
-  return _mm512_mul_ps(_mm512_fmadd_ps(_mm512_fnmadd_ps(d, r, one), r, r), z);
+  return _mm512_fmadd_ps(_mm512_fnmadd_ps(d, r, one), r, r);
 }
+inline __m512 silu_v(__m512 z) { return _mm512_mul_ps(sigmoid_v(z), z); }
 // 1 / sqrt(mean of squares + eps) from 16 partial sums (a fixed reduction order: same bits every run).
 inline float rstd_of(__m512 acc, int64_t G, float eps) { return 1.f / std::sqrt(_mm512_reduce_add_ps(acc) / float(G) + eps); }
 
@@ -84,6 +85,67 @@ template <DType XT> void rows_z(const Cfg& c, In x, In z, Out y, float* rstd, in
   }
 }
 
+// The backward of rows (see rms_norm_gated_kernels.inc for the formulas), dy in the dtype of x, dx
+// in that of x, dz in that of z. Per group: uh = u rs, g = dy w gate, dw += dy uh gate and
+// mean(g uh) in one pass (uh, g, silu(z), silu'(z) kept in buf), then du = rs (g - uh mean).
+template <DType XT, DType ZT>
+void bwd(const Cfg& c, const Bwd& b, int64_t r0, int64_t r1, float* dw, float* buf) {
+  const int64_t N = c.N, G = c.group, NG = N / G;
+  const bool nbg = c.norm_before_gate;
+  float *uh = buf, *gg = buf + G, *sl = buf + 2 * G, *ds = buf + 3 * G;
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (int64_t r = r0; r < r1; ++r) {
+    const void* xp = elem_at(b.x.p, XT, r * b.x.st);
+    const void* zp = elem_at(b.z.p, ZT, r * b.z.st);
+    const void* dyp = elem_at(b.dy.p, XT, r * b.dy.st);
+    void* dxp = elem_at(b.dx.p, XT, r * b.dx.st);
+    void* dzp = elem_at(b.dz.p, ZT, r * b.dz.st);
+    for (int64_t k = 0; k < NG; ++k) {
+      const int64_t o = k * G;
+      // silu(z) and silu'(z) = sigmoid (1 + z (1 - sigmoid)); u = x (or x silu(z)).
+      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+      for (int64_t i = 0; i < G; i += 16) {
+        const __m512 z = load_v<ZT>(zp, o + i), sg = sigmoid_v(z);
+        _mm512_storeu_ps(sl + i, _mm512_mul_ps(z, sg));
+        _mm512_storeu_ps(ds + i, _mm512_mul_ps(sg, _mm512_fmadd_ps(z, _mm512_sub_ps(one, sg), one)));
+        const __m512 x = load_v<XT>(xp, o + i), u = nbg ? x : _mm512_mul_ps(x, _mm512_loadu_ps(sl + i));
+        _mm512_storeu_ps(uh + i, u);
+        if (i & 16) a1 = _mm512_fmadd_ps(u, u, a1); else a0 = _mm512_fmadd_ps(u, u, a0);
+      }
+      const float rs = b.rstd ? b.rstd[r * NG + k] : rstd_of(_mm512_add_ps(a0, a1), G, c.eps);
+      const __m512 vrs = _mm512_set1_ps(rs);
+      __m512 m0 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
+      for (int64_t i = 0; i < G; i += 16) {
+        const __m512 u = _mm512_mul_ps(_mm512_loadu_ps(uh + i), vrs), dy = load_v<XT>(dyp, o + i);
+        const __m512 gw = _mm512_mul_ps(dy, _mm512_loadu_ps(c.w + o + i)), gate = nbg ? _mm512_loadu_ps(sl + i) : one;
+        _mm512_storeu_ps(dw + o + i, _mm512_add_ps(_mm512_loadu_ps(dw + o + i), _mm512_mul_ps(_mm512_mul_ps(dy, u), gate)));
+        if (nbg) store_v<ZT>(dzp, o + i, _mm512_mul_ps(_mm512_mul_ps(gw, u), _mm512_loadu_ps(ds + i)));
+        const __m512 g = _mm512_mul_ps(gw, gate);
+        _mm512_storeu_ps(uh + i, u);
+        _mm512_storeu_ps(gg + i, g);
+        if (i & 16) m1 = _mm512_fmadd_ps(g, u, m1); else m0 = _mm512_fmadd_ps(g, u, m0);
+      }
+      const __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(_mm512_add_ps(m0, m1)) / float(G));
+      for (int64_t i = 0; i < G; i += 16) {
+        const __m512 du = _mm512_mul_ps(vrs, _mm512_fnmadd_ps(_mm512_loadu_ps(uh + i), mean, _mm512_loadu_ps(gg + i)));
+        if (nbg) {
+          store_v<XT>(dxp, o + i, du);
+        } else {
+          store_v<ZT>(dzp, o + i, _mm512_mul_ps(_mm512_mul_ps(du, load_v<XT>(xp, o + i)), _mm512_loadu_ps(ds + i)));
+          store_v<XT>(dxp, o + i, _mm512_mul_ps(du, _mm512_loadu_ps(sl + i)));
+        }
+      }
+    }
+  }
+}
+template <DType XT> void bwd_z(const Cfg& c, const Bwd& b, int64_t r0, int64_t r1, float* dw, float* buf) {
+  switch (b.z.dt) {
+    case DType::f32: return bwd<XT, DType::f32>(c, b, r0, r1, dw, buf);
+    case DType::bf16: return bwd<XT, DType::bf16>(c, b, r0, r1, dw, buf);
+    default: return bwd<XT, DType::f16>(c, b, r0, r1, dw, buf);
+  }
+}
+
 }  // namespace
 
 void fwd_rows_avx512(const Cfg& c, In x, In z, Out y, float* rstd, int64_t r0, int64_t r1, float* buf) {
@@ -94,4 +156,12 @@ void fwd_rows_avx512(const Cfg& c, In x, In z, Out y, float* rstd, int64_t r0, i
   }
 }
 
+
+void bwd_rows_avx512(const Cfg& c, const Bwd& b, int64_t r0, int64_t r1, float* dw, float* buf) {
+  switch (b.x.dt) {
+    case DType::f32: return bwd_z<DType::f32>(c, b, r0, r1, dw, buf);
+    case DType::bf16: return bwd_z<DType::bf16>(c, b, r0, r1, dw, buf);
+    default: return bwd_z<DType::f16>(c, b, r0, r1, dw, buf);
+  }
+}
 }  // namespace ot::gdn::detail::norm
