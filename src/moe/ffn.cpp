@@ -12,11 +12,15 @@
 #include "ot/moe/routing.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
+#include "src/core/knobs.h"
 #include "src/moe/common.h"
 #include "src/moe/ffn_plan.h"
 #include "src/ref/moe_ffn_ref.h"
 
 namespace ot::moe {
+
+// A/B switch for the one-chain shared expert (impl::shared_and_routed_ffn); both give the same bits.
+static knobs::Knob g_shared_in_chain("moe.shared_in_chain", 1, 0, 1, "moe_ffn: 1 = the shared expert's GEMMs join the routed experts' chain, 0 = a call of its own first");
 
 ExpertRows RoutingPlan::rows() const {
   ExpertRows r;
@@ -89,6 +93,48 @@ void check_out_and_rows(const char* op, const TensorView& out, int64_t H, const 
 
 }  // namespace impl
 
+namespace {
+
+// The two GEMM jobs of each expert of ex with rows: gate/up (x rows gathered, SwiGLU) into the
+// intermediate h [rows, I] (at hp, in hdt), and down (scaled, scattered) into out.
+void add_expert_jobs(const TensorView& x, const MoeExperts& ex, const ExpertRows& rows, const TensorView& out, bool accumulate,
+                     const float* xsc, char* hp, DType hdt, std::vector<gemm::Group>& up, std::vector<gemm::Group>& down) {
+  const int64_t EL = int64_t(rows.offsets.size()) - 1, H = ex.hidden(), I = ex.intermediate();
+  const size_t xs = dtype_size(x.dtype), hs = dtype_size(hdt), os = dtype_size(out.dtype);
+  for (int64_t e = 0; e < EL; ++e) {
+    int64_t off = rows.offsets[size_t(e)], M = rows.offsets[size_t(e + 1)] - off;
+    if (M == 0) continue;
+    int64_t eid = rows.first_expert + e;
+    gemm::Group g;
+    g.M = M;
+    g.a = rows.gather ? gemm::AOperand{x.data, x.dtype, H, rows.gather + off, xsc}
+                      : gemm::AOperand{static_cast<const char*>(x.data) + size_t(off * H) * xs, x.dtype, H, nullptr, xsc ? xsc + off : nullptr};
+    g.b = &ex.gate_up(eid);
+    g.c = {hp + size_t(off * I) * hs, hdt, I};
+    g.ep.act = gemm::Act::swiglu;
+    up.push_back(g);
+    gemm::Group d;
+    d.M = M;
+    d.a = {hp + size_t(off * I) * hs, hdt, I, nullptr};
+    d.b = &ex.down(eid);
+    d.c = rows.scatter ? gemm::COperand{out.data, out.dtype, H}
+                       : gemm::COperand{static_cast<char*>(out.data) + size_t(off * H) * os, out.dtype, H};
+    d.ep.row_scale = rows.scale ? rows.scale + off : nullptr;
+    d.ep.scatter_rows = rows.scatter ? rows.scatter + off : nullptr;
+    d.ep.accumulate = accumulate;
+    down.push_back(d);
+  }
+}
+
+// The gate/up jobs of every expert run first on all threads; a thread out of gate/up work starts
+// its down share of the experts already done instead of waiting at a barrier for the other
+// thread's last whole-expert unit.
+void run_chain(const std::vector<gemm::Group>& up, const std::vector<gemm::Group>& down) {
+  gemm::grouped_gemm_chain(up.data(), down.data(), int64_t(up.size()));
+}
+
+}  // namespace
+
 void moe_expert_ffn(const TensorView& x, const MoeExperts& ex, const ExpertRows& rows, const TensorView& out, bool accumulate,
                     const TensorView& x_scale) {
   const char* op = "moe_expert_ffn";
@@ -105,40 +151,43 @@ void moe_expert_ffn(const TensorView& x, const MoeExperts& ex, const ExpertRows&
   OT_CHECK(x.size(1) == ex.hidden(), op, "x", detail::cat("[*, H] with H = ", ex.hidden()), x.shape_str());
   OT_CHECK(x.is_contiguous(), op, "x", "a contiguous tensor", "strided");
   impl::check_out_and_rows(op, out, ex.hidden(), rows, ex.num_experts(), x.size(0));
-  const int64_t EL = int64_t(rows.offsets.size()) - 1, A = rows.rows(), H = ex.hidden(), I = ex.intermediate();
+  const int64_t A = rows.rows(), I = ex.intermediate();
   if (A == 0) return;
   const DType hdt = ex.dtype();  // the intermediate is stored in the experts' dtype (x's unless x is i8)
-  TensorView h(impl::scratch(0, size_t(A * I) * dtype_size(hdt)), hdt, {A, I});
-  const float* xsc = quant ? x_scale.ptr<float>() : nullptr;
-  size_t xs = dtype_size(x.dtype), hs = dtype_size(hdt), os = dtype_size(out.dtype);
+  char* h = static_cast<char*>(impl::scratch(0, size_t(A * I) * dtype_size(hdt)));
   std::vector<gemm::Group> up, down;
-  for (int64_t e = 0; e < EL; ++e) {
-    int64_t off = rows.offsets[size_t(e)], M = rows.offsets[size_t(e + 1)] - off;
-    if (M == 0) continue;
-    int64_t eid = rows.first_expert + e;
-    gemm::Group g;
-    g.M = M;
-    g.a = rows.gather ? gemm::AOperand{x.data, x.dtype, H, rows.gather + off, xsc}
-                      : gemm::AOperand{static_cast<const char*>(x.data) + size_t(off * H) * xs, x.dtype, H, nullptr, xsc ? xsc + off : nullptr};
-    g.b = &ex.gate_up(eid);
-    g.c = {static_cast<char*>(h.data) + size_t(off * I) * hs, hdt, I};
-    g.ep.act = gemm::Act::swiglu;
-    up.push_back(g);
-    gemm::Group d;
-    d.M = M;
-    d.a = {static_cast<const char*>(h.data) + size_t(off * I) * hs, hdt, I, nullptr};
-    d.b = &ex.down(eid);
-    d.c = rows.scatter ? gemm::COperand{out.data, out.dtype, H}
-                       : gemm::COperand{static_cast<char*>(out.data) + size_t(off * H) * os, out.dtype, H};
-    d.ep.row_scale = rows.scale ? rows.scale + off : nullptr;
-    d.ep.scatter_rows = rows.scatter ? rows.scatter + off : nullptr;
-    d.ep.accumulate = accumulate;
-    down.push_back(d);
-  }
-  // One pass: a thread out of gate/up work starts its down share of the experts already done
-  // instead of waiting at a barrier for the other thread's last whole-expert unit.
-  gemm::grouped_gemm_chain(up.data(), down.data(), int64_t(up.size()));
+  add_expert_jobs(x, ex, rows, out, accumulate, quant ? x_scale.ptr<float>() : nullptr, h, hdt, up, down);
+  run_chain(up, down);
 }
+
+namespace impl {
+
+// The shared expert (every token, weight 1) and the routed experts in one chain: at decode the
+// shared expert's few rows are one more ~1.5 MiB weight stream among the routed ones, where its own
+// call ran a single expert on two threads at ~35 GB/s. Its jobs come first, so every output element
+// still adds the shared expert's row, then the routed experts' in expert order (the order of two
+// separate calls: the same bits).
+void shared_ffn(const TensorView& x, const MoeExperts& shared, const TensorView& acc) {
+  ExpertRows all;
+  all.offsets = {0, x.size(0)};
+  moe_expert_ffn(x, shared, all, acc, true);
+}
+
+void shared_and_routed_ffn(const TensorView& x, const MoeExperts& shared, const MoeExperts& ex, const ExpertRows& rows, const TensorView& acc) {
+  const int64_t T = x.size(0), A = rows.rows();
+  ExpertRows all;
+  all.offsets = {0, T};
+  check_out_and_rows("moe_ffn", acc, ex.hidden(), rows, ex.num_experts(), T);
+  const DType hdt = ex.dtype();
+  const size_t shared_bytes = size_t(T * shared.intermediate()) * dtype_size(hdt);  // h: the shared expert's [T, Is], then the routed [A, I]
+  char* h = static_cast<char*>(scratch(0, shared_bytes + size_t(A * ex.intermediate()) * dtype_size(hdt)));
+  std::vector<gemm::Group> up, down;
+  add_expert_jobs(x, shared, all, acc, true, nullptr, h, hdt, up, down);
+  add_expert_jobs(x, ex, rows, acc, true, nullptr, h + shared_bytes, hdt, up, down);
+  run_chain(up, down);
+}
+
+}  // namespace impl
 
 namespace impl {
 
@@ -238,12 +287,7 @@ MoeFfnResult run_ffn(const FfnPlan& p, const TensorView& x_in, const gemm::Packe
   float* accp = acc.ptr<float>();
   if (o.residual.defined()) copy_into(o.residual, acc);
   else parallel_for(p.T, [&](int64_t t0, int64_t t1) { std::memset(accp + t0 * p.H, 0, size_t((t1 - t0) * p.H) * 4); });
-  if (o.shared && p.T > 0) {
-    ExpertRows all;
-    all.offsets = {0, p.T};
-    moe_expert_ffn(x, *o.shared, all, acc, true);
-  }
-  ex.run(x, plan.rows(), acc);
+  ex.run(x, plan.rows(), acc, o.shared && p.T > 0 ? o.shared : nullptr);
   if (x.dtype != DType::f32) {
     char* y = static_cast<char*>(r.y.view().data);
     const size_t ys = dtype_size(x.dtype);
@@ -260,7 +304,11 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const 
   impl::FfnExperts run;
   run.intermediate = ex.intermediate();
   run.kernel = [&](int64_t rows) { return std::string(gemm::kernel_name(x_in.dtype, ex.dtype(), rows)); };
-  run.run = [&](const TensorView& x, const ExpertRows& rows, const TensorView& acc) { moe_expert_ffn(x, ex, rows, acc, true); };
+  run.run = [&](const TensorView& x, const ExpertRows& rows, const TensorView& acc, const MoeExperts* shared) {
+    if (shared && g_shared_in_chain.get()) return impl::shared_and_routed_ffn(x, *shared, ex, rows, acc);
+    if (shared) impl::shared_ffn(x, *shared, acc);
+    moe_expert_ffn(x, ex, rows, acc, true);
+  };
   return impl::run_ffn(p, x_in, router, o, run);
 }
 

@@ -105,7 +105,10 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const 
   impl::FfnExperts run;
   run.intermediate = ex.intermediate();
   run.kernel = [&](int64_t) { return std::string(gemm::quant_kernel_name(ex.format())); };
-  run.run = [&](const TensorView& x, const ExpertRows& rows, const TensorView& acc) { moe_expert_ffn(x, ex, rows, acc, true); };
+  run.run = [&](const TensorView& x, const ExpertRows& rows, const TensorView& acc, const MoeExperts* shared) {
+    if (shared) impl::shared_ffn(x, *shared, acc);  // bf16 shared expert on the bf16 engine, then the quantised grouped GEMMs
+    moe_expert_ffn(x, ex, rows, acc, true);
+  };
   return impl::run_ffn(p, x_in, router, o, run);
 }
 

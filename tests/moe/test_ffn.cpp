@@ -1,5 +1,7 @@
 // moe_ffn and its stages: fused layer vs the reference over token counts, dtypes, routers, weight
 // layouts, capacity, shared expert + residual; expert store updates; losses; errors.
+#include <cstring>
+
 #include "helpers.h"
 #include "ot/cpu.h"
 #include "ot/trace.h"
@@ -150,6 +152,35 @@ TEST(MoeFfn, SharedExpertWithItsOwnIntermediate) {
     for (const trace::Event& e : trace::take_events()) if (e.name == "moe_ffn") flops = e.flops;
     EXPECT_DOUBLE_EQ(flops, 2.0 * 37 * 32 * (8 + 3.0 * (2 * 16 + 40)));
   }
+}
+
+// The shared expert's GEMMs join the routed experts' chain (moe.shared_in_chain = 1) or run in a
+// call of their own first (0): the same accumulation order, so the same bits, at decode-sized
+// (decode kernel, race-free column shares) and prefill-sized batches, with and without residual.
+TEST(MoeFfn, SharedExpertInTheRoutedChainGivesTheSameBits) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (int64_t Is : {16, 40}) {
+      Layer L(t, 8, 64, 16, 51), S(t, 1, 64, Is, 52);
+      auto [router, ex] = L.packed();
+      MoeExperts shared = MoeExperts::from_stacked(S.gate, S.up, S.down, WeightLayout::EHI);
+      for (int64_t T : {1, 6, 129}) {
+        Tensor x = randn(t, {T, 64}, 53 + uint64_t(T)), res = randn(t, {T, 64}, 54);
+        MoeFfnOptions o;
+        o.k = 3;
+        o.shared = &shared;
+        if (T == 6) o.residual = res;
+        knobs::set("moe.shared_in_chain", 0);
+        MoeFfnResult separate = moe_ffn(x, router, ex, o);
+        knobs::set("moe.shared_in_chain", 1);
+        MoeFfnResult chained = moe_ffn(x, router, ex, o);
+        const std::string what = std::string(dtype_name(t)) + " Is " + std::to_string(Is) + " T " + std::to_string(T);
+        ASSERT_EQ(separate.y.view().nbytes(), chained.y.view().nbytes());
+        EXPECT_EQ(std::memcmp(separate.y.view().data, chained.y.view().data, chained.y.view().nbytes()), 0) << what;
+        expect_ffn_match(chained, ref::moe_ffn(x, L.router, L.gate, L.up, L.down, o, S.gate, S.up, S.down), t, what.c_str());
+      }
+    }
+  }
+  knobs::set("moe.shared_in_chain", 1);
 }
 
 TEST(MoeFfn, AllTokensOnOneExpertAndEmptyExperts) {

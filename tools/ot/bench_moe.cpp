@@ -6,7 +6,7 @@
 // The reference (ref::moe_ffn: per token and expert loops on the unpacked weights) costs exactly
 // linear in tokens, so it is timed on a slice of at most 16 tokens and scaled to T (ref_ms).
 // Default run: qwen3-30b-a3b at T <= 512 (< 1 min); --case selects the others (e64-h2048-i1408,
-// mixtral, T2048), e.g. `ot bench moe_ffn --case mixtral-T512`; --tokens 1,16,512 picks token counts.
+// mixtral, T2048, demo-h1024-i256: ot demo's experts at T6 and T763), e.g. `ot bench moe_ffn --case mixtral-T512`; --tokens 1,16,512 picks token counts.
 // --weights bf16,int8,int4 adds one row per weight format and case in the same process (experts
 // quantised from the bf16 ones: QuantMoeExperts): weight_bytes are then the packed codes and scales
 // of the touched experts, vs_bf16 the time ratio to the bf16 layer timed in the same rounds (median
@@ -28,9 +28,14 @@
 namespace ot::cli {
 namespace {
 
-struct Model { std::string name; int64_t H, I, E, K; };
-const Model kModels[] = {{"qwen3-30b-a3b", 2048, 768, 128, 8}, {"e64-h2048-i1408", 2048, 1408, 64, 8}, {"mixtral", 4096, 14336, 8, 2}};
-const int64_t kTokens[] = {1, 16, 128, 512, 2048};
+// Is: the shared expert's intermediate size (0: none).
+struct Model { std::string name; int64_t H, I, E, K, Is; std::vector<int64_t> tokens; };
+// demo-h1024-i256: `ot demo`'s MoE layer (shared expert included) at its decode (6 sequences) and
+// prefill (763 tokens) batches.
+const Model kModels[] = {{"qwen3-30b-a3b", 2048, 768, 128, 8, 0, {1, 16, 128, 512, 2048}},
+                         {"e64-h2048-i1408", 2048, 1408, 64, 8, 0, {1, 16, 128, 512, 2048}},
+                         {"mixtral", 4096, 14336, 8, 2, 0, {1, 16, 128, 512, 2048}},
+                         {"demo-h1024-i256", 1024, 256, 32, 4, 256, {6, 763}}};
 
 // Uniform(-a, a) bf16 from a counter hash: gigabytes of weights in well under a second per GB.
 Tensor fill(const std::vector<int64_t>& shape, float a, uint64_t seed) {
@@ -48,9 +53,9 @@ Tensor fill(const std::vector<int64_t>& shape, float a, uint64_t seed) {
 }
 
 struct Weights {
-  Tensor router, gate, up, down;
+  Tensor router, gate, up, down, sgate, sup, sdown;
   gemm::PackedB router_packed;
-  moe::MoeExperts experts;
+  moe::MoeExperts experts, shared;  // shared: empty unless the model has one
 };
 Weights make_weights(const Model& m) {
   Weights w;
@@ -60,6 +65,10 @@ Weights make_weights(const Model& m) {
   w.down = fill({m.E, m.I, m.H}, 0.02f, 4);
   w.router_packed = gemm::prepack(w.router, gemm::BLayout::NK);
   w.experts = moe::MoeExperts::from_stacked(w.gate, w.up, w.down, moe::WeightLayout::EHI);
+  if (m.Is > 0) {
+    w.sgate = fill({1, m.H, m.Is}, 0.02f, 5), w.sup = fill({1, m.H, m.Is}, 0.02f, 6), w.sdown = fill({1, m.Is, m.H}, 0.02f, 7);
+    w.shared = moe::MoeExperts::from_stacked(w.sgate, w.sup, w.sdown, moe::WeightLayout::EHI);
+  }
   return w;
 }
 
@@ -90,7 +99,7 @@ double quant_error(const Weights& w, const Model& m, const WeightsFormat& fm) {
 int run(const BenchOptions& opt, const std::vector<int64_t>& only_tokens, const std::vector<WeightsFormat>& fmts) {
   for (const Model& m : kModels) {
     std::vector<int64_t> Ts;
-    for (int64_t T : kTokens) {
+    for (int64_t T : m.tokens) {
       std::string name = m.name + "-T" + std::to_string(T);
       bool tok_ok = only_tokens.empty() || std::find(only_tokens.begin(), only_tokens.end(), T) != only_tokens.end();
       bool pick = opt.case_filter.empty() && only_tokens.empty() ? default_case(m, T) : opt.selected(name);
@@ -117,13 +126,14 @@ int run(const BenchOptions& opt, const std::vector<int64_t>& only_tokens, const 
         moe::MoeFfnOptions o;
         o.k = m.K;
         o.norm_topk_prob = true;
-        // Weight bytes touched: router + distinct experts over the 8 batches (averaged).
+        if (m.Is > 0) o.shared = &w.shared;
+        // Weight bytes touched: router + shared expert + distinct experts over the 8 batches (averaged).
         double touched = 0;
         for (const Tensor& x : xs) {
           moe::MoeFfnResult r = call_ffn(x, o);
           int64_t used = 0;
           for (int64_t e = 0; e < m.E; ++e) used += r.expert_counts.ptr<int64_t>()[e] > 0;
-          touched += double(used) * expert_bytes + double(m.E * m.H) * 2.0;
+          touched += double(used) * expert_bytes + double(m.E * m.H) * 2.0 + 3.0 * double(m.H * m.Is) * 2.0;
         }
         touched /= double(xs.size());
         int64_t slice = std::min<int64_t>(T, 16);
@@ -131,25 +141,28 @@ int run(const BenchOptions& opt, const std::vector<int64_t>& only_tokens, const 
         for (const Tensor& x : xs) xslice.push_back(Tensor::copy_of(x.view().narrow(0, 0, slice)));
         size_t call = 0, rcall = 0;
         auto fast = [&] { call_ffn(xs[call++ % xs.size()], o); };
-        auto ref = [&] { moe::ref::moe_ffn(xslice[rcall++ % xslice.size()], w.router, w.gate, w.up, w.down, o); };
+        auto ref = [&] {
+          if (m.Is > 0) moe::ref::moe_ffn(xslice[rcall++ % xslice.size()], w.router, w.gate, w.up, w.down, o, w.sgate, w.sup, w.sdown);
+          else moe::ref::moe_ffn(xslice[rcall++ % xslice.size()], w.router, w.gate, w.up, w.down, o);
+        };
         // A quantised row times the bf16 layer in the same rounds (its "reference" slot), so vs_bf16
         // pairs calls a few milliseconds apart: this VM's memory speed moves 10-20% between rows.
         size_t bcall = 0;
         auto bf16_call = [&] { moe::moe_ffn(xs[bcall++ % xs.size()], w.router_packed, w.experts, o); };
         const bool with_ref = !opt.no_ref && bf16;
-        int reps = opt.repeats > 0 ? opt.repeats : (T <= 16 ? 20 : (T <= 512 ? 5 : 3));
+        int reps = opt.repeats > 0 ? opt.repeats : (T <= 16 ? 20 : (T <= 768 ? 5 : 3));
         Timing tm = bf16 ? time_interleaved(fast, with_ref ? std::function<void()>(ref) : std::function<void()>(), reps, with_ref ? 1 : 0, T <= 16)
                          : time_interleaved(fast, bf16_call, reps, reps, T <= 16);
         const double paired_bf16_ms = bf16 ? tm.fast_ms : tm.ref_ms;
         if (!bf16) tm.ref_ms = 0;
         BenchResult r;
         r.name = name;
-        r.shape = "H" + std::to_string(m.H) + " I" + std::to_string(m.I) + " E" + std::to_string(m.E) + " K" + std::to_string(m.K);
+        r.shape = "H" + std::to_string(m.H) + " I" + std::to_string(m.I) + " E" + std::to_string(m.E) + " K" + std::to_string(m.K) + (m.Is ? " S" + std::to_string(m.Is) : "");
         r.dtype = "bf16";
         r.threads = num_threads();
         r.ms = tm.fast_ms;
         r.ref_ms = tm.ref_ms * double(T) / double(slice);
-        double flops = 2.0 * double(T) * double(m.H) * (double(m.E) + 3.0 * double(m.K) * double(m.I));
+        double flops = 2.0 * double(T) * double(m.H) * (double(m.E) + 3.0 * (double(m.K) * double(m.I) + double(m.Is)));
         // The path moe_ffn reports for a call (decode kernel for experts of 1-3 rows, the 8x48 one above).
         r.kernel = kernel_of_call(fast);
         const double gflops = flops / (r.ms * 1e6), gbps = touched / (r.ms * 1e6);
@@ -198,7 +211,7 @@ RegisterBench reg("moe_ffn", "Fused MoE layer (router, grouped SwiGLU FFN, weigh
                     // model, e.g. `--case mixtral --tokens 1,16,512`; "-T1" alone also matches T16, T128).
                     static std::vector<int64_t> tokens;
                     static std::string weights = "bf16";
-                    sub.value("--tokens", tokens, "Only these token counts (of 1, 16, 128, 512, 2048)");
+                    sub.value("--tokens", tokens, "Only these token counts (of 1, 16, 128, 512, 2048; the demo model: 6, 763)");
                     sub.value("--weights", weights, "Comma list: bf16, int8, int4 (group 64), int4-g32, int4-g128 (each quantised row is timed beside the bf16 layer: vs_bf16)");
                     return [&common] { return run(common, tokens, parse_weight_formats("ot bench moe_ffn", weights)); };
                   });
