@@ -7,6 +7,7 @@
 #include "ot/cpu.h"
 #include "ot/error.h"
 #include "ot/gdn_layer.h"
+#include "ot/numeric.h"
 #include "ot/output_pool.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
@@ -66,7 +67,9 @@ Args check(const TensorView& x, const TensorView& z, const TensorView& weight, c
 
 std::vector<float> weight_f32(const TensorView& w) {
   std::vector<float> v(size_t(w.sizes[0]));
-  for (int64_t i = 0; i < w.sizes[0]; ++i) v[size_t(i)] = float(get_as_double(w, i));
+  if (w.strides[0] == 1) convert_to_f32(w.data, w.dtype, v.data(), w.sizes[0]);  // vector widening: per element it was 1/3 of a decode call
+  else
+    for (int64_t i = 0; i < w.sizes[0]; ++i) v[size_t(i)] = float(get_as_double(w, i));
   return v;
 }
 In in_of(const TensorView& v) { return {v.data, v.dtype, v.strides[0]}; }
