@@ -83,9 +83,9 @@ struct CommOptions {
   // torch.distributed's default process-group timeout: 30 minutes). Past it the rank throws an
   // ot::Error naming argument "peer" and the ranks it still waited for, and the Comm is unusable
   // from then on (every later call throws, naming "comm"): drop it and end the job. <= 0: wait as
-  // long as MPI does. OT_EP_TIMEOUT_S in the environment overrides. Covers the message exchanges
-  // (every record, the rows of the one-round form); the row collectives of the split and all_gather
-  // forms wait in MPI (docs/robustness.md).
+  // long as MPI does. OT_EP_TIMEOUT_S in the environment overrides. Covers every wait: the message
+  // exchanges (records, the rows of the one-round form) and the row collectives of the split and
+  // all_gather forms (a timed-out collective stays with MPI until the process ends: docs/robustness.md).
   double timeout_s = 1800;
 };
 

@@ -123,8 +123,7 @@ Tensor PendingCombine::wait() {
     State& st = *st_;
     st.done = true;
     if (st.form == State::Form::all_gather) {
-      MPI_Wait(&st.req, MPI_STATUS_IGNORE);
-      st.comm->impl().untrack(&st.req);
+      wait_row_collective(*st.comm, &st.req, st_, kOp);
     } else {
       st.ex.wait();
       st.decide_or_throw();

@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "ot/numeric.h"
 #include "ot/parallel.h"
@@ -259,6 +261,39 @@ void PeerExchange::abandon(double waited_s) {
 }
 
 const char* tag_op(int tag) { return tag == kTagDispatch ? "moe_distribute_dispatch" : "moe_distribute_combine"; }
+
+void wait_row_collective(Comm& comm, MPI_Request* req, std::shared_ptr<void> keep, const char* op) {
+  Comm::Impl& im = comm.impl();
+  const double limit = im.timeout_s;
+  if (*req == MPI_REQUEST_NULL || (limit <= 0 && im.broken.empty())) {  // done (progress() may finish it), or unbounded
+    MPI_Wait(req, MPI_STATUS_IGNORE);
+    im.untrack(req);
+    return;
+  }
+  double waited = 0;
+  if (im.broken.empty()) {  // poll as MPI_Wait does, looking at the clock every 64 rounds
+    const auto t0 = std::chrono::steady_clock::now();
+    for (unsigned spin = 1;; ++spin) {
+      int flag = 0;
+      MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+      if (flag) {
+        im.untrack(req);
+        return;
+      }
+      if (spin % 64) continue;
+      waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (waited > limit) break;
+      sched_yield();  // ranks may share cores
+    }
+  }
+  im.untrack(req);
+  static auto* left_to_mpi = new std::vector<std::shared_ptr<void>>;  // never freed: MPI may still write these buffers
+  left_to_mpi->push_back(std::move(keep));
+  if (im.broken.empty()) im.broken = detail::cat(op, " waited ", waited, " s in a row collective");
+  throw Error(op, "peer", "every rank in the row collective within CommOptions::timeout_s",
+              detail::cat("the collective still incomplete after ", waited,
+                          " s: a rank did not enter it (it rejected a record, or stopped); ", im.broken));
+}
 
 void check_not_broken(Comm& comm, const char* op) {
   OT_CHECK(comm.impl().broken.empty(), op, "comm", "a communicator whose exchanges all completed (none timed out)", comm.impl().broken);

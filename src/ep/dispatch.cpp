@@ -144,9 +144,8 @@ DispatchResult& PendingDispatch::wait() {
   if (done_) return res_;
   DispatchState& st = *res_.handle;
   trace::OpScope scope("moe_distribute_dispatch_wait", "comm");
-  MPI_Wait(&st.req, MPI_STATUS_IGNORE);
-  st.comm->impl().untrack(&st.req);
-  done_ = true;
+  done_ = true;  // (a timeout below leaves the transfer to MPI: never waited for again)
+  wait_row_collective(*st.comm, &st.req, res_.handle, kOp);
   st.finish_receive(res_);
   return res_;
 }
@@ -449,7 +448,7 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
       win.publish();
     }
   }
-  if (dispatch_wire_tamper && one_round && ok)
+  if (dispatch_wire_tamper && ok)  // (split forms: the record alone)
     for (int q = 0; q < W; ++q)
       if (q != me) dispatch_wire_tamper(q, st.msgbuf.data() + msg.off[size_t(q)], msg.len[size_t(q)], fmt);
   st.ex = std::make_unique<PeerExchange>();
@@ -567,10 +566,8 @@ PendingDispatch dispatch_start_tagged(Comm& comm, const TensorView& x, const Ten
     parallel_for(G, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) pack_row(own_rows + size_t(i) * fmt.stride, gathered[size_t(i)], -1);
     });
-    if (split)
-      MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi(), &st.req);
-    else
-      MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi());
+    // Non-blocking in both forms: wait() bounds it by the Comm's timeout (the blocking form waits at once).
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, st.recvbuf.data(), st.rcount.data(), st.rdispl.data(), rt, comm.mpi(), &st.req);
   }
   if (st.req != MPI_REQUEST_NULL) comm.impl().track(&st.req);
   st.place_local(res);  // while the transfer runs (split form)

@@ -177,6 +177,13 @@ class PeerExchange {
 const char* tag_op(int tag);
 // Throws (op, "comm") when an earlier exchange of comm timed out.
 void check_not_broken(Comm& comm, const char* op);
+// Waits for a row collective's request (MPI_Ialltoallv / Iallgatherv / Ireduce_scatter, tracked)
+// within CommOptions::timeout_s, as PeerExchange::wait does for messages. A nonblocking
+// collective's request can be neither freed nor cancelled, so past the bound (or at once on a Comm
+// an earlier timeout broke) the transfer is left to MPI: `keep` (the state owning the request and
+// its buffers) lives on for the rest of the process, the Comm becomes broken, and an ot::Error of
+// op naming "peer" is thrown.
+void wait_row_collective(Comm& comm, MPI_Request* req, std::shared_ptr<void> keep, const char* op);
 constexpr int kTagDispatch = 0x5e01, kTagCombine = 0x5e02;
 
 // ---- Wire format of one dispatched row: header, then H values (x dtype, or int8 when quantised).
