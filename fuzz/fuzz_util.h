@@ -56,8 +56,8 @@ class Input {
     uint8_t m = byte();
     if (m < 232) return range(lo, hi);
     switch (m % 6) {
-      case 0: return lo - 1;
-      case 1: return hi + 1;
+      case 0: return lo == INT64_MIN ? lo : lo - 1;  // (saturated: a bound may itself come from arg())
+      case 1: return hi == INT64_MAX ? hi : hi + 1;
       case 2: return -1;
       case 3: return 0;
       case 4: return INT64_MAX;
