@@ -246,7 +246,7 @@ size_t carve(Bufs& b, char* base, int64_t DK, int64_t DV, int64_t group, bool wi
   size_t off = 0;
   auto take = [&](auto*& ptr, int64_t n) {
     using T = std::remove_reference_t<decltype(*ptr)>;
-    ptr = reinterpret_cast<T*>(base + off);
+    ptr = base ? reinterpret_cast<T*>(base + off) : nullptr;  // (an offset on a null base is UB: fuzz_gdn_chunk, clang UBSan)
     off += (size_t(n) * sizeof(T) + 63) & ~size_t(63);
   };
   take(b.kb, C * DK), take(b.qb, C * DK), take(b.kv, C / 2 * DK), take(b.kT, DK / 2 * C);

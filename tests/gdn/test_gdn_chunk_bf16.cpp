@@ -133,3 +133,15 @@ TEST(GdnChunkBf16, EveryLayoutAndVarlen) {
     }
   });
 }
+
+// Found by fuzz_gdn_chunk (clang UBSan): the fused task measured its scratch by carving it from a
+// null base, i.e. offsets applied to a null pointer (UB; GCC's UBSan does not flag a null base, so
+// only the fuzz preset saw it). The smallest shape of the path, both product forms, one token.
+TEST(FuzzRegressions, GdnChunkBf16ScratchMeasuredFromNullBase) {
+  if (!have_bf16()) GTEST_SKIP() << "no AVX512-BF16";
+  for_each_product([](int) {
+    Shape s;
+    s.T = 1, s.HK = 1, s.HV = 1, s.DK = 32, s.DV = 32;
+    run_bf16({s, false, -1.f, {}, false}, 7);
+  });
+}
