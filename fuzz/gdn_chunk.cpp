@@ -88,9 +88,12 @@ OT_FUZZ_TARGET(in, ar) {
         double scale = 0;
         for (const Tensor* x : {&b.dq, &b.dk, &b.dv, &b.dg, &b.dbeta, &b.dh0})
           if (x->defined()) scale = std::max(scale, fz::max_abs(x->view()));
+        // A gradient stored in a 16-bit dtype (dg / dbeta in the gates', dh0 in the initial state's)
+        // is rounded to it (2^-9 relative) even when q, k, v are fp32.
         auto near = [&](const char* what, const Tensor& x, const Tensor& y) {
           FZ_ASSERT(x.defined() == y.defined(), what, ": defined ", x.defined(), " vs reference ", y.defined());
-          if (x.defined()) fz::expect_close(what, x.view(), y.view(), rb, rb * scale + 1e-6);
+          const double r = x.defined() && x.dtype() != DType::f32 ? std::max(rb, 1e-2) : rb;
+          if (x.defined()) fz::expect_close(what, x.view(), y.view(), r, r * scale + 1e-6);
         };
         near("dq", a.dq, b.dq);
         near("dk", a.dk, b.dk);
