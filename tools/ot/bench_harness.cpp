@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <initializer_list>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -36,27 +37,46 @@ struct KnobRestore {
 };
 }  // namespace
 
+namespace {
+// s, the whole of it, as an integer into *v.
+bool parse_int(const std::string& s, int64_t* v) {
+  try {
+    size_t used = 0;
+    *v = std::stoll(s, &used);
+    return used == s.size();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+// The knob `name` (an unknown name: an ot::Error listing the known ones), checked to take each of vs.
+const knobs::Knob& checked_knob(const char* who, const char* flag, const std::string& name, std::initializer_list<int64_t> vs) {
+  const knobs::Knob& k = knobs::find(name);
+  for (int64_t v : vs) OT_CHECK(v >= k.min() && v <= k.max(), who, flag, detail::cat(name, " values in [", k.min(), ", ", k.max(), "]"), v);
+  return k;
+}
+}  // namespace
+
 AbSpec parse_ab(const std::string& spec) {
   const auto eq = spec.find('='), comma = spec.find(',', eq == std::string::npos ? 0 : eq);
   AbSpec ab;
   bool ok = eq != std::string::npos && eq > 0 && comma != std::string::npos;
   if (ok) {
     ab.knob = spec.substr(0, eq);
-    try {
-      size_t na = 0, nb = 0;
-      const std::string sa = spec.substr(eq + 1, comma - eq - 1), sb = spec.substr(comma + 1);
-      ab.a = std::stoll(sa, &na);
-      ab.b = std::stoll(sb, &nb);
-      ok = na == sa.size() && nb == sb.size();
-    } catch (const std::exception&) {
-      ok = false;
-    }
+    ok = parse_int(spec.substr(eq + 1, comma - eq - 1), &ab.a) && parse_int(spec.substr(comma + 1), &ab.b);
   }
   OT_CHECK(ok, "ot bench", "--ab", "<knob>=<a>,<b> with integer a and b", "'", spec, "'");
-  const knobs::Knob& k = knobs::find(ab.knob);  // an unknown name: ot::Error listing the known ones
-  for (int64_t v : {ab.a, ab.b})
-    OT_CHECK(v >= k.min() && v <= k.max(), "ot bench", "--ab", detail::cat(ab.knob, " values in [", k.min(), ", ", k.max(), "]"), v);
+  checked_knob("ot bench", "--ab", ab.knob, {ab.a, ab.b});
   return ab;
+}
+
+void set_knob(const char* who, const std::string& spec) {
+  const auto eq = spec.find('=');
+  std::string name;
+  int64_t v = 0;
+  bool ok = eq != std::string::npos && eq > 0;
+  if (ok) name = spec.substr(0, eq), ok = parse_int(spec.substr(eq + 1), &v);
+  OT_CHECK(ok, who, "--knob", "NAME=VALUE with an integer value", "'", spec, "'");
+  knobs::set(checked_knob(who, "--knob", name, {v}).name(), v);
 }
 
 void set_ab(const AbSpec& spec) { g_ab = spec; }

@@ -32,6 +32,8 @@ struct AbSpec {
 };
 // Parses "<knob>=<a>,<b>" (ot::Error for another form, an unknown knob or a value out of its range).
 AbSpec parse_ab(const std::string& spec);
+// --knob NAME=VALUE (`who`: the command, for its errors): sets the knob after checking its range.
+void set_knob(const char* who, const std::string& spec);
 void set_ab(const AbSpec& spec);  // the A/B of this process's benchmarks
 struct AbTiming {
   AbSpec spec;

@@ -18,7 +18,6 @@
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "progress.h"
-#include "src/core/knobs.h"
 
 namespace ot::demo {
 
@@ -203,23 +202,6 @@ int run_demo(const DemoConfig& cfg, const std::string& trace_file, RunContext& c
 
 namespace {
 
-// --knob NAME=VALUE.
-void set_knob(const std::string& spec) {
-  const auto eq = spec.find('=');
-  int64_t v = 0;
-  size_t used = 0;
-  bool ok = eq != std::string::npos && eq > 0;
-  try {
-    if (ok) v = std::stoll(spec.substr(eq + 1), &used);
-  } catch (const std::exception&) {
-    ok = false;
-  }
-  OT_CHECK(ok && used == spec.size() - eq - 1, "ot demo", "--knob", "NAME=VALUE with an integer value", "'", spec, "'");
-  const knobs::Knob& k = knobs::find(spec.substr(0, eq));  // an unknown name: ot::Error listing the known ones
-  OT_CHECK(v >= k.min() && v <= k.max(), "ot demo", "--knob", detail::cat(k.name(), " in [", k.min(), ", ", k.max(), "]"), v);
-  knobs::set(k.name(), v);
-}
-
 const cli::RegisterCommand reg("demo", "Run a Qwen3-Next-like GDN + MoE decoder stack: prefill, decode, per-operator tables, verification",
                               [](cli::Options& sub) -> cli::Run {
   auto opt = std::make_shared<Options>();
@@ -235,7 +217,7 @@ const cli::RegisterCommand reg("demo", "Run a Qwen3-Next-like GDN + MoE decoder 
   sub.flag("--ep", opt->ep, "Under mpirun: run the MoE layers expert-parallel across the ranks");
   sub.value("--knob", opt->knobs, "NAME=VALUE: set an internal tuning knob for this run (repeatable; the names: `ot bench gemm --ab x=0,1` lists them)");
   return [opt] {
-    for (const std::string& spec : opt->knobs) set_knob(spec);
+    for (const std::string& spec : opt->knobs) cli::set_knob("ot demo", spec);
     DemoConfig cfg = opt->config_file.empty() ? DemoConfig{} : load_config(opt->config_file);
     if (opt->decode_steps >= 0) cfg.run.decode_steps = opt->decode_steps;
     if (opt->threads > 0) cfg.run.threads = opt->threads;
