@@ -11,6 +11,7 @@
 #include "ot/trace.h"
 #include "ot/workspace.h"
 #include "src/gemm/internal.h"
+#include "src/gemm/small_f32.h"
 
 namespace ot::gemm {
 
@@ -218,6 +219,11 @@ void matmul(const MatView& a, const MatView& b, const MutMatView& c, float alpha
   if (cpu::force_ref()) {
     scope.kernel("ref");
     ref::matmul(a, b, c, alpha, beta);
+    return;
+  }
+  if (detail::small_f32_takes(a, b, c)) {
+    scope.kernel("small_f32");
+    detail::small_f32(a, b, c, alpha, beta);
     return;
   }
   detail::Job job;

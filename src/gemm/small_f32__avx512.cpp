@@ -1,0 +1,90 @@
+// AVX-512 build of the unpacked small fp32 path (see small_f32.h): R x 32 register tiles (two zmm
+// a row, up to 8 rows = 16 accumulators), B's rows loaded in place with masks at the column edge.
+#include <immintrin.h>
+
+#include "src/gemm/internal.h"
+#include "src/gemm/small_f32.h"
+#include "src/gemm/transpose_avx512.h"
+
+namespace ot::gemm::detail {
+
+namespace {
+
+template <int R, bool Two>
+void tile(const SmallF32& p, int64_t i0, int64_t j0, __mmask16 m0, __mmask16 m1) {
+  // Locals, not p's fields, in the loop: the stores to C could alias p, and the compiler would
+  // then reload them and spill the accumulators every k.
+  const int64_t K = p.K, ars = p.ars, acs = p.acs, ldb = p.ldb, ldc = p.ldc;
+  const float* a = p.a + i0 * ars;
+  const float* b = p.b + j0;
+  __m512 acc0[R], acc1[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const float* bk = b + k * ldb;
+    const __m512 b0 = _mm512_maskz_loadu_ps(m0, bk);
+    const __m512 b1 = Two ? _mm512_maskz_loadu_ps(m1, bk + 16) : _mm512_setzero_ps();
+    const float* ak = a + k * acs;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(ak[r * ars]);
+      acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+      if (Two) acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+    }
+  }
+  const __m512 alpha = _mm512_set1_ps(p.alpha), beta = _mm512_set1_ps(p.beta);
+  const bool load_c = p.beta != 0.f;
+  float* c = p.c + i0 * ldc + j0;
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r, c += ldc) {
+    __m512 x = _mm512_mul_ps(acc0[r], alpha);
+    if (load_c) x = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m0, c), x);
+    _mm512_mask_storeu_ps(c, m0, x);
+    if (Two) {
+      __m512 y = _mm512_mul_ps(acc1[r], alpha);
+      if (load_c) y = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m1, c + 16), y);
+      _mm512_mask_storeu_ps(c + 16, m1, y);
+    }
+  }
+}
+
+template <bool Two>
+void rows(const SmallF32& p, int64_t j0, __mmask16 m0, __mmask16 m1) {
+  for (int64_t i0 = 0; i0 < p.M; i0 += 8) {
+    const int64_t r = p.M - i0 < 8 ? p.M - i0 : 8;
+    with_mr(int(r), [&](auto R) { tile<decltype(R)::value, Two>(p, i0, j0, m0, m1); });
+  }
+}
+
+__mmask16 first(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
+
+}  // namespace
+
+void small_f32_avx512(const SmallF32& p) {
+  if (p.K == 0) {  // an empty sum: C = beta * C
+    for (int64_t i = 0; i < p.M; ++i)
+      for (int64_t j = 0; j < p.N; ++j) p.c[i * p.ldc + j] = p.beta != 0.f ? p.beta * p.c[i * p.ldc + j] : 0.f;
+    return;
+  }
+  for (int64_t j0 = 0; j0 < p.N; j0 += 32) {
+    const int64_t w = p.N - j0;
+    if (w > 16) rows<true>(p, j0, first(w), first(w - 16));
+    else rows<false>(p, j0, first(w), 0);
+  }
+}
+
+void transpose_f32_avx512(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* dst, int64_t ldd) {
+  // dst[c][r] = x[r][c]; 16 x 16 blocks in registers, the edges element by element.
+  const int64_t r16 = rows / 16 * 16, c16 = cols / 16 * 16;
+  for (int64_t r0 = 0; r0 < r16; r0 += 16)
+    for (int64_t c0 = 0; c0 < c16; c0 += 16) {
+      __m512i v[16];
+      for (int i = 0; i < 16; ++i) v[i] = _mm512_loadu_si512(x + (r0 + i) * ldx + c0);
+      transpose16(v);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + (c0 + i) * ldd + r0, v[i]);
+    }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = (r < r16 ? c16 : 0); c < cols; ++c) dst[c * ldd + r] = x[r * ldx + c];
+}
+
+}  // namespace ot::gemm::detail

@@ -1,0 +1,100 @@
+// matmul's unpacked small fp32 path (src/gemm/small_f32.h) against the fp64 reference: every
+// transposition of A and B, row and column tails around the 8 x 32 tile, K = 0, alpha / beta,
+// a C wider than N (columns past N untouched), and inside a parallel region (where it also takes
+// the larger shapes).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "ot/cpu.h"
+#include "ot/gemm.h"
+#include "ot/parallel.h"
+#include "src/gemm/small_f32.h"
+
+namespace ot::gemm {
+namespace {
+
+struct Case {
+  int64_t M, N, K;
+  bool ta, tb;
+  float alpha, beta;
+};
+
+// Runs one case through matmul (on the calling thread when `in_region`) and checks every element
+// of C, the guard columns included. Returns whether the small path took it.
+bool check(const Case& c, bool in_region) {
+  std::mt19937 rng(uint32_t(c.M * 131 + c.N * 17 + c.K));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const int64_t lda = (c.ta ? c.M : c.K) + 3, ldb = (c.tb ? c.K : c.N) + 5, ldc = c.N + 7;
+  std::vector<float> A(size_t((c.ta ? c.K : c.M) * lda + 1)), B(size_t((c.tb ? c.N : c.K) * ldb + 1));
+  for (float& x : A) x = u(rng);
+  for (float& x : B) x = u(rng);
+  std::vector<float> C(size_t(c.M * ldc + 1)), R;
+  for (float& x : C) x = c.beta == 0.f ? std::numeric_limits<float>::quiet_NaN() : u(rng);  // beta = 0 must ignore C
+  R = C;
+  MatView a = c.ta ? MatView{A.data(), DType::f32, c.K, c.M, lda, 1}.t() : MatView{A.data(), DType::f32, c.M, c.K, lda, 1};
+  MatView b = c.tb ? MatView{B.data(), DType::f32, c.N, c.K, ldb, 1}.t() : MatView{B.data(), DType::f32, c.K, c.N, ldb, 1};
+  MutMatView cv{C.data(), DType::f32, c.M, c.N, ldc, 1}, rv{R.data(), DType::f32, c.M, c.N, ldc, 1};
+  bool took = false;
+  auto run = [&] {
+    took = detail::small_f32_takes(a, b, cv);
+    matmul(a, b, cv, c.alpha, c.beta);
+  };
+  if (in_region) parallel_for(2, [&](int64_t i0, int64_t) { if (i0 == 0) run(); });
+  else run();
+  ref::matmul(a, b, rv, c.alpha, c.beta);
+  for (int64_t i = 0; i < c.M; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      const float got = C[size_t(i * ldc + j)], want = R[size_t(i * ldc + j)];
+      if (j >= c.N) {  // past the edge: the guard value, bit for bit (NaN stays NaN)
+        EXPECT_TRUE(std::isnan(want) ? std::isnan(got) : got == want) << "guard column " << j << " row " << i;
+        continue;
+      }
+      EXPECT_NEAR(got, want, 1e-5f * float(c.K + 2)) << "M" << c.M << " N" << c.N << " K" << c.K << " ta" << c.ta << " tb" << c.tb << " (" << i
+                                                      << ", " << j << ")";
+    }
+  return took;
+}
+
+TEST(SmallF32, EveryTranspositionAndTailAgainstTheReference) {
+  int taken = 0, total = 0;
+  for (int64_t M : {1, 7, 8, 9, 17, 64})
+    for (int64_t N : {1, 15, 16, 17, 31, 32, 33, 64, 130})
+      for (int64_t K : {0, 1, 5, 16, 17, 64, 128})
+        for (int form = 0; form < 4; ++form) {
+          Case c{M, N, K, bool(form & 1), bool(form & 2), form == 3 ? -1.5f : 1.f, (form & 1) ? 0.5f : 0.f};
+          taken += check(c, false);
+          ++total;
+        }
+  // Every one of these is small enough to take the path wherever it exists (AVX-512).
+  if (cpu::has(cpu::Isa::avx512)) EXPECT_EQ(taken, total);
+  else EXPECT_EQ(taken, 0);
+}
+
+TEST(SmallF32, LargerShapesInsideAParallelRegion) {
+  for (Case c : {Case{300, 257, 129, false, true, 1.f, 0.f}, Case{64, 512, 512, true, false, 0.25f, 1.f}}) {
+    const bool took = check(c, true);
+    EXPECT_EQ(took, cpu::has(cpu::Isa::avx512));
+  }
+  // Outside a region a product this size uses every thread on the packed path.
+  if (num_threads() > 1) {
+    EXPECT_FALSE(check(Case{300, 257, 129, false, true, 1.f, 0.f}, false));
+  }
+}
+
+TEST(SmallF32, NotTakenForOtherDtypesOrStrides) {
+  std::vector<float> x(64 * 64);
+  std::vector<uint16_t> h(64 * 64);
+  MatView a{x.data(), DType::f32, 64, 64, 64, 1}, hb{h.data(), DType::bf16, 64, 64, 64, 1};
+  MatView strided{x.data(), DType::f32, 16, 16, 128, 2};  // neither stride 1
+  MutMatView c{x.data(), DType::f32, 64, 64, 64, 1}, ccol{x.data(), DType::f32, 64, 64, 1, 64};
+  EXPECT_FALSE(detail::small_f32_takes(a, hb, c));
+  EXPECT_FALSE(detail::small_f32_takes(strided, strided, MutMatView{x.data(), DType::f32, 16, 16, 16, 1}));
+  EXPECT_FALSE(detail::small_f32_takes(a, a, ccol));
+}
+
+}  // namespace
+}  // namespace ot::gemm
