@@ -34,16 +34,17 @@ Tensor chunk_bwd_dv_local(const TensorView& q, const TensorView& k, const Tensor
     return out;
   }
   const int64_t group = HV / qt.H;
-  StageScratch scr(4, 2, 1, std::max(DK, DV), 0);
+  StageScratch scr(4, 3, 1, std::max(DK, DV), 0);
   for_chunk_heads(s, HV, [&](int tid, const ChunkSpan& sp, int64_t, int64_t hv) {
     float *bq = scr.row(tid, 0), *bk = scr.row(tid, 1), *bo = scr.row(tid, 2), *res = scr.row(tid, 3);
-    float *E = scr.mat(tid, 0), *P = scr.mat(tid, 1), *G = scr.vec(tid, 0);
+    float *E = scr.mat(tid, 0), *P = scr.mat(tid, 1), *QK = scr.mat(tid, 2), *G = scr.vec(tid, 0);
     load_rows(qt, sp, hv / group, bq, DK);
     load_rows(kt, sp, hv / group, bk, DK);
     load_rows(dOt, sp, hv, bo, DV);
     load_scal(Gt, sp, hv, G);
     decay_matrix(G, sp.L, E);
-    dv_local_chunk(BwdChunk{sp.L, DK, DV, sc, bq, bk, nullptr, bo, G, nullptr, E}, res, P);
+    grams_chunk(bq, bk, sp.L, DK, QK, nullptr);
+    dv_local_chunk(BwdChunk{sp.L, DK, DV, sc, bq, bk, nullptr, bo, G, nullptr, E, QK}, res, P);
     store_rows(res, DV, ot, sp, hv);
   });
   return out;

@@ -34,10 +34,15 @@ float dot(const float* a, const float* b, int64_t n) {
 }
 }  // namespace
 
+void grams_chunk(const float* q, const float* k, int64_t L, int64_t DK, float* QK, float* KK) {
+  if (QK) gemm::matmul(cm(q, L, DK, DK), cm(k, L, DK, DK).t(), mm(QK, L, L, C));
+  if (KK) gemm::matmul(cm(k, L, DK, DK), cm(k, L, DK, DK).t(), mm(KK, L, L, C));
+}
+
 void dv_local_chunk(const BwdChunk& c, float* out, float* P) {
   const int64_t L = c.L;
   // P[i][j] = s E_ij (q_i . k_j) for j <= i; dv_local = P^T dO.
-  gemm::matmul(cm(c.q, L, c.DK, c.DK), cm(c.k, L, c.DK, c.DK).t(), mm(P, L, L, C));
+  for (int64_t i = 0; i < L; ++i) std::memcpy(P + i * C, c.QK + i * C, sizeof(float) * size_t(L));
   causal_scores(c, P);
   gemm::matmul(cm(P, L, L, C).t(), cm(c.dO, L, c.DV, c.DV), mm(out, L, c.DV, c.DV));
 }
@@ -63,7 +68,7 @@ void dh_update_chunk(const BwdChunk& c, float* dH, const float* W, const float* 
 }
 
 void dqkwg_chunk(const BwdChunk& c, const float* vnew, const float* S, const float* dH, const float* dv2, float* dq, float* dk, float* dw,
-                 float* dG, float* P, float* QK) {
+                 float* dG, float* P) {
   const int64_t L = c.L, DK = c.DK, DV = c.DV;
   const float gl = c.G[L - 1];
   // dS_ij = s E_ij (dO_i . vnew_j), j <= i.
@@ -81,7 +86,7 @@ void dqkwg_chunk(const BwdChunk& c, const float* vnew, const float* S, const flo
   // the last row's own dk_inter term (e^{G_last - G_last} = 1) cancel exactly there, but as computed
   // they leave rounding noise of their O(1) size where the true dG is tiny (saturated gates).
   // Pair term Z_ij = dS_ij (q_i . k_j), j < i: + to row i, - to column j.
-  gemm::matmul(cm(c.q, L, DK, DK), cm(c.k, L, DK, DK).t(), mm(QK, L, L, C));
+  const float* QK = c.QK;
   for (int64_t i = 1; i < L; ++i) {
     float row = 0.f;
     for (int64_t j = 0; j < i; ++j) {
@@ -131,12 +136,12 @@ void wy_bwd_da_chunk(const BwdChunk& c, const float* A, const float* dW, const f
 }
 
 void wy_bwd_full_chunk(const BwdChunk& c, const float* A, const float* dP, const float* dW, const float* dU, float* dk, float* dv, float* dbeta,
-                       float* dG, float* Gram, float* X, float* Y, float* scratch) {
+                       float* dG, float* X, float* Y, float* scratch) {
   const int64_t L = c.L, DK = c.DK, DV = c.DV;
   // X = A^T dW (= dL/dkbg), Y = A^T dU (= dL/dvb).
   gemm::matmul(cm(A, L, L, C).t(), cm(dW, L, DK, DK), mm(X, L, DK, DK));
   gemm::matmul(cm(A, L, L, C).t(), cm(dU, L, DV, DV), mm(Y, L, DV, DV));
-  gemm::matmul(cm(c.k, L, DK, DK), cm(c.k, L, DK, DK).t(), mm(Gram, L, L, C));
+  const float* Gram = c.KK;
   // dP o (K K^T): row sums -> dbeta and the row side of dG; beta_i-weighted column sums -> column side.
   float rs[C], cs[C];
   for (int64_t j = 0; j < L; ++j) cs[j] = 0.f;

@@ -80,6 +80,10 @@ void run(const WyArgs& a, bool da, bool full, const Tok& dP_out, const WyBwd* r,
     load_scal(a.beta, sp, hv, beta);
     decay_matrix(G, L, E);
     BwdChunk bc{L, DK, DV, 1.f, nullptr, bk, bv, nullptr, G, beta, E};
+    if (full) {
+      grams_chunk(nullptr, bk, L, DK, nullptr, Gram);
+      bc.KK = Gram;
+    }
     if (da) {
       wy_bwd_da_chunk(bc, A, bw, bu, P, T1, T2, t);
       if (dP_out.defined()) store_rows(P, kChunk, dP_out, sp, hv);
@@ -89,7 +93,7 @@ void run(const WyArgs& a, bool da, bool full, const Tok& dP_out, const WyBwd* r,
         for (int64_t y = x; y < kChunk; ++y) P[x * kChunk + y] = 0.f;
     }
     if (!full) return;
-    wy_bwd_full_chunk(bc, A, P, bw, bu, rk, rv, rb, rg, Gram, X, Y, t);
+    wy_bwd_full_chunk(bc, A, P, bw, bu, rk, rv, rb, rg, X, Y, t);
     store_rows(rk, DK, dk, sp, hv);
     store_rows(rv, DV, dv, sp, hv);
     store_scal(rb, db, sp, hv);
