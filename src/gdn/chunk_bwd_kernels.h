@@ -1,7 +1,8 @@
 // Per-chunk building blocks of the chunked GDN backward (spec section 6) on fp32 scratch. Row-major
 // with explicit leading dims; L x L chunk matrices (E, A, P, dP) have leading dim kChunk. Every
 // matrix product goes through ot::gemm::matmul; what stays here is the elementwise work (gates,
-// masks, row dots). Used by the stage operators and the fused composition alike.
+// masks, row dots), built once per ISA (chunk_bwd_kernels.inc). Used by the stage operators and the
+// fused composition alike.
 #pragma once
 #include <cstdint>
 

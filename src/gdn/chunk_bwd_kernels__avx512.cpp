@@ -1,0 +1,3 @@
+// AVX-512 build of the backward chunk kernels (see chunk_bwd_kernels.inc); dispatched by chunk_bwd_kernels.cpp.
+#define OT_CBK_NS avx512
+#include "src/gdn/chunk_bwd_kernels.inc"
