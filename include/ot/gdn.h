@@ -95,6 +95,11 @@ struct ChunkOptions : Common {
   DType final_state_dtype = DType::f32;  // fp32 (fla's convention), bf16 or fp16; computed in fp32
   bool use_qk_l2norm_in_kernel = false;
   bool save_for_backward = true;       // return g_cumsum and A (and the rstd of q, k with l2norm)
+  // Also return h (the state before every chunk, fp32 like chunk_gated_delta_rule_fwd_h's h) and
+  // v_new (fp32, like v): given to the backward they replace its forward recompute (W, U, v_new and
+  // the state scan). Memory: 4 DK DV / 64 + 4 DV bytes a token and value head (1.5 KiB at 128 / 128,
+  // 3x the bf16 q, k, v of a Qwen3.5 layer).
+  bool save_states = false;
   // bf16 q, k, v on AVX512-BF16: every chunk product takes bf16 operands with fp32 accumulation
   // (fla's precision: A, W, S, v_new and the score matrix rounded to bf16 as matmul operands;
   // the state, G, A, the l2norm factors and all accumulators stay fp32). false: fp32 products
@@ -107,6 +112,7 @@ struct ChunkFwd {
   Tensor g_cumsum;      // like g, fp32 (save_for_backward)
   Tensor A;             // like chunk_scaled_dot_kkt_fwd's output, fp32 (save_for_backward)
   Tensor q_rstd, k_rstd;  // [..] fp32 over q's/k's leading dims (with l2norm and save_for_backward)
+  Tensor h, v_new;        // with save_states: [B,NT,HV,DK,DV] (varlen [1,NT_total,..]) and like v, fp32
 };
 ChunkFwd chunk_gated_delta_rule_fwd(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
                                     const TensorView& beta, const ChunkOptions& opt = {});

@@ -20,11 +20,15 @@ struct ChunkBwdOptions : Common {
   TensorView dht;                  // gradient of the final state, [N,HV,DK,DV] fp32 (undefined: zero)
   bool use_qk_l2norm_in_kernel = false;
   TensorView A;                    // the forward's saved (I + M)^-1 (fp32, like its output); undefined: recomputed
+  // The forward's h and v_new (ChunkOptions::save_states), both or neither: the backward then
+  // skips its forward recompute of the states (it still forms W = A diag(beta e^G) K per chunk).
+  TensorView h, v_new;
 };
 struct ChunkBwd { Tensor dq, dk, dv, dg, dbeta, dh0; };
 
 // The composition (spec 6, "Order"): recomputes w, u and the chunk states h from the inputs, the
-// saved g_cumsum (chunk-local cumulative gate, fp32) and A, then runs the reverse chunk scan.
+// saved g_cumsum (chunk-local cumulative gate, fp32) and A (or takes h and v_new saved by the
+// forward), then runs the reverse chunk scan.
 // q, k, v: the forward's inputs (raw, before the in-kernel l2norm); dO like the forward's o.
 ChunkBwd chunk_gated_delta_rule_bwd(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g_cumsum,
                                     const TensorView& beta, const TensorView& dO, const ChunkBwdOptions& opt = {});

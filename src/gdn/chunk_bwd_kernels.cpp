@@ -10,6 +10,7 @@ namespace ot::gdn::detail {
 #define OT_CBK_DECLARE(ns) \
   namespace ns { \
   decltype(detail::grams_chunk) grams_chunk; \
+  decltype(detail::w_chunk) w_chunk; \
   decltype(detail::dv_local_chunk) dv_local_chunk; \
   decltype(detail::dv2_chunk) dv2_chunk; \
   decltype(detail::dh_update_chunk) dh_update_chunk; \
@@ -29,6 +30,8 @@ OT_CBK_DECLARE(avx512)
                               : generic::f(__VA_ARGS__))
 
 void grams_chunk(const float* q, const float* k, int64_t L, int64_t DK, float* QK, float* KK) { OT_CBK_CALL(grams_chunk, q, k, L, DK, QK, KK); }
+
+void w_chunk(const BwdChunk& c, const float* A, float* W, float* scratch) { OT_CBK_CALL(w_chunk, c, A, W, scratch); }
 
 void dv_local_chunk(const BwdChunk& c, float* out, float* P) { OT_CBK_CALL(dv_local_chunk, c, out, P); }
 

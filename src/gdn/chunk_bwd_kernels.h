@@ -24,6 +24,9 @@ struct BwdChunk {
 // QK = Q K^T and KK = K K^T (either may be null), [L][kChunk].
 void grams_chunk(const float* q, const float* k, int64_t L, int64_t DK, float* QK, float* KK);
 
+// W = A diag(beta e^G) K -> [L][DK] (A: (I + M)^-1 [L][kChunk]); scratch: L x DK.
+void w_chunk(const BwdChunk& c, const float* A, float* W, float* scratch);
+
 // dv_local = s (causal(E) o Q K^T)^T dO -> out [L][DV] (Q K^T from c.QK). P: kChunk x kChunk scratch.
 void dv_local_chunk(const BwdChunk& c, float* out, float* P);
 

@@ -323,6 +323,7 @@ void bf16_fused_task(const Bf16Fwd& a, int64_t n, int64_t hk) {
     for (int64_t j = 0; j < group; ++j) {
       const int64_t hv = hk * group + j;
       float* S = b.states + j * DK * DV;
+      if (a.h) std::memcpy(a.h + (s.chunk_id(n, c) * a.HV + hv) * DK * DV, S, sizeof(float) * size_t(DK * DV));
       load_scal(a.g, sp.b, sp.t0, L, hv, b.g);
       load_scal(a.beta, sp.b, sp.t0, L, hv, b.beta);
       cumsum_chunk(b.g, L, b.G, false, 1.f);
@@ -363,6 +364,7 @@ void bf16_fused_task(const Bf16Fwd& a, int64_t n, int64_t hk) {
       vn.alpha = -1.f, vn.beta = 1.f;
       mm_f32(b.w, DK, S, DV, DV, DK, b.u, DV, C, vn);
       float* dn = b.u;
+      if (a.h) store_rows(dn, DV, a.v_new, sp.b, sp.t0, L, hv);
       for (int64_t p = 0; p < C / 2; ++p) pair_f32(dn + 2 * p * DV, dn + (2 * p + 1) * DV, b.dv + p * DV, DV);
       // O = diag(s e^G rq) Q S + P v_new, P = s causal(E) o (Q K^T) rq_i rk_j.
       Epi oq;

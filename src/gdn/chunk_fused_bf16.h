@@ -16,6 +16,8 @@ struct Bf16Fwd {
   Tok q, k, v, g, beta;        // inputs (q, k, v bf16 with unit element stride)
   Tok o, G, A, rq, rk;         // outputs (G, A, rq, rk optional)
   StateRef S0, fin;            // optional
+  float* h = nullptr;          // optional (save_states): the state before every chunk, [chunk][HV][DK][DV]
+  Tok v_new;                   // ... and v_new (fp32), with h
   const SeqInfo* s = nullptr;
   float scale = 1.f;
   bool l2 = false;

@@ -90,6 +90,13 @@ ChunkFwd forward_ref(const Args& a, const ChunkOptions& opt, const SeqInfo& s, D
   r.A = new_vec(opt.layout, a.v.packed, DType::f32, a.B, a.T, a.HV, kChunk, true);
   refimpl::kkt(vec_view(kt, l), r.g_cumsum, scal_view(bt, l), M, l, cu);
   refimpl::solve_tril(M, r.A, l, cu);
+  if (opt.save_states) {
+    Tensor w = new_vec(l, a.v.packed, DType::f32, a.B, a.T, a.HV, a.DK), u = new_vec(l, a.v.packed, DType::f32, a.B, a.T, a.HV, a.DV);
+    refimpl::wu(vec_view(kt, l), vec_view(a.v, l), scal_view(bt, l), r.A, r.g_cumsum, w, u, l, cu);
+    r.h = new_chunk_states(s, a.HV, a.DK, a.DV);
+    r.v_new = new_vec(l, a.v.packed, DType::f32, a.B, a.T, a.HV, a.DV);
+    refimpl::fwd_h(vec_view(kt, l), w, u, r.g_cumsum, opt.initial_state, r.h.ptr<float>(), r.v_new, TensorView{}, l, cu);
+  }
   return r;
 }
 
@@ -142,8 +149,14 @@ ChunkFwd forward(const TensorView& q, const TensorView& k, const TensorView& v, 
       r.q_rstd = new_scal(opt.layout, a.q.packed, DType::f32, a.B, a.T, a.HK);
       r.k_rstd = new_scal(opt.layout, a.q.packed, DType::f32, a.B, a.T, a.HK);
     }
+    if (opt.save_states) {
+      r.h = new_chunk_states(s, HV, DK, DV);
+      r.v_new = new_vec(opt.layout, a.v.packed, DType::f32, a.B, a.T, HV, DV);
+    }
   }
   Tok ot = tok_vec(r.o, opt.layout, op, "o");
+  float* hs = r.h.defined() ? r.h.ptr<float>() : nullptr;  // the state before every chunk (save_states)
+  Tok vnt = r.v_new.defined() ? tok_vec(r.v_new, opt.layout, op, "v_new") : Tok{};
   Tok Gt, At, rq, rk;
   if (save) {
     Gt = tok_scal(r.g_cumsum, opt.layout, op, "g_cumsum");
@@ -155,7 +168,7 @@ ChunkFwd forward(const TensorView& q, const TensorView& k, const TensorView& v, 
   if (bf16) {
     Bf16Fwd f;
     f.q = a.q, f.k = a.k, f.v = a.v, f.g = a.g, f.beta = a.beta;
-    f.o = ot, f.G = Gt, f.A = At, f.rq = rq, f.rk = rk, f.S0 = S0, f.fin = fin, f.s = &s;
+    f.o = ot, f.G = Gt, f.A = At, f.rq = rq, f.rk = rk, f.S0 = S0, f.fin = fin, f.s = &s, f.h = hs, f.v_new = vnt;
     f.scale = a.scale, f.l2 = l2, f.widen = widen, f.HK = a.HK, f.HV = HV, f.DK = DK, f.DV = DV;
     parallel_for_dynamic(N * a.HK, 1, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) bf16_fused_task(f, i / a.HK, i % a.HK);
@@ -205,8 +218,10 @@ ChunkFwd forward(const TensorView& q, const TensorView& k, const TensorView& v, 
           load_rows(a.v, sp.b, sp.t0, L, hv, b.v, DV);
           load_scal(a.g, sp.b, sp.t0, L, hv, b.g);
           load_scal(a.beta, sp.b, sp.t0, L, hv, b.beta);
+          if (hs) std::memcpy(hs + (s.chunk_id(n, c) * HV + hv) * DK * DV, b.sd, sizeof(float) * size_t(DK * DV));
           fused_chunk_fwd(b, L, DK, DV, a.scale);
           store_rows(b.o, DV, ot, sp.b, sp.t0, L, hv);
+          if (hs) store_rows(b.sd + DK * DV, DV, vnt, sp.b, sp.t0, L, hv);  // v_new, stacked under S
           if (save) {
             store_scal(b.G, Gt, sp.b, sp.t0, L, hv);
             store_rows(b.A, C, At, sp.b, sp.t0, L, hv);

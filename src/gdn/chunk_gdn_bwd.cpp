@@ -2,7 +2,8 @@
 // A task owns one sequence and one key head with its HV/HK value heads (the group), and
 //   1. walks the chunks forward recomputing W, U (from the saved A), h[c] and v_new for every value
 //      head of the group (spec 6, first two lines), keeping h, W and v_new of the sequence in
-//      per-thread fp32 scratch, then
+//      per-thread fp32 scratch (skipped when the forward saved h and v_new: W is then formed per
+//      chunk in the reverse scan), then
 //   2. walks them backward: per chunk, loads and normalises q and k once, forms the key head's Gram
 //      products Q K^T and K K^T once, and for each value head runs dv_local, dv2 and the dH update
 //      (dhu), dqkwg, the WY backward (da + full) and the reverse chunk-local cumsum for dg; dq and
@@ -31,7 +32,7 @@ constexpr int64_t C = kChunk;
 // Per-thread scratch: chunk rows, chunk matrices, and the sequence-long buffers of the group's
 // value heads (per head: one state, nc chunk states h, nc chunks of W and v_new).
 struct Bufs {
-  float *q, *k, *v, *dO, *u, *dv2, *dqc, *dkc, *dw, *dk2, *dvc, *X, *Y, *t, *dq, *dk;  // C x D
+  float *q, *k, *v, *dO, *u, *dv2, *dqc, *dkc, *dw, *dk2, *dvc, *X, *Y, *t, *dq, *dk, *Wc, *vnc;  // C x D
   float *E, *A, *M, *P, *dP, *T1, *T2, *QK, *KK;                                      // C x C
   float *G, *beta, *rq, *rk, *dG1, *dG2, *db, *dg;                                    // C
   float *S, *h, *W, *vnew;  // group-long: S [grp][DK x DV] (the state, then dH), h, W, v_new [grp][nc][..]
@@ -39,10 +40,11 @@ struct Bufs {
 
 class Scratch {
  public:
-  Scratch(int64_t DK, int64_t DV, int64_t Lmax, int64_t grp) : DK_(DK), DV_(DV), grp_(grp) {
+  // saved: the forward's h and v_new are given (no sequence-long h, W, v_new).
+  Scratch(int64_t DK, int64_t DV, int64_t Lmax, int64_t grp, bool saved) : DK_(DK), DV_(DV), grp_(grp) {
     D_ = std::max(DK, DV);
-    nc_ = (Lmax + C - 1) / C;
-    rows_ = plan_.add<float>(size_t(16 * C * D_), true);
+    nc_ = saved ? 0 : (Lmax + C - 1) / C;
+    rows_ = plan_.add<float>(size_t(18 * C * D_), true);
     mats_ = plan_.add<float>(size_t(9 * C * C), true);
     vecs_ = plan_.add<float>(size_t(8 * C), true);
     seq_ = plan_.add<float>(size_t(grp * (DK * DV + nc_ * DK * DV + nc_ * C * (DK + DV))), true);
@@ -51,7 +53,7 @@ class Scratch {
   Bufs get(int tid) const {
     Bufs b;
     float* r = ws_->get(rows_, tid);
-    float** rows[] = {&b.q, &b.k, &b.v, &b.dO, &b.u, &b.dv2, &b.dqc, &b.dkc, &b.dw, &b.dk2, &b.dvc, &b.X, &b.Y, &b.t, &b.dq, &b.dk};
+    float** rows[] = {&b.q, &b.k, &b.v, &b.dO, &b.u, &b.dv2, &b.dqc, &b.dkc, &b.dw, &b.dk2, &b.dvc, &b.X, &b.Y, &b.t, &b.dq, &b.dk, &b.Wc, &b.vnc};
     for (size_t i = 0; i < std::size(rows); ++i) *rows[i] = r + i * size_t(C * D_);
     float* m = ws_->get(mats_, tid);
     float** mats[] = {&b.E, &b.A, &b.M, &b.P, &b.dP, &b.T1, &b.T2, &b.QK, &b.KK};
@@ -114,7 +116,8 @@ ChunkBwd chunk_gated_delta_rule_bwd(const TensorView& q, const TensorView& k, co
   const bool l2 = opt.use_qk_l2norm_in_kernel;
   int64_t Lmax = 1;
   for (int64_t n = 0; n < N; ++n) Lmax = std::max(Lmax, s.len[size_t(n)]);
-  Scratch scr(DK, DV, Lmax, grp);
+  const bool saved = a.h != nullptr;
+  Scratch scr(DK, DV, Lmax, grp, saved);
   const int64_t NC = scr.nc();
   // Longest sequences first so ragged batches balance under the dynamic schedule.
   std::vector<int64_t> order(static_cast<size_t>(N));
@@ -149,12 +152,12 @@ ChunkBwd chunk_gated_delta_rule_bwd(const TensorView& q, const TensorView& k, co
         }
       };
       // 1. Forward recompute: W, U, h[c], v_new of every value head of the group.
-      for (int64_t j = 0; j < grp; ++j) {
+      for (int64_t j = 0; j < grp && !saved; ++j) {
         float* S = b.S + j * DK * DV;
         if (a.S0.defined()) std::memcpy(S, a.S0.f32(n, hk * grp + j), sizeof(float) * size_t(DK * DV));
         else std::memset(S, 0, sizeof(float) * size_t(DK * DV));
       }
-      for (int64_t c = 0; c < nc; ++c) {
+      for (int64_t c = 0; c < nc && !saved; ++c) {
         ChunkSpan sp = chunk_span(s, n, c);
         load_qk(sp, false);
         for (int64_t j = 0; j < grp; ++j) {
@@ -185,7 +188,14 @@ ChunkBwd chunk_gated_delta_rule_bwd(const TensorView& q, const TensorView& k, co
           load_rows(a.dO, sp.b, sp.t0, L, hv, b.dO, DV);
           BwdChunk bc{L, DK, DV, a.scale, b.q, b.k, b.v, b.dO, b.G, b.beta, b.E, b.QK, b.KK};
           float* dH = b.S + j * DK * DV;
-          const float *W = b.W + (j * NC + c) * C * DK, *vn = b.vnew + (j * NC + c) * C * DV, *hc = b.h + (j * NC + c) * DK * DV;
+          const float *W, *vn, *hc;
+          if (saved) {
+            w_chunk(bc, b.A, b.Wc, b.t);
+            load_rows(a.v_new, sp.b, sp.t0, L, hv, b.vnc, DV);
+            W = b.Wc, vn = b.vnc, hc = a.h + (s.chunk_id(n, c) * HV + hv) * DK * DV;
+          } else {
+            W = b.W + (j * NC + c) * C * DK, vn = b.vnew + (j * NC + c) * C * DV, hc = b.h + (j * NC + c) * DK * DV;
+          }
           dv_local_chunk(bc, b.dv2, b.P);
           dv2_chunk(bc, dH, b.dv2, b.dv2, b.t);
           dqkwg_chunk(bc, vn, hc, dH, b.dv2, b.dqc, b.dkc, b.dw, b.dG1, b.P);

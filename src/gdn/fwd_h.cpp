@@ -26,8 +26,7 @@ FwdH chunk_gated_delta_rule_fwd_h(const TensorView& k, const TensorView& w, cons
   int64_t N = s.num_seqs(), group = HV / kt.H;
   if (initial_state.defined()) expect_state(initial_state, N, HV, DK, DV, false, op, "initial_state");
   FwdH r;
-  std::vector<int64_t> hs = {s.varlen ? 1 : s.batch, s.varlen ? s.num_chunks() : s.max_chunks_per_row(), HV, DK, DV};
-  r.h = Tensor::empty(DType::f32, hs);
+  r.h = new_chunk_states(s, HV, DK, DV);
   r.v_new = new_vec(c.layout, ut.packed, DType::f32, kt.B, kt.T, HV, DV);
   if (output_final_state) r.final_state = Tensor::empty(DType::f32, {N, HV, DK, DV});
   Tok vn = tok_vec(r.v_new, c.layout, op, "v_new");

@@ -24,6 +24,15 @@ void check_bwd(BwdArgs& a, const TensorView& q, const TensorView& k, const Tenso
     expect_value_heads({{&a.A, "A"}}, a.B, a.T, a.HV, a.HK, op);
     expect_dim(a.A, kChunk, op, "A");
   }
+  OT_CHECK(opt.h.defined() == opt.v_new.defined(), op, opt.h.defined() ? "v_new" : "h",
+           "given together with the other (the forward's save_states outputs)", "undefined");
+  if (opt.h.defined()) {
+    a.h = chunk_states(opt.h, *a.seq, a.HV, a.DK, a.DV, op, "h");
+    OT_CHECK(opt.v_new.dtype == DType::f32, op, "v_new", "fp32", dtype_name(opt.v_new.dtype));
+    a.v_new = tok_vec(opt.v_new, l, op, "v_new");
+    expect_value_heads({{&a.v_new, "v_new"}}, a.B, a.T, a.HV, a.HK, op);
+    expect_dim(a.v_new, a.DV, op, "v_new");
+  }
   a.scale = scale_or_default(opt.scale, a.DK);
   a.S0 = state_ref(state_f32(opt.initial_state, a.s0_f32));
   a.dht = state_ref(opt.dht);
@@ -35,6 +44,10 @@ void check_bwd(BwdArgs& a, const TensorView& q, const TensorView& k, const Tenso
   if (a.beta.defined()) expect_finite(a.beta, op, "beta");
   if (opt.dht.defined()) expect_finite(opt.dht, op, "dht");
   if (opt.initial_state.defined()) expect_finite(opt.initial_state, op, "initial_state");
+  if (opt.h.defined()) {
+    expect_finite(opt.h, op, "h");
+    expect_finite(a.v_new, op, "v_new");
+  }
 }
 
 ChunkBwd alloc_bwd(const BwdArgs& a, const TensorView& q, const TensorView& v, const TensorView& beta, const ChunkBwdOptions& opt) {
@@ -69,19 +82,6 @@ StageScratch::StageScratch(int rows, int mats, int vecs, int64_t D, int64_t stat
   vecs_ = plan_.add<float>(size_t(vecs) * size_t(kChunk), true);
   state_ = plan_.add<float>(size_t(std::max<int64_t>(state, 1)), true);
   ws_ = std::make_unique<Workspace>(plan_);
-}
-
-float* chunk_states(const TensorView& x, const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV, const char* op, const char* arg) {
-  OT_CHECK(x.defined() && x.data, op, arg, "a per-chunk state tensor", "undefined");
-  OT_CHECK(x.dtype == DType::f32, op, arg, "fp32", dtype_name(x.dtype));
-  OT_CHECK(x.ndim == 5 && x.sizes[0] * x.sizes[1] == s.num_chunks() && x.sizes[2] == HV && x.sizes[3] == DK && x.sizes[4] == DV &&
-               x.is_contiguous(),
-           op, arg, ::ot::detail::cat("contiguous [B, NT, ", HV, ", ", DK, ", ", DV, "] with B * NT = ", s.num_chunks(), " chunks"), x.shape_str());
-  return x.ptr<float>();
-}
-
-Tensor new_chunk_states(const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV) {
-  return Tensor::empty(DType::f32, {s.varlen ? 1 : s.batch, s.varlen ? s.num_chunks() : s.max_chunks_per_row(), HV, DK, DV});
 }
 
 }  // namespace ot::gdn::detail

@@ -9,6 +9,8 @@ struct BwdArgs : Qkv {
   Tok g, beta, dO, A;  // g: the cumulative gate (composition) or the raw gate (reference)
   float scale = 1.f;
   StateRef S0, dht;     // S0 always fp32 (a bf16 / fp16 initial state widened into s0_f32)
+  const float* h = nullptr;  // the forward's saved chunk states (with v_new), or null
+  Tok v_new;
   Tensor s0_f32;
   SeqInfo storage;
   const SeqInfo* seq = nullptr;
@@ -48,10 +50,5 @@ class StageScratch {
   std::unique_ptr<Workspace> ws_;
 };
 
-// A per-chunk state tensor (the forward's h, the backward's dh): 5-D [B', NT', HV, DK, DV] fp32,
-// contiguous, with B' * NT' == the number of chunks. Returns its data.
-float* chunk_states(const TensorView& x, const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV, const char* op, const char* arg);
-// A new one shaped like the forward's h.
-Tensor new_chunk_states(const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV);
 
 }  // namespace ot::gdn::detail

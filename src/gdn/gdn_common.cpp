@@ -209,6 +209,21 @@ template <class U> bool any_nonfinite(const char* base, int64_t n, int64_t strid
   }
   return bad;
 }
+// Any non-finite among n contiguous elements of a float dtype: blocks of 64 Ki elements over the
+// threads.
+bool any_nonfinite_span(const char* p, int64_t n, DType dt) {
+  std::atomic<bool> any{false};
+  const int64_t blk = 65536;
+  const size_t es = dtype_size(dt);
+  parallel_for((n + blk - 1) / blk, [&](int64_t i0, int64_t i1) {
+    const char* base = p + i0 * blk * int64_t(es);
+    int64_t m = std::min(n, i1 * blk) - i0 * blk;
+    bool bad = es == 4 ? any_nonfinite<uint32_t>(base, m, 1, 0x7f800000u)
+                       : any_nonfinite<uint16_t>(base, m, 1, uint16_t(dt == DType::bf16 ? 0x7f80 : 0x7c00));
+    if (bad) any = true;
+  });
+  return any;
+}
 }  // namespace
 
 void expect_finite(const Tok& x, const char* op, const char* arg) {
@@ -218,15 +233,8 @@ void expect_finite(const Tok& x, const char* op, const char* arg) {
   const size_t es = dtype_size(x.dt);
   const bool span = x.sd == 1 && x.sh == x.D;
   if (span && x.st == x.H * x.D && (x.B == 1 || x.sb == x.T * x.st)) {
-    // One contiguous block (BTHD, TND): blocks of 64 Ki elements over the threads.
-    const int64_t n = x.B * x.T * x.st, blk = 65536;
-    parallel_for((n + blk - 1) / blk, [&](int64_t i0, int64_t i1) {
-      const char* base = x.p + i0 * blk * int64_t(es);
-      int64_t m = std::min(n, i1 * blk) - i0 * blk;
-      bool bad = es == 4 ? any_nonfinite<uint32_t>(base, m, 1, 0x7f800000u)
-                         : any_nonfinite<uint16_t>(base, m, 1, uint16_t(x.dt == DType::bf16 ? 0x7f80 : 0x7c00));
-      if (bad) any = true;
-    });
+    // One contiguous block (BTHD, TND).
+    if (any_nonfinite_span(x.p, x.B * x.T * x.st, x.dt)) any = true;
   } else
   parallel_for(x.B * x.T, [&](int64_t i0, int64_t i1) {
     bool bad = false;
@@ -253,6 +261,10 @@ void expect_finite(const Tok& x, const char* op, const char* arg) {
 
 void expect_finite(const TensorView& x, const char* op, const char* arg) {
   int64_t n = x.numel();
+  // Contiguous float storage: the vectorised pass, and the element loop only to name the element.
+  if (x.is_contiguous() && (x.dtype == DType::f32 || x.dtype == DType::bf16 || x.dtype == DType::f16) &&
+      !any_nonfinite_span(static_cast<const char*>(x.data), n, x.dtype))
+    return;
   for (int64_t i = 0; i < n; ++i) OT_CHECK(std::isfinite(get_as_double(x, i)), op, arg, "finite values", "NaN or Inf at element ", i);
 }
 
@@ -342,6 +354,19 @@ void store_rows(const float* src, int64_t ld, const Tok& x, int64_t b, int64_t t
 
 void load_scal(const Tok& x, int64_t b, int64_t t0, int64_t L, int64_t h, float* dst) {
   for (int64_t i = 0; i < L; ++i) dst[i] = x.scalar(b, t0 + i, h);
+}
+
+float* chunk_states(const TensorView& x, const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV, const char* op, const char* arg) {
+  OT_CHECK(x.defined() && x.data, op, arg, "a per-chunk state tensor", "undefined");
+  OT_CHECK(x.dtype == DType::f32, op, arg, "fp32", dtype_name(x.dtype));
+  OT_CHECK(x.ndim == 5 && x.sizes[0] * x.sizes[1] == s.num_chunks() && x.sizes[2] == HV && x.sizes[3] == DK && x.sizes[4] == DV &&
+               x.is_contiguous(),
+           op, arg, ::ot::detail::cat("contiguous [B, NT, ", HV, ", ", DK, ", ", DV, "] with B * NT = ", s.num_chunks(), " chunks"), x.shape_str());
+  return x.ptr<float>();
+}
+
+Tensor new_chunk_states(const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV) {
+  return pooled_empty(DType::f32, {s.varlen ? 1 : s.batch, s.varlen ? s.num_chunks() : s.max_chunks_per_row(), HV, DK, DV});
 }
 
 StateRef state_ref(const TensorView& s) {

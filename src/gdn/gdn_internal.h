@@ -55,6 +55,11 @@ Tok tok_scal(const TensorView& x, Layout l, const char* op, const char* arg);
 // A contiguous output shaped like a token tensor in layout l.
 Tensor new_vec(Layout l, bool packed, DType dt, int64_t B, int64_t T, int64_t H, int64_t D, bool zero = false);
 Tensor new_scal(Layout l, bool packed, DType dt, int64_t B, int64_t T, int64_t H);
+// A per-chunk state tensor (the forward's h, the backward's dh): 5-D [B', NT', HV, DK, DV] fp32,
+// contiguous, with B' * NT' == the number of chunks. Returns its data.
+float* chunk_states(const TensorView& x, const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV, const char* op, const char* arg);
+// A new one shaped like the forward's h.
+Tensor new_chunk_states(const SeqInfo& s, int64_t HV, int64_t DK, int64_t DV);
 using ::ot::pooled_empty;  // ot/output_pool.h
 
 // Shape checks naming the argument.

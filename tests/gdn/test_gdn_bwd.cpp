@@ -190,6 +190,64 @@ TEST(GdnBwd, RecomputedAEqualsSavedA) {
   expect_grads_close(recomputed, saved, 1e-6, "recomputed A vs saved A");
 }
 
+// The forward's saved h and v_new (save_states) replace the backward's recompute: the states
+// themselves equal the fp64 stage references, and the gradients equal the recomputing backward's
+// and the ground truth (fp32 and the bf16 fused forward; varlen with an empty sequence; groups).
+void check_saved_states(const Case& c, unsigned seed) {
+  SCOPED_TRACE(name_of(c));
+  Inputs in = make_inputs(c, seed);
+  auto f = options<ChunkOptions>(c, in);
+  f.save_states = true;
+  ChunkFwd fwd = chunk_gated_delta_rule_fwd(in.q, in.k, in.v, in.g, in.beta, f);
+  ASSERT_TRUE(fwd.h.defined() && fwd.v_new.defined());
+  ChunkFwd want_states;
+  {
+    cpu::ScopedForceRef force(true);
+    want_states = chunk_gated_delta_rule_fwd(in.q, in.k, in.v, in.g, in.beta, f);
+  }
+  // The bf16 fused forward's W, U take bf16 K, V exactly, so its states are fp32-accurate too.
+  EXPECT_LT(gdn_test::rel_rms(fwd.h.view(), want_states.h.view()), 1e-4);
+  EXPECT_LT(gdn_test::rel_rms(fwd.v_new.view(), want_states.v_new.view()), 1e-4);
+  ChunkBwdOptions o = bwd_options(c, in);
+  o.A = fwd.A;
+  ChunkBwd recomputed = chunk_gated_delta_rule_bwd(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, o);
+  o.h = fwd.h, o.v_new = fwd.v_new;
+  ChunkBwd saved = chunk_gated_delta_rule_bwd(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, o);
+  const double tol = c.dt == DType::f32 ? 2e-5 : 2e-3;
+  expect_grads_close(saved, recomputed, tol, "saved states vs recomputed");
+  expect_grads_close(saved, ref::recurrence_bwd(in.q, in.k, in.v, in.g, in.beta, in.dO, bwd_options(c, in)), tol, "saved states vs fp64");
+  // The saved states are what it reads: scaled ones move the gradients.
+  Tensor h2 = Tensor::empty(DType::f32, fwd.h.view().shape());
+  for (int64_t i = 0; i < h2.numel(); ++i) h2.ptr<float>()[i] = 1.5f * fwd.h.ptr<float>()[i];
+  o.h = h2;
+  ChunkBwd tampered = chunk_gated_delta_rule_bwd(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, o);
+  EXPECT_GT(gdn_test::rel_rms(tampered.dq.view(), saved.dq.view()), 1e-2);
+}
+
+TEST(GdnBwd, SavedStatesReplaceTheRecompute) {
+  check_saved_states({1, 205, {0, 70, 71, 71, 205}, 2, 4, 16, 8, true, true, true, DType::f32, Layout::BTHD}, 21);
+  check_saved_states({2, 130, {}, 1, 2, 32, 16, false, false, true, DType::f32, Layout::BHTD}, 22);
+  check_saved_states({1, 150, {}, 1, 2, 128, 128, true, true, true, DType::bf16, Layout::BTHD}, 23);
+  check_saved_states({1, 140, {0, 1, 65, 140}, 1, 2, 32, 64, false, true, false, DType::bf16, Layout::BHTD}, 24);
+}
+
+TEST(GdnBwd, SavedStatesAreCheckedBeforeUse) {
+  Case c{1, 100, {}, 1, 2, 16, 16, false, false, false, DType::f32, Layout::BTHD};
+  Inputs in = make_inputs(c, 25);
+  auto f = options<ChunkOptions>(c, in);
+  f.save_states = true;
+  ChunkFwd fwd = chunk_gated_delta_rule_fwd(in.q, in.k, in.v, in.g, in.beta, f);
+  ChunkBwdOptions o = bwd_options(c, in);
+  o.h = fwd.h;  // v_new missing
+  gdn_test::expect_error([&] { chunk_gated_delta_rule_bwd(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, o); }, "v_new");
+  o.h = TensorView{}, o.v_new = fwd.v_new;
+  gdn_test::expect_error([&] { chunk_gated_delta_rule_bwd(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, o); }, "h");
+  o.h = fwd.A, o.v_new = fwd.v_new;  // not a chunk-state tensor
+  gdn_test::expect_error([&] { chunk_gated_delta_rule_bwd(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, o); }, "h");
+  o.h = fwd.h, o.v_new = fwd.A;  // [.., 64] instead of [.., DV]
+  gdn_test::expect_error([&] { chunk_gated_delta_rule_bwd(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, o); }, "v_new");
+}
+
 TEST(GdnBwd, ForceRefRoutesToTheRecurrence) {
   Case c{1, 80, {}, 1, 2, 8, 8, true, true, true, DType::f32, Layout::BTHD};
   Inputs in = make_inputs(c, 14);

@@ -167,10 +167,20 @@ int run(const BenchOptions& opt, const std::string& dtype, int ref_tokens) {
     bo.seq = &s;
     bo.initial_state = d.h0, bo.dht = d.dht, bo.use_qk_l2norm_in_kernel = true, bo.A = fwd.A;
     double flops = gdn::detail::bwd_flops(s, HV, DK, DV);
-    // bwd and fwd interleaved so both see the same machine state.
-    auto bwd = [&] { gdn::chunk_gated_delta_rule_bwd(d.q, d.k, d.v, fwd.g_cumsum, d.beta, d.dO, bo); };
-    auto fwd_call = [&] { gdn::chunk_gated_delta_rule_fwd(d.q, d.k, d.v, d.g, d.beta, fo); };
+    // bwd and fwd interleaved so both see the same machine state. The training pair: the forward
+    // saves h and v_new (save_states) and the backward takes them; the recomputing backward (the
+    // forward saving only g_cumsum and A) is timed against the same forward in a second pass.
+    gdn::ChunkOptions fs = fo;
+    fs.save_states = true;
+    gdn::ChunkFwd fwd_s = gdn::chunk_gated_delta_rule_fwd(d.q, d.k, d.v, d.g, d.beta, fs);
+    gdn::ChunkBwdOptions bs = bo;
+    bs.h = fwd_s.h, bs.v_new = fwd_s.v_new;
+    auto bwd = [&] { gdn::chunk_gated_delta_rule_bwd(d.q, d.k, d.v, fwd_s.g_cumsum, d.beta, d.dO, bs); };
+    auto fwd_call = [&] { gdn::chunk_gated_delta_rule_fwd(d.q, d.k, d.v, d.g, d.beta, fs); };
+    auto bwd_recompute = [&] { gdn::chunk_gated_delta_rule_bwd(d.q, d.k, d.v, fwd.g_cumsum, d.beta, d.dO, bo); };
+    auto fwd_plain = [&] { gdn::chunk_gated_delta_rule_fwd(d.q, d.k, d.v, d.g, d.beta, fo); };
     Timing t = time_interleaved(bwd, fwd_call, repeats, repeats);
+    Timing tr = time_interleaved(bwd_recompute, fwd_plain, repeats, repeats);
     double bwd_cpu = median_cpu_ms(bwd, repeats), fwd_cpu = median_cpu_ms(fwd_call, repeats);
     BenchResult r;
     r.name = c.name;
@@ -186,6 +196,10 @@ int run(const BenchOptions& opt, const std::string& dtype, int ref_tokens) {
     r.extra["bwd_over_fwd"] = t.ref_ms > 0 ? t.fast_ms / t.ref_ms : 0;
     r.extra["fwd_plus_bwd_ms"] = t.fast_ms + t.ref_ms;
     r.extra["bwd_cpu_ms"] = bwd_cpu;
+    r.extra["bwd_recompute_ms"] = tr.fast_ms;
+    r.extra["fwd_plain_ms"] = tr.ref_ms;
+    const double state_mib = double(fwd_s.h.view().nbytes() + fwd_s.v_new.view().nbytes()) / (1 << 20);
+    r.extra["saved_state_mib"] = state_mib;
     r.extra["fwd_cpu_ms"] = fwd_cpu;
     if (!opt.no_ref) {
       int64_t slice_tokens = 0;
@@ -196,9 +210,11 @@ int run(const BenchOptions& opt, const std::string& dtype, int ref_tokens) {
     }
     report(opt, r);
     if (!opt.json)
-      std::printf("    fwd %.3f ms, bwd/fwd %.2fx, fwd+bwd %.3f ms; process CPU time bwd %.3f ms, fwd %.3f ms%s\n", t.ref_ms,
-                  t.fast_ms / t.ref_ms, t.fast_ms + t.ref_ms, bwd_cpu, fwd_cpu,
-                  opt.no_ref ? "" : "; ref_ms extrapolated from a 1-key-head, first-tokens slice");
+      std::printf("    fwd (saving h, v_new: %.0f MiB) %.3f ms, bwd/fwd %.2fx, fwd+bwd %.3f ms; process CPU time bwd %.3f ms, fwd %.3f ms%s\n"
+                  "    recomputing bwd %.3f ms, over the plain fwd (%.3f ms) %.2fx, fwd+bwd %.3f ms\n",
+                  state_mib, t.ref_ms, t.fast_ms / t.ref_ms, t.fast_ms + t.ref_ms, bwd_cpu, fwd_cpu,
+                  opt.no_ref ? "" : "; ref_ms extrapolated from a 1-key-head, first-tokens slice", tr.fast_ms, tr.ref_ms, tr.fast_ms / tr.ref_ms,
+                  tr.fast_ms + tr.ref_ms);
   }
   return 0;
 }
