@@ -117,6 +117,12 @@ void grouped_gemm_chain(const Group* first, const Group* second, int64_t count);
 // General strided form for activations: C = alpha * A x B + beta * C (beta = 0 ignores C's
 // contents, so it may hold NaN). A, B: f32/bf16/f16 (A and B may differ); C: f32, bf16 or f16.
 void matmul(const MatView& a, const MatView& b, const MutMatView& c, float alpha = 1.f, float beta = 0.f);
+// The same product with fp32 operands rounded to bf16 (nearest even) as they are read: bf16 operand
+// precision, fp32 accumulation. For the bf16 training paths' small products (GDN's backward per
+// chunk, on one thread inside a parallel region), on vdpbf16ps where the GEMM multiplies bf16 with
+// it (AVX512-BF16, gemm.bf16_kernel); elsewhere the fp32 product of the rounded operands. a, b, c
+// fp32, c with unit column stride; a and b of at most 512 a side.
+void matmul_bf16_operands(const MatView& a, const MatView& b, const MutMatView& c, float alpha = 1.f, float beta = 0.f);
 
 // ---- Backward forms (added for the MoE backward; src/gemm/backward_forms*.cpp) -----------------
 // They write fp32 C (TN also bf16), with unit column stride; jobs of one call must

@@ -55,7 +55,7 @@ BwdDqkwg chunk_bwd_dqkwg(const TensorView& q, const TensorView& k, const TensorV
     load_scal(Gt, sp, hv, G);
     decay_matrix(G, sp.L, E);
     const size_t off = size_t((id * HV + hv) * DK * DV);
-    grams_chunk(bq, bk, sp.L, DK, QK, nullptr);
+    grams_chunk(bq, bk, sp.L, DK, QK, nullptr, false);
     dqkwg_chunk(BwdChunk{sp.L, DK, DV, sc, bq, bk, nullptr, bo, G, nullptr, E, QK}, bv, hp + off, dhp + off, b2, rq, rk, rw, rg, P);
     store_rows(rq, DK, dq, sp, hv);
     store_rows(rk, DK, dk, sp, hv);

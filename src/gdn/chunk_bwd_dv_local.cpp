@@ -43,7 +43,7 @@ Tensor chunk_bwd_dv_local(const TensorView& q, const TensorView& k, const Tensor
     load_rows(dOt, sp, hv, bo, DV);
     load_scal(Gt, sp, hv, G);
     decay_matrix(G, sp.L, E);
-    grams_chunk(bq, bk, sp.L, DK, QK, nullptr);
+    grams_chunk(bq, bk, sp.L, DK, QK, nullptr, false);
     dv_local_chunk(BwdChunk{sp.L, DK, DV, sc, bq, bk, nullptr, bo, G, nullptr, E, QK}, res, P);
     store_rows(res, DV, ot, sp, hv);
   });

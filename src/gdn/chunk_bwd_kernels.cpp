@@ -29,7 +29,9 @@ OT_CBK_DECLARE(avx512)
    : cpu::has(cpu::Isa::avx2) ? avx2::f(__VA_ARGS__)                              \
                               : generic::f(__VA_ARGS__))
 
-void grams_chunk(const float* q, const float* k, int64_t L, int64_t DK, float* QK, float* KK) { OT_CBK_CALL(grams_chunk, q, k, L, DK, QK, KK); }
+void grams_chunk(const float* q, const float* k, int64_t L, int64_t DK, float* QK, float* KK, bool bf16) {
+  OT_CBK_CALL(grams_chunk, q, k, L, DK, QK, KK, bf16);
+}
 
 void w_chunk(const BwdChunk& c, const float* A, float* W, float* scratch) { OT_CBK_CALL(w_chunk, c, A, W, scratch); }
 

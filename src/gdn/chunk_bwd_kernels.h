@@ -1,6 +1,6 @@
 // Per-chunk building blocks of the chunked GDN backward (spec section 6) on fp32 scratch. Row-major
 // with explicit leading dims; L x L chunk matrices (E, A, P, dP) have leading dim kChunk. Every
-// matrix product goes through ot::gemm::matmul; what stays here is the elementwise work (gates,
+// matrix product goes through ot::gemm (see BwdChunk::bf16); what stays here is the elementwise work (gates,
 // masks, row dots), built once per ISA (chunk_bwd_kernels.inc). Used by the stage operators and the
 // fused composition alike.
 #pragma once
@@ -19,10 +19,13 @@ struct BwdChunk {
   // Raw Gram products of the chunk's (normalised) rows, [L][kChunk] (grams_chunk): per key head,
   // so a group's value heads share them. QK: dv_local and dqkwg; KK: wy_bwd_full.
   const float *QK = nullptr, *KK = nullptr;
+  // The bf16 path (bf16 q, k, v): every product takes bf16-rounded operands with fp32 accumulation
+  // (gemm::matmul_bf16_operands), fla's precision; the elementwise work stays fp32.
+  bool bf16 = false;
 };
 
-// QK = Q K^T and KK = K K^T (either may be null), [L][kChunk].
-void grams_chunk(const float* q, const float* k, int64_t L, int64_t DK, float* QK, float* KK);
+// QK = Q K^T and KK = K K^T (either may be null), [L][kChunk]; bf16: as BwdChunk::bf16.
+void grams_chunk(const float* q, const float* k, int64_t L, int64_t DK, float* QK, float* KK, bool bf16);
 
 // W = A diag(beta e^G) K -> [L][DK] (A: (I + M)^-1 [L][kChunk]); scratch: L x DK.
 void w_chunk(const BwdChunk& c, const float* A, float* W, float* scratch);

@@ -117,6 +117,7 @@ ChunkBwd chunk_gated_delta_rule_bwd(const TensorView& q, const TensorView& k, co
   int64_t Lmax = 1;
   for (int64_t n = 0; n < N; ++n) Lmax = std::max(Lmax, s.len[size_t(n)]);
   const bool saved = a.h != nullptr;
+  const bool bf16 = opt.bf16_compute && q.dtype == DType::bf16;
   Scratch scr(DK, DV, Lmax, grp, saved);
   const int64_t NC = scr.nc();
   // Longest sequences first so ragged batches balance under the dynamic schedule.
@@ -179,14 +180,14 @@ ChunkBwd chunk_gated_delta_rule_bwd(const TensorView& q, const TensorView& k, co
         ChunkSpan sp = chunk_span(s, n, c);
         const int64_t L = sp.L;
         load_qk(sp, true);
-        grams_chunk(b.q, b.k, L, DK, b.QK, b.KK);
+        grams_chunk(b.q, b.k, L, DK, b.QK, b.KK, bf16);
         std::memset(b.dq, 0, sizeof(float) * size_t(L * DK));
         std::memset(b.dk, 0, sizeof(float) * size_t(L * DK));
         for (int64_t j = 0; j < grp; ++j) {
           const int64_t hv = hk * grp + j;
           load_head(sp, hv);
           load_rows(a.dO, sp.b, sp.t0, L, hv, b.dO, DV);
-          BwdChunk bc{L, DK, DV, a.scale, b.q, b.k, b.v, b.dO, b.G, b.beta, b.E, b.QK, b.KK};
+          BwdChunk bc{L, DK, DV, a.scale, b.q, b.k, b.v, b.dO, b.G, b.beta, b.E, b.QK, b.KK, bf16};
           float* dH = b.S + j * DK * DV;
           const float *W, *vn, *hc;
           if (saved) {

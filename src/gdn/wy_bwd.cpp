@@ -81,7 +81,7 @@ void run(const WyArgs& a, bool da, bool full, const Tok& dP_out, const WyBwd* r,
     decay_matrix(G, L, E);
     BwdChunk bc{L, DK, DV, 1.f, nullptr, bk, bv, nullptr, G, beta, E};
     if (full) {
-      grams_chunk(nullptr, bk, L, DK, nullptr, Gram);
+      grams_chunk(nullptr, bk, L, DK, nullptr, Gram, false);
       bc.KK = Gram;
     }
     if (da) {

@@ -11,7 +11,7 @@
 #include "ot/trace.h"
 #include "ot/workspace.h"
 #include "src/gemm/internal.h"
-#include "src/gemm/small_f32.h"
+#include "src/gemm/small.h"
 
 namespace ot::gemm {
 

@@ -3,7 +3,7 @@
 #include <immintrin.h>
 
 #include "src/gemm/internal.h"
-#include "src/gemm/small_f32.h"
+#include "src/gemm/small.h"
 #include "src/gemm/transpose_avx512.h"
 
 namespace ot::gemm::detail {

@@ -148,6 +148,25 @@ TEST(GdnBwd, Bf16Inputs) {
   check_against_truth(weak, 16);
 }
 
+TEST(GdnBwd, Bf16ProductsOptIn) {
+  // bf16_compute: every product on bf16-rounded operands; within 1e-2 of the fp64 gradients
+  // (measured <= 6e-3), and not the fp32-product result (the option is taken).
+  for (Case c : {Case{1, 300, {}, 1, 2, 128, 128, true, true, true, DType::bf16, Layout::BTHD},
+                 Case{1, 140, {0, 1, 65, 140}, 1, 2, 32, 64, false, true, true, DType::bf16, Layout::BHTD}}) {
+    SCOPED_TRACE(name_of(c));
+    Inputs in = make_inputs(c, 31);
+    ChunkFwd fwd = run_fwd(c, in);
+    ChunkBwdOptions o = bwd_options(c, in);
+    ChunkBwd want = ref::recurrence_bwd(in.q, in.k, in.v, in.g, in.beta, in.dO, o);
+    o.A = fwd.A;
+    ChunkBwd fp32 = chunk_gated_delta_rule_bwd(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, o);
+    o.bf16_compute = true;
+    ChunkBwd got = chunk_gated_delta_rule_bwd(in.q, in.k, in.v, fwd.g_cumsum, in.beta, in.dO, o);
+    expect_grads_close(got, want, 1e-2, "bf16 products vs fp64 recurrence");
+    EXPECT_GT(gdn_test::rel_rms(got.dk.view(), fp32.dk.view()), 1e-4);
+  }
+}
+
 TEST(GdnBwd, Varlen) {
   // Packed batch with a 1-token and a 0-token sequence and a partial last chunk.
   check_against_truth({1, 205, {0, 70, 71, 71, 205}, 2, 4, 16, 8, true, true, true, DType::f32, Layout::BTHD}, 9);

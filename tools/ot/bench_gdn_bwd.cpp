@@ -179,8 +179,12 @@ int run(const BenchOptions& opt, const std::string& dtype, int ref_tokens) {
     auto fwd_call = [&] { gdn::chunk_gated_delta_rule_fwd(d.q, d.k, d.v, d.g, d.beta, fs); };
     auto bwd_recompute = [&] { gdn::chunk_gated_delta_rule_bwd(d.q, d.k, d.v, fwd.g_cumsum, d.beta, d.dO, bo); };
     auto fwd_plain = [&] { gdn::chunk_gated_delta_rule_fwd(d.q, d.k, d.v, d.g, d.beta, fo); };
+    gdn::ChunkBwdOptions bb = bs;  // the opt-in bf16 products (bf16 inputs only)
+    bb.bf16_compute = true;
+    auto bwd_bf16 = [&] { gdn::chunk_gated_delta_rule_bwd(d.q, d.k, d.v, fwd_s.g_cumsum, d.beta, d.dO, bb); };
     Timing t = time_interleaved(bwd, fwd_call, repeats, repeats);
     Timing tr = time_interleaved(bwd_recompute, fwd_plain, repeats, repeats);
+    Timing tb = time_interleaved(bwd_bf16, fwd_call, repeats, repeats);
     double bwd_cpu = median_cpu_ms(bwd, repeats), fwd_cpu = median_cpu_ms(fwd_call, repeats);
     BenchResult r;
     r.name = c.name;
@@ -198,6 +202,7 @@ int run(const BenchOptions& opt, const std::string& dtype, int ref_tokens) {
     r.extra["bwd_cpu_ms"] = bwd_cpu;
     r.extra["bwd_recompute_ms"] = tr.fast_ms;
     r.extra["fwd_plain_ms"] = tr.ref_ms;
+    r.extra["bwd_bf16_products_ms"] = tb.fast_ms;
     const double state_mib = double(fwd_s.h.view().nbytes() + fwd_s.v_new.view().nbytes()) / (1 << 20);
     r.extra["saved_state_mib"] = state_mib;
     r.extra["fwd_cpu_ms"] = fwd_cpu;
@@ -211,10 +216,11 @@ int run(const BenchOptions& opt, const std::string& dtype, int ref_tokens) {
     report(opt, r);
     if (!opt.json)
       std::printf("    fwd (saving h, v_new: %.0f MiB) %.3f ms, bwd/fwd %.2fx, fwd+bwd %.3f ms; process CPU time bwd %.3f ms, fwd %.3f ms%s\n"
-                  "    recomputing bwd %.3f ms, over the plain fwd (%.3f ms) %.2fx, fwd+bwd %.3f ms\n",
+                  "    recomputing bwd %.3f ms, over the plain fwd (%.3f ms) %.2fx, fwd+bwd %.3f ms\n"
+                  "    bwd with bf16 products (bf16_compute, opt-in) %.3f ms, over the saving fwd (%.3f ms) %.2fx\n",
                   state_mib, t.ref_ms, t.fast_ms / t.ref_ms, t.fast_ms + t.ref_ms, bwd_cpu, fwd_cpu,
                   opt.no_ref ? "" : "; ref_ms extrapolated from a 1-key-head, first-tokens slice", tr.fast_ms, tr.ref_ms, tr.fast_ms / tr.ref_ms,
-                  tr.fast_ms + tr.ref_ms);
+                  tr.fast_ms + tr.ref_ms, tb.fast_ms, tb.ref_ms, tb.fast_ms / tb.ref_ms);
   }
   return 0;
 }

@@ -1,4 +1,4 @@
-// matmul's unpacked small fp32 path (src/gemm/small_f32.h) against the fp64 reference: every
+// matmul's unpacked small fp32 path (src/gemm/small.h) against the fp64 reference: every
 // transposition of A and B, row and column tails around the 8 x 32 tile, K = 0, alpha / beta,
 // a C wider than N (columns past N untouched), and inside a parallel region (where it also takes
 // the larger shapes).
@@ -11,8 +11,9 @@
 
 #include "ot/cpu.h"
 #include "ot/gemm.h"
+#include "ot/numeric.h"
 #include "ot/parallel.h"
-#include "src/gemm/small_f32.h"
+#include "src/gemm/small.h"
 
 namespace ot::gemm {
 namespace {
@@ -23,9 +24,10 @@ struct Case {
   float alpha, beta;
 };
 
-// Runs one case through matmul (on the calling thread when `in_region`) and checks every element
-// of C, the guard columns included. Returns whether the small path took it.
-bool check(const Case& c, bool in_region) {
+// Runs one case through matmul (or matmul_bf16_operands when `bf16`; on the calling thread when
+// `in_region`) and checks every element of C, the guard columns included. Returns whether the
+// small fp32 path took it.
+bool check(const Case& c, bool in_region, bool bf16 = false) {
   std::mt19937 rng(uint32_t(c.M * 131 + c.N * 17 + c.K));
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   const int64_t lda = (c.ta ? c.M : c.K) + 3, ldb = (c.tb ? c.K : c.N) + 5, ldc = c.N + 7;
@@ -41,10 +43,15 @@ bool check(const Case& c, bool in_region) {
   bool took = false;
   auto run = [&] {
     took = detail::small_f32_takes(a, b, cv);
-    matmul(a, b, cv, c.alpha, c.beta);
+    if (bf16) matmul_bf16_operands(a, b, cv, c.alpha, c.beta);
+    else matmul(a, b, cv, c.alpha, c.beta);
   };
   if (in_region) parallel_for(2, [&](int64_t i0, int64_t) { if (i0 == 0) run(); });
   else run();
+  if (bf16) {  // the reference sees the rounded operands
+    for (float& x : A) x = bf16_to_f32(f32_to_bf16(x));
+    for (float& x : B) x = bf16_to_f32(f32_to_bf16(x));
+  }
   ref::matmul(a, b, rv, c.alpha, c.beta);
   for (int64_t i = 0; i < c.M; ++i)
     for (int64_t j = 0; j < ldc; ++j) {
@@ -72,6 +79,21 @@ TEST(SmallF32, EveryTranspositionAndTailAgainstTheReference) {
   // Every one of these is small enough to take the path wherever it exists (AVX-512).
   if (cpu::has(cpu::Isa::avx512)) EXPECT_EQ(taken, total);
   else EXPECT_EQ(taken, 0);
+}
+
+TEST(SmallBf16, EveryTranspositionAndTailAgainstTheRoundedReference) {
+  for (int64_t M : {1, 7, 8, 9, 64})
+    for (int64_t N : {1, 15, 16, 17, 33, 128})
+      for (int64_t K : {0, 1, 2, 5, 31, 32, 33, 64, 128})
+        for (int form = 0; form < 4; ++form)
+          check(Case{M, N, K, bool(form & 1), bool(form & 2), form == 3 ? -1.5f : 1.f, (form & 1) ? 0.5f : 0.f}, true, true);
+}
+
+TEST(SmallBf16, RoundsTheOperands) {
+  // 1 + 2^-10 is not a bf16: the product of the rounded operands is exactly 1.
+  float a = 1.f + 1.f / 1024, b = 1.f, c = 0.f;
+  matmul_bf16_operands(MatView{&a, DType::f32, 1, 1, 1, 1}, MatView{&b, DType::f32, 1, 1, 1, 1}, MutMatView{&c, DType::f32, 1, 1, 1, 1});
+  EXPECT_EQ(c, 1.f);
 }
 
 TEST(SmallF32, LargerShapesInsideAParallelRegion) {
