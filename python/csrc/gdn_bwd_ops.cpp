@@ -11,7 +11,8 @@ using namespace gdn_args;
 GdnChunkBwd chunk_gated_delta_rule_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g_cumsum,
                                        const Tensor& beta, const Tensor& dO, c10::optional<double> scale,
                                        const OptTensor& initial_state, const OptTensor& dht, bool use_qk_l2norm_in_kernel,
-                                       const OptTensor& A, const OptTensor& cu_seqlens, c10::string_view layout) {
+                                       const OptTensor& A, const OptTensor& cu_seqlens, c10::string_view layout, const OptTensor& h,
+                                       const OptTensor& v_new, bool bf16_compute) {
   const char* op = "chunk_gated_delta_rule_bwd";
   gdn::ChunkBwdOptions o;
   set_common(o, op, layout, cu_seqlens);
@@ -20,6 +21,9 @@ GdnChunkBwd chunk_gated_delta_rule_bwd(const Tensor& q, const Tensor& k, const T
   o.dht = view(dht, op, "dht");
   o.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel;
   o.A = view(A, op, "A");
+  o.h = view(h, op, "h");
+  o.v_new = view(v_new, op, "v_new");
+  o.bf16_compute = bf16_compute;
   auto r = gdn::chunk_gated_delta_rule_bwd(view(q, op, "q"), view(k, op, "k"), view(v, op, "v"), view(g_cumsum, op, "g_cumsum"),
                                            view(beta, op, "beta"), view(dO, op, "dO"), o);
   return {wrap(r.dq), wrap(r.dk), wrap(r.dv), wrap(r.dg), wrap(r.dbeta), wrap_opt(r.dh0)};

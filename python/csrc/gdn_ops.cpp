@@ -39,7 +39,7 @@ gdn::RecurrentOut run_recurrent(const char* op, const Tensor& q, const Tensor& k
 GdnChunkFwd chunk_gated_delta_rule_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                                        c10::optional<double> scale, const OptTensor& initial_state, bool output_final_state,
                                        const OptTensor& cu_seqlens, bool use_qk_l2norm_in_kernel, c10::string_view layout,
-                                       bool save_for_backward, c10::optional<c10::ScalarType> final_state_dtype) {
+                                       bool save_for_backward, c10::optional<c10::ScalarType> final_state_dtype, bool save_states) {
   const char* op = "chunk_gated_delta_rule";
   gdn::ChunkOptions o;
   set_common(o, op, layout, cu_seqlens);
@@ -49,9 +49,11 @@ GdnChunkFwd chunk_gated_delta_rule_fwd(const Tensor& q, const Tensor& k, const T
   o.final_state_dtype = state_dtype(final_state_dtype, op);
   o.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel;
   o.save_for_backward = save_for_backward;
+  o.save_states = save_states;
   auto r = gdn::chunk_gated_delta_rule_fwd(view(q, op, "q"), view(k, op, "k"), view(v, op, "v"), view(g, op, "g"),
                                            view(beta, op, "beta"), o);
-  return {wrap(r.o), wrap_opt(r.final_state), wrap_opt(r.g_cumsum), wrap_opt(r.A), wrap_opt(r.q_rstd), wrap_opt(r.k_rstd)};
+  return {wrap(r.o),          wrap_opt(r.final_state), wrap_opt(r.g_cumsum), wrap_opt(r.A), wrap_opt(r.q_rstd),
+          wrap_opt(r.k_rstd), wrap_opt(r.h),           wrap_opt(r.v_new)};
 }
 
 std::tuple<Tensor, OptTensor> chunk_gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
@@ -60,7 +62,7 @@ std::tuple<Tensor, OptTensor> chunk_gated_delta_rule(const Tensor& q, const Tens
                                                      bool use_qk_l2norm_in_kernel, c10::string_view layout,
                                                      c10::optional<c10::ScalarType> final_state_dtype) {
   auto r = chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                      use_qk_l2norm_in_kernel, layout, false, final_state_dtype);
+                                      use_qk_l2norm_in_kernel, layout, false, final_state_dtype, false);
   return {std::get<0>(r), std::get<1>(r)};
 }
 

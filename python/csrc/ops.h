@@ -155,11 +155,11 @@ Tensor ep_moe_ffn(const Tensor& x, const Tensor& expert_ids, const OptTensor& ex
 #endif
 
 // gdn_ops.cpp (fla names and argument order)
-using GdnChunkFwd = std::tuple<Tensor, OptTensor, OptTensor, OptTensor, OptTensor, OptTensor>;
+using GdnChunkFwd = std::tuple<Tensor, OptTensor, OptTensor, OptTensor, OptTensor, OptTensor, OptTensor, OptTensor>;
 GdnChunkFwd chunk_gated_delta_rule_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                                        c10::optional<double> scale, const OptTensor& initial_state, bool output_final_state,
                                        const OptTensor& cu_seqlens, bool use_qk_l2norm_in_kernel, c10::string_view layout,
-                                       bool save_for_backward, c10::optional<c10::ScalarType> final_state_dtype);
+                                       bool save_for_backward, c10::optional<c10::ScalarType> final_state_dtype, bool save_states);
 std::tuple<Tensor, OptTensor> chunk_gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                                      const Tensor& beta, c10::optional<double> scale, const OptTensor& initial_state,
                                                      bool output_final_state, const OptTensor& cu_seqlens,
@@ -195,7 +195,8 @@ using GdnChunkBwd = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, OptTensor
 GdnChunkBwd chunk_gated_delta_rule_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g_cumsum,
                                        const Tensor& beta, const Tensor& dO, c10::optional<double> scale,
                                        const OptTensor& initial_state, const OptTensor& dht, bool use_qk_l2norm_in_kernel,
-                                       const OptTensor& A, const OptTensor& cu_seqlens, c10::string_view layout);
+                                       const OptTensor& A, const OptTensor& cu_seqlens, c10::string_view layout, const OptTensor& h, const OptTensor& v_new,
+                                       bool bf16_compute);
 Tensor chunk_bwd_dv_local(const Tensor& q, const Tensor& k, const Tensor& g_cumsum, const Tensor& dO, c10::optional<double> scale,
                           const OptTensor& cu_seqlens, c10::string_view layout);
 std::tuple<Tensor, OptTensor, Tensor> chunk_gated_delta_rule_bwd_dhu(const Tensor& q, const Tensor& k, const Tensor& w,

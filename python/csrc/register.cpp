@@ -175,8 +175,9 @@ TORCH_LIBRARY(ops_transformer, m) {
         OT_OP(chunk_gated_delta_rule));
   m.def("chunk_gated_delta_rule_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float? scale=None, "
         "Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None, "
-        "bool use_qk_l2norm_in_kernel=False, *, str layout=\"BTHD\", bool save_for_backward=True, ScalarType? final_state_dtype=None) "
-        "-> (Tensor o, Tensor? final_state, Tensor? g_cumsum, Tensor? A, Tensor? q_rstd, Tensor? k_rstd)",
+        "bool use_qk_l2norm_in_kernel=False, *, str layout=\"BTHD\", bool save_for_backward=True, ScalarType? final_state_dtype=None, "
+        "bool save_states=False) "
+        "-> (Tensor o, Tensor? final_state, Tensor? g_cumsum, Tensor? A, Tensor? q_rstd, Tensor? k_rstd, Tensor? h, Tensor? v_new)",
         OT_OP(chunk_gated_delta_rule_fwd));
   m.def("fused_recurrent_gated_delta_rule(Tensor q, Tensor k, Tensor v, Tensor? g=None, Tensor? beta=None, "
         "float? scale=None, Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None, "
@@ -205,8 +206,8 @@ TORCH_LIBRARY(ops_transformer, m) {
   // ---- Gated DeltaNet backward (spec section 6): composition and stages
   m.def("chunk_gated_delta_rule_bwd(Tensor q, Tensor k, Tensor v, Tensor g_cumsum, Tensor beta, Tensor dO, *, "
         "float? scale=None, Tensor? initial_state=None, Tensor? dht=None, bool use_qk_l2norm_in_kernel=False, "
-        "Tensor? A=None, Tensor? cu_seqlens=None, str layout=\"BTHD\") "
-        "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor? dh0)", OT_OP(chunk_gated_delta_rule_bwd));
+        "Tensor? A=None, Tensor? cu_seqlens=None, str layout=\"BTHD\", Tensor? h=None, Tensor? v_new=None, "
+        "bool bf16_compute=False) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor? dh0)", OT_OP(chunk_gated_delta_rule_bwd));
   m.def("chunk_bwd_dv_local(Tensor q, Tensor k, Tensor g_cumsum, Tensor dO, float? scale=None, Tensor? cu_seqlens=None, *, "
         "str layout=\"BTHD\") -> Tensor", OT_OP(chunk_bwd_dv_local));
   m.def("chunk_gated_delta_rule_bwd_dhu(Tensor q, Tensor k, Tensor w, Tensor g_cumsum, Tensor? dht, Tensor dO, "

@@ -217,6 +217,43 @@ def test_varlen_gradients_match_recurrence():
         assert rel_err(a.grad, r.grad) < 1e-3
 
 
+@pytest.mark.skipif(not ot.has_op("chunk_gated_delta_rule_bwd"), reason="operator not landed yet: chunk_gated_delta_rule_bwd")
+def test_saved_states_give_the_recomputed_gradients():
+    """save_states (the default) hands the forward's h and v_new to the backward; the recomputing
+    path (save_states=False) gives the same gradients to fp32 rounding."""
+    torch.manual_seed(4)
+    cu = torch.tensor([0, 70, 71, 200])
+    q, k, v, g, beta = inputs(1, 200, 2, 4, 16, 16)
+    h0 = torch.randn(3, 4, 16, 16) * 0.1
+    grads = []
+    for save in (True, False):
+        args = [t.clone().requires_grad_() for t in (q, k, v, g, beta, h0)]
+        o, f = gdn.chunk_gated_delta_rule(*args[:5], initial_state=args[5], output_final_state=True, cu_seqlens=cu,
+                                          use_qk_l2norm_in_kernel=True, save_states=save)
+        torch.manual_seed(5)
+        ((o * torch.randn_like(o)).sum() + (f * torch.randn_like(f)).sum()).backward()
+        grads.append([a.grad for a in args])
+    for a, b in zip(*grads):
+        assert rel_err(a, b) < 1e-5
+
+
+@pytest.mark.skipif(not ot.has_op("chunk_gated_delta_rule_bwd"), reason="operator not landed yet: chunk_gated_delta_rule_bwd")
+def test_torch_twin_of_the_vs_torch_benchmark_agrees():
+    """python/bench_gdn_vs_torch.py times the op against a plain-torch chunked form: that form must
+    compute the same outputs and gradients (grouped heads, l2norm, T not a multiple of 64)."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench_gdn_vs_torch.py"
+    spec = importlib.util.spec_from_file_location("bench_gdn_vs_torch", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    inputs = bench.make_inputs(150, 2, 4, 16, torch.float32, seed=3)
+    do = torch.randn(1, 150, 4, 16)
+    ours = bench.fwd_bwd(bench.ours, inputs, do)
+    twin = bench.fwd_bwd(bench.torch_twin, inputs, do)
+    assert bench.max_rel_diff(ours, twin) < 1e-4
+
+
 # ---- the layer ---------------------------------------------------------------------------------
 
 def make_layer(variant, dtype=torch.float32):
