@@ -5,7 +5,9 @@ triangular inverse by solve_triangular), forward and forward+backward through au
 loss = sum(o * dO) + sum(S_T * dht). Same Qwen3.5 shapes and case names as the C++ benchmark.
 
 With --ot PATH the script also runs `PATH bench gdn_chunk_bwd --json --no-ref` on the same cases
-and prints the speed-up of our fwd+bwd over this baseline (target >= 10x).
+and prints the speed-up of our fwd+bwd over this baseline (target >= 10x). The first line says
+which BLAS torch's fp32 matmuls run on (libblas.so.3 as loaded: Debian's reference BLAS unless
+LD_LIBRARY_PATH gives OpenBLAS; docs/hybrid.md, "BLAS").
 
     /usr/bin/python3 bench/gdn_torch_baseline.py --ot build/dev/ot [--case B1-T1024] [--threads 2]
 """
@@ -112,6 +114,15 @@ def run_case(name, reps):
     return median_ms(fwd), median_ms(fwd_bwd)
 
 
+def blas_line():
+    """torch's build setting and the BLAS library this process actually loaded."""
+    torch.ones(64, 64) @ torch.ones(64, 64)
+    info = next((p.strip().rsplit(" ", 1)[-1] for p in torch.__config__.show().split(",") if "BLAS_INFO" in p), "BLAS_INFO=?")
+    with open("/proc/self/maps") as maps:
+        libs = sorted({line.split()[-1] for line in maps if "blas" in line.split()[-1].rsplit("/", 1)[-1]})
+    return f"torch {torch.__version__}, {torch.get_num_threads()} threads, {info}; loaded: {', '.join(libs) or 'none'}"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", default="")
@@ -128,6 +139,7 @@ def main():
             if line.startswith("{"):
                 j = json.loads(line)
                 ours[j["name"]] = (j["fwd_plus_bwd_ms"], j["fwd_cpu_ms"] + j["bwd_cpu_ms"])
+    print(blas_line())
     # Wall times, and process CPU times (the contention-free figure on a shared machine at 1 thread).
     print(f"{'case':<18} {'torch fwd':>10} {'torch f+b':>10} {'ot f+b':>8} {'speed-up':>9} | {'cpu: torch f+b':>14} {'ot f+b':>8} {'speed-up':>9}")
     for name in CASES:

@@ -238,20 +238,29 @@ def test_saved_states_give_the_recomputed_gradients():
 
 
 @pytest.mark.skipif(not ot.has_op("chunk_gated_delta_rule_bwd"), reason="operator not landed yet: chunk_gated_delta_rule_bwd")
-def test_torch_twin_of_the_vs_torch_benchmark_agrees():
-    """python/bench_gdn_vs_torch.py times the op against a plain-torch chunked form: that form must
-    compute the same outputs and gradients (grouped heads, l2norm, T not a multiple of 64)."""
+def test_plain_torch_baseline_agrees():
+    """bench/gdn_torch_baseline.py times fwd+bwd against a plain-torch chunked form: that form must
+    compute the same outputs and gradients as the op (grouped heads, l2norm, h0, T not a multiple of 64)."""
     import importlib.util
     import pathlib
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench_gdn_vs_torch.py"
-    spec = importlib.util.spec_from_file_location("bench_gdn_vs_torch", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    inputs = bench.make_inputs(150, 2, 4, 16, torch.float32, seed=3)
-    do = torch.randn(1, 150, 4, 16)
-    ours = bench.fwd_bwd(bench.ours, inputs, do)
-    twin = bench.fwd_bwd(bench.torch_twin, inputs, do)
-    assert bench.max_rel_diff(ours, twin) < 1e-4
+    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "gdn_torch_baseline.py"
+    spec = importlib.util.spec_from_file_location("gdn_torch_baseline", path)
+    base = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(base)
+    torch.manual_seed(6)
+    q, k, v, g, beta = inputs(1, 150, 2, 4, 16, 16)
+    h0 = torch.randn(1, 4, 16, 16) * 0.1
+    do, dht = torch.randn(1, 150, 4, 16), torch.randn(1, 4, 16, 16)
+    grads = []
+    for fn in (lambda *a: gdn.chunk_gated_delta_rule(*a[:5], initial_state=a[5], output_final_state=True,
+                                                     use_qk_l2norm_in_kernel=True),
+               lambda *a: base.chunk_gdn(*a, 16 ** -0.5)):
+        args = [t.clone().requires_grad_() for t in (q, k, v, g, beta, h0)]
+        o, fin = fn(*args)
+        ((o * do).sum() + (fin * dht).sum()).backward()
+        grads.append([a.grad for a in args])
+    for a, b in zip(*grads):
+        assert rel_err(a, b) < 1e-4
 
 
 # ---- the layer ---------------------------------------------------------------------------------
