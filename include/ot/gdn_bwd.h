@@ -25,7 +25,7 @@ struct ChunkBwdOptions : Common {
   TensorView h, v_new;
   // Opt-in, for bf16 q, k, v: the reverse scan's products take bf16-rounded operands with fp32
   // accumulation (vdpbf16ps where the GEMM uses it; fla's precision); the elementwise steps and the
-  // sums stay fp32. ~1.25x faster at Qwen3.5 shapes on Zen 5, at ~6e-3 relative RMS from the fp64
+  // sums stay fp32. ~1.35x faster at Qwen3.5 shapes on Zen 5, at ~6e-3 relative RMS from the fp64
   // gradients instead of ~4e-4 (a bf16 operand rounding is ~1e-3 relative on every product, and the
   // chain has twenty). false (default): fp32 products.
   bool bf16_compute = false;
