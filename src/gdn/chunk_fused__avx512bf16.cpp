@@ -1,8 +1,9 @@
 // bf16 fused chunk forward on AVX512-BF16 (see chunk_fused_bf16.h). The engine's matmul packs
 // its operands on every call, which dominates at 64 x 128 x 128; here each operand is produced
-// once per chunk directly in the layout the micro-kernel reads (A: bf16 rows, B: bf16 pairs of
-// rows interleaved, "VNNI"). The state recurrence (W, U, v_new = U - W S, the state update) runs
-// on fp32 operands; only the output products (Q S, P v_new) take bf16 copies of S and v_new.
+// once per chunk directly in the layout the engine's fixed-size tiles read (src/gemm/small.h:
+// A bf16 rows, B bf16 pairs of rows interleaved, "VNNI") and reused across the chunk's products.
+// The state recurrence (W, U, v_new = U - W S, the state update) runs on fp32 operands; only the
+// output products (Q S, P v_new) take bf16 copies of S and v_new.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -14,135 +15,16 @@
 #include "ot/numeric.h"
 #include "src/gdn/chunk_fused_bf16.h"
 #include "src/gdn/chunk_kernels.h"
+#include "src/gemm/small.h"
 
 namespace ot::gdn::detail {
 namespace {
 
 constexpr int64_t C = kChunk;
-constexpr int MR = 8;   // rows per micro-tile
-constexpr int NR = 32;  // columns per micro-tile (two zmm)
-
-// C[i][j] = beta * C[i][j] + alpha * rs[i] * sum_k A[i][k] B[k][j]. A: bf16 row-major (ld lda,
-// k even); B: [k/2][n] words holding the bf16 pair (B[2p][j], B[2p+1][j]). tri_k: A is lower
-// triangular, so rows [i0, i0 + MR) stop at column i0 + MR. tri_n: only tiles with j0 <= i
-// are needed (causal outputs; the skipped tiles are left unwritten).
-struct Epi {
-  float alpha = 1.f, beta = 0.f;
-  const float* rs = nullptr;
-  bool tri_k = false, tri_n = false;
-};
-
-inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
-
-// Cp rows [i0, i0 + MR), 32 columns = the epilogue of e applied to the accumulators.
-inline void store_tile(const __m512 (&acc)[MR][2], float* Cp, int64_t ldc, const Epi& e, int64_t i0) {
-  for (int r = 0; r < MR; ++r) {
-    float f = e.alpha * (e.rs ? e.rs[i0 + r] : 1.f);
-    __m512 fv = _mm512_set1_ps(f);
-    float* c = Cp + r * ldc;
-    for (int h = 0; h < 2; ++h) {
-      __m512 x = _mm512_mul_ps(acc[r][h], fv);
-      if (e.beta != 0.f) x = _mm512_fmadd_ps(_mm512_set1_ps(e.beta), _mm512_loadu_ps(c + 16 * h), x);
-      _mm512_storeu_ps(c + 16 * h, x);
-    }
-  }
-}
-
-inline void micro(const uint16_t* A, int64_t lda, const uint32_t* B, int64_t n, int64_t kp, float* Cp, int64_t ldc, const Epi& e,
-                  int64_t i0) {
-  __m512 acc[MR][2];
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < kp; ++p) {
-    __m512i b0 = _mm512_loadu_si512(B + p * n), b1 = _mm512_loadu_si512(B + p * n + 16);
-    const uint16_t* ap = A + 2 * p;
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(ap + r * lda));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], as_bh(a), as_bh(b0));
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], as_bh(a), as_bh(b1));
-    }
-  }
-  store_tile(acc, Cp, ldc, e, i0);
-}
-
-// The same product on CPUs whose vdpbf16ps has half the FMAs' flop rate (Intel without AMX; the
-// GEMM's measured choice, gemm::detail::bf16_dot_preferred): B's words widened to fp32 in registers
-// (k even = word << 16, k odd = word & 0xffff0000, exact) times fp32 A rows (the bf16 A widened
-// once per product, broadcasts are then loads): 4 widening ops per 32 FMAs.
-inline void micro_widen(const float* A, int64_t lda, const uint32_t* B, int64_t n, int64_t kp, float* Cp, int64_t ldc, const Epi& e,
-                        int64_t i0) {
-  const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));
-  __m512 acc[MR][2];
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < kp; ++p) {
-    const __m512i b0 = _mm512_loadu_si512(B + p * n), b1 = _mm512_loadu_si512(B + p * n + 16);
-    const float* ap = A + 2 * p;
-    const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(b0, 16)), e1 = _mm512_castsi512_ps(_mm512_slli_epi32(b1, 16));
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m512 a = _mm512_set1_ps(ap[r * lda]);
-      acc[r][0] = _mm512_fmadd_ps(a, e0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(a, e1, acc[r][1]);
-    }
-    const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(b0, hi)), o1 = _mm512_castsi512_ps(_mm512_and_si512(b1, hi));
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m512 a = _mm512_set1_ps(ap[r * lda + 1]);
-      acc[r][0] = _mm512_fmadd_ps(a, o0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(a, o1, acc[r][1]);
-    }
-  }
-  store_tile(acc, Cp, ldc, e, i0);
-}
-
-// fp32 A (ld lda) times VNNI B (bf16 pairs, exact): m % MR == 0, n % NR == 0, k even.
-void mm_wide(const float* A, int64_t lda, const uint32_t* B, int64_t n, int64_t k, float* Cp, int64_t ldc, int64_t m, const Epi& e) {
-  const int64_t kp = k / 2;
-  for (int64_t j0 = 0; j0 < n; j0 += NR)
-    for (int64_t i0 = 0; i0 < m; i0 += MR) {
-      if (e.tri_n && j0 > i0 + MR - 1) continue;
-      int64_t kk = e.tri_k ? std::min(kp, (i0 + MR) / 2) : kp;
-      micro_widen(A + i0 * lda, lda, B + j0, n, kk, Cp + i0 * ldc + j0, ldc, e, i0);
-    }
-}
-
-// m % MR == 0, n % NR == 0, k even. a32 (m x k floats), when set: run on micro_widen with A widened into it.
-void mm(const uint16_t* A, int64_t lda, const uint32_t* B, int64_t n, int64_t k, float* Cp, int64_t ldc, int64_t m, const Epi& e,
-        float* a32) {
-  if (a32) {
-    for (int64_t i = 0; i < m; ++i) convert_to_f32(A + i * lda, DType::bf16, a32 + i * k, k);
-    mm_wide(a32, k, B, n, k, Cp, ldc, m, e);
-    return;
-  }
-  const int64_t kp = k / 2;
-  for (int64_t j0 = 0; j0 < n; j0 += NR)
-    for (int64_t i0 = 0; i0 < m; i0 += MR) {
-      if (e.tri_n && j0 > i0 + MR - 1) continue;
-      int64_t kk = e.tri_k ? std::min(kp, (i0 + MR) / 2) : kp;
-      micro(A + i0 * lda, lda, B + j0, n, kk, Cp + i0 * ldc + j0, ldc, e, i0);
-    }
-}
-
-// The state recurrence's products in fp32 (A, B row-major fp32, B ld ldb): an operand rounded to
-// bf16 there would put ~2^-9 relative error into the carried state every chunk.
-inline void micro_f32(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t k, float* Cp, int64_t ldc, const Epi& e, int64_t i0) {
-  __m512 acc[MR][2];
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < k; ++p) {
-    const __m512 b0 = _mm512_loadu_ps(B + p * ldb), b1 = _mm512_loadu_ps(B + p * ldb + 16);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m512 a = _mm512_set1_ps(A[r * lda + p]);
-      acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
-    }
-  }
-  store_tile(acc, Cp, ldc, e, i0);
-}
-void mm_f32(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t n, int64_t k, float* Cp, int64_t ldc, int64_t m, const Epi& e) {
-  for (int64_t j0 = 0; j0 < n; j0 += NR)
-    for (int64_t i0 = 0; i0 < m; i0 += MR) micro_f32(A + i0 * lda, lda, B + j0, ldb, k, Cp + i0 * ldc + j0, ldc, e, i0);
-}
+using gemm::detail::TileEpi;
+using gemm::detail::tiles_bf16;
+using gemm::detail::tiles_f32;
+using gemm::detail::tiles_widen;
 
 // Pair-interleave two rows into words: dst[j] = r0[j] | r1[j] << 16 (bf16 sources).
 inline void pair_u16(const uint16_t* r0, const uint16_t* r1, uint32_t* dst, int64_t n) {
@@ -305,10 +187,10 @@ void bf16_fused_task(const Bf16Fwd& a, int64_t n, int64_t hk) {
       for (int64_t p = 0; p < DK / 2; ++p)
         for (int64_t j = 0; j < C; j += 16)
           _mm512_storeu_si512(kT + p * C + j, _mm512_i32gather_epi32(_mm512_add_epi32(rows, _mm512_set1_epi32(int(j * (DK / 2) + p))), b.kb, 4));
-      Epi e;
+      TileEpi e;
       e.tri_n = true;
-      mm(b.kb, DK, kT, C, DK, b.kk, C, C, e, b.a32);
-      mm(b.qb, DK, kT, C, DK, b.qk, C, C, e, b.a32);
+      tiles_bf16(b.kb, DK, kT, C, DK, b.kk, C, C, e, b.a32);
+      tiles_bf16(b.qb, DK, kT, C, DK, b.qk, C, C, e, b.a32);
       // kt[d][i] = rk_i k_i[d] (fp32): the halves of kT's words.
       for (int64_t p = 0; p < DK / 2; ++p)
         for (int64_t j = 0; j < C; j += 16) {
@@ -353,23 +235,23 @@ void bf16_fused_task(const Bf16Fwd& a, int64_t n, int64_t hk) {
         }
       load_bf16_rows(a.v, sp.b, sp.t0, L, hv, b.vb);
       for (int64_t p = 0; p < C / 2; ++p) pair_u16(b.vb + 2 * p * DV, b.vb + (2 * p + 1) * DV, b.vv + p * DV, DV);
-      Epi tk;
+      TileEpi tk;
       tk.tri_k = true;
       // W = A diag(beta e^G rk) K, U = A diag(beta) V: fp32 A times the exact bf16 K, V pairs.
-      mm_wide(b.aw, C, b.kv, DK, C, b.w, DK, C, tk);
-      mm_wide(b.au, C, b.vv, DV, C, b.u, DV, C, tk);
+      tiles_widen(b.aw, C, b.kv, DK, C, b.w, DK, C, tk);
+      tiles_widen(b.au, C, b.vv, DV, C, b.u, DV, C, tk);
       // v_new = U - W S in fp32 (the state recurrence); the bf16 copy of S only feeds the output.
       for (int64_t p = 0; p < DK / 2; ++p) pair_f32(S + 2 * p * DV, S + (2 * p + 1) * DV, b.sv + p * DV, DV);
-      Epi vn;
+      TileEpi vn;
       vn.alpha = -1.f, vn.beta = 1.f;
-      mm_f32(b.w, DK, S, DV, DV, DK, b.u, DV, C, vn);
+      tiles_f32(b.w, DK, S, DV, DV, DK, b.u, DV, C, vn);
       float* dn = b.u;
       if (a.h) store_rows(dn, DV, a.v_new, sp.b, sp.t0, L, hv);
       for (int64_t p = 0; p < C / 2; ++p) pair_f32(dn + 2 * p * DV, dn + (2 * p + 1) * DV, b.dv + p * DV, DV);
       // O = diag(s e^G rq) Q S + P v_new, P = s causal(E) o (Q K^T) rq_i rk_j.
-      Epi oq;
+      TileEpi oq;
       oq.rs = b.ro;
-      mm(b.qb, DK, b.sv, DV, DK, b.o, DV, C, oq, b.a32);
+      tiles_bf16(b.qb, DK, b.sv, DV, DK, b.o, DV, C, oq, b.a32);
       for (int64_t i = 0; i < C; ++i) {
         float* pr = b.M + i * C;  // M is no longer needed: fp32 P row
         if (i < L) {
@@ -383,17 +265,17 @@ void bf16_fused_task(const Bf16Fwd& a, int64_t n, int64_t hk) {
         }
         row_bf16(pr, nullptr, b.p + i * C, C);
       }
-      Epi op;
+      TileEpi op;
       op.beta = 1.f, op.tri_k = true;
-      mm(b.p, C, b.dv, DV, C, b.o, DV, C, op, b.a32);
+      tiles_bf16(b.p, C, b.dv, DV, C, b.o, DV, C, op, b.a32);
       store_rows(b.o, DV, a.o, sp.b, sp.t0, L, hv);
       if (a.G.defined()) store_scal(b.G, a.G, sp.b, sp.t0, L, hv);
       // S = e^{G_last} S + (diag(e^{G_last - G}) K)^T v_new, all fp32 (v_new unrounded).
       for (int64_t d = 0; d < DK; ++d)
         for (int64_t i = 0; i < C; ++i) b.ktd[d * C + i] = b.kt[d * C + i] * b.fs[i];
-      Epi su;
+      TileEpi su;
       su.beta = std::exp(gl);
-      mm_f32(b.ktd, C, dn, DV, DV, C, S, DV, DK, su);
+      tiles_f32(b.ktd, C, dn, DV, DV, C, S, DV, DK, su);
     }
   }
   for (int64_t j = 0; j < group; ++j)

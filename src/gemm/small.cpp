@@ -29,7 +29,7 @@ void small_f32(const MatView& a, const MatView& b, const MutMatView& c, float al
   p.M = a.rows, p.N = b.cols, p.K = a.cols;
   p.a = static_cast<const float*>(a.data), p.ars = a.rs, p.acs = a.cs;
   p.c = static_cast<float*>(c.data), p.ldc = c.rs;
-  p.alpha = alpha, p.beta = beta;
+  p.e.alpha = alpha, p.e.beta = beta;
   if (b.cs == 1) {
     p.b = static_cast<const float*>(b.data), p.ldb = b.rs;
   } else {  // B = X^T with X's rows contiguous: one transpose into this thread's scratch

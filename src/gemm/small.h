@@ -15,7 +15,17 @@
 
 namespace ot::gemm::detail {
 
-// C[M][N] = alpha * A x B (+ beta * C when beta != 0); element sums run over k in order.
+// The tiles' epilogue and shape flags: C[i][j] = alpha * rs[i] * sum_k A[i][k] B[k][j] (+ beta *
+// C[i][j] when beta != 0; rs null: 1). tri_k: A is lower triangular, so the rows of a tile
+// starting at row i0 stop their sum at column i0 + 8. tri_n: only the column tiles starting at
+// j0 <= i0 + 7 are needed (causal outputs; the others are left unwritten).
+struct TileEpi {
+  float alpha = 1.f, beta = 0.f;
+  const float* rs = nullptr;
+  bool tri_k = false, tri_n = false;
+};
+
+// C[M][N] = epilogue(A x B); element sums run over k in order.
 struct SmallF32 {
   int64_t M = 0, N = 0, K = 0;
   const float* a = nullptr;
@@ -24,7 +34,7 @@ struct SmallF32 {
   int64_t ldb = 0;           // B(k, n) at b + k * ldb + n
   float* c = nullptr;
   int64_t ldc = 0;           // C(i, n) at c + i * ldc + n
-  float alpha = 1.f, beta = 0.f;
+  TileEpi e;
 };
 
 // True when matmul(a, b, c) takes this path on this machine.
@@ -35,6 +45,20 @@ void small_f32(const MatView& a, const MatView& b, const MutMatView& c, float al
 // Per-ISA product (small_f32__avx512.cpp) and the transpose of a B given as X^T (X [N][K] rows).
 void small_f32_avx512(const SmallF32& p);
 void transpose_f32_avx512(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* dst, int64_t ldd);
+
+// Fixed-size tiles for operands a caller keeps in the micro-kernels' layouts across several products
+// (the fused bf16 GDN forward's chunk products; its file is built for AVX512-BF16): m % 8 == 0,
+// n % 32 == 0, k even. B words: [k/2][n], word (p, j) = bf16 pair (B[2p][j], B[2p + 1][j]).
+//   tiles_f32:   fp32 A rows (lda) x fp32 B rows (ldb) on FMAs (small_f32's tiles);
+//   tiles_bf16:  bf16 A rows (lda elements, even) x B words on vdpbf16ps, or, with a32 (m x k floats
+//                of scratch), A widened into it and the product on tiles_widen (CPUs whose
+//                vdpbf16ps is the slower, bf16_dot_preferred() false);
+//   tiles_widen: fp32 A rows x B words widened to fp32 in registers (exact), FMAs.
+void tiles_f32(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t n, int64_t k, float* C, int64_t ldc, int64_t m,
+               const TileEpi& e);
+void tiles_bf16(const uint16_t* A, int64_t lda, const uint32_t* B, int64_t n, int64_t k, float* C, int64_t ldc, int64_t m, const TileEpi& e,
+                float* a32);
+void tiles_widen(const float* A, int64_t lda, const uint32_t* B, int64_t n, int64_t k, float* C, int64_t ldc, int64_t m, const TileEpi& e);
 
 // matmul_bf16_operands on AVX512-BF16 (small_bf16__avx512bf16.cpp): A and B rounded to bf16 pairs
 // along K as they are packed (A words: a + i * ars + p * acs for pair p of row i; B: [ceil(K/2)][N]

@@ -1,8 +1,10 @@
-// AVX512-BF16 build of matmul_bf16_operands' small path (see small.h): both operands rounded to bf16
-// pairs along K while packed into per-thread scratch (A as one word per (row, pair), read by
-// broadcast; B as [pairs][N] words), then R x 32 vdpbf16ps tiles (two zmm a row, up to 8 rows).
+// AVX512-BF16 build of the bf16-pair tiles (see small.h): R x 32 vdpbf16ps tiles (two zmm a row,
+// up to 8 rows) over A words read by broadcast and B words [pairs][N]; and the same products with
+// B widened to fp32 FMAs. matmul_bf16_operands' small path rounds both operands into those
+// layouts in per-thread scratch; tiles_bf16 / tiles_widen take operands already in them.
 #include <immintrin.h>
 
+#include "ot/numeric.h"
 #include "src/gemm/internal.h"
 #include "src/gemm/small.h"
 #include "src/gemm/transpose_avx512.h"
@@ -65,19 +67,44 @@ void transpose_u32(const uint32_t* x, int64_t ldx, int64_t rows, int64_t cols, u
 }
 
 struct Packed {
-  const uint32_t* a;
-  int64_t ars, acs;  // word (i, p) at a + i * ars + p * acs
-  const uint32_t* b;
-  int64_t ldb;       // word (p, j) at b + p * ldb + j
-  int64_t M, N, P;
-  float* c;
-  int64_t ldc;
-  float alpha, beta;
+  const uint32_t* a = nullptr;  // bf16 tiles: word (i, p) at a + i * ars + p * acs
+  const float* af = nullptr;    // widening tiles: fp32 A(i, k) at af + i * ars + k * acs
+  int64_t ars = 0, acs = 0;
+  const uint32_t* b = nullptr;
+  int64_t ldb = 0;              // word (p, j) at b + p * ldb + j
+  int64_t M = 0, N = 0, P = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  TileEpi e;
 };
+
+// The rows' epilogue: C = alpha * rs[i] * acc (+ beta * C), masked at the column edge.
+template <int R, bool Two>
+inline void store(const Packed& q, int64_t i0, int64_t j0, __mmask16 m0, __mmask16 m1, const __m512 (&acc0)[R], const __m512 (&acc1)[R]) {
+  const int64_t ldc = q.ldc;
+  const __m512 beta = _mm512_set1_ps(q.e.beta);
+  const bool load_c = q.e.beta != 0.f;
+  float* c = q.c + i0 * ldc + j0;
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r, c += ldc) {
+    const __m512 f = _mm512_set1_ps(q.e.rs ? q.e.alpha * q.e.rs[i0 + r] : q.e.alpha);
+    __m512 x = _mm512_mul_ps(acc0[r], f);
+    if (load_c) x = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m0, c), x);
+    _mm512_mask_storeu_ps(c, m0, x);
+    if (Two) {
+      __m512 y = _mm512_mul_ps(acc1[r], f);
+      if (load_c) y = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m1, c + 16), y);
+      _mm512_mask_storeu_ps(c + 16, m1, y);
+    }
+  }
+}
+
+// Pairs of K a tile's rows sum over (tri_k: A lower triangular, rows [i0, i0 + 8) end at i0 + 8).
+inline int64_t pairs_of(const Packed& q, int64_t i0) { return q.e.tri_k && (i0 + 8) / 2 < q.P ? (i0 + 8) / 2 : q.P; }
 
 template <int R, bool Two>
 void tile(const Packed& q, int64_t i0, int64_t j0, __mmask16 m0, __mmask16 m1) {
-  const int64_t P = q.P, ars = q.ars, acs = q.acs, ldb = q.ldb, ldc = q.ldc;
+  const int64_t P = pairs_of(q, i0), ars = q.ars, acs = q.acs, ldb = q.ldb;
   const uint32_t* a = q.a + i0 * ars;
   const uint32_t* b = q.b + j0;
   __m512 acc0[R], acc1[R];
@@ -95,27 +122,60 @@ void tile(const Packed& q, int64_t i0, int64_t j0, __mmask16 m0, __mmask16 m1) {
       if (Two) acc1[r] = _mm512_dpbf16_ps(acc1[r], av, b1);
     }
   }
-  const __m512 alpha = _mm512_set1_ps(q.alpha), beta = _mm512_set1_ps(q.beta);
-  const bool load_c = q.beta != 0.f;
-  float* c = q.c + i0 * ldc + j0;
+  store<R, Two>(q, i0, j0, m0, m1, acc0, acc1);
+}
+
+// The same product on fp32 A and B words widened in registers (k even = word << 16, k odd = word &
+// 0xffff0000, exact): 4 widening ops per 32 FMAs.
+template <int R, bool Two>
+void tile_widen(const Packed& q, int64_t i0, int64_t j0, __mmask16 m0, __mmask16 m1) {
+  const int64_t P = pairs_of(q, i0), ars = q.ars, acs = q.acs, ldb = q.ldb;
+  const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));
+  const float* a = q.af + i0 * ars;
+  const uint32_t* b = q.b + j0;
+  __m512 acc0[R], acc1[R];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r, c += ldc) {
-    __m512 x = _mm512_mul_ps(acc0[r], alpha);
-    if (load_c) x = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m0, c), x);
-    _mm512_mask_storeu_ps(c, m0, x);
-    if (Two) {
-      __m512 y = _mm512_mul_ps(acc1[r], alpha);
-      if (load_c) y = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m1, c + 16), y);
-      _mm512_mask_storeu_ps(c + 16, m1, y);
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < P; ++p) {
+    const uint32_t* bp = b + p * ldb;
+    const __m512i w0 = _mm512_maskz_loadu_epi32(m0, bp), w1 = Two ? _mm512_maskz_loadu_epi32(m1, bp + 16) : _mm512_setzero_si512();
+    const float* ap = a + 2 * p * acs;
+    const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)), e1 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(ap[r * ars]);
+      acc0[r] = _mm512_fmadd_ps(av, e0, acc0[r]);
+      if (Two) acc1[r] = _mm512_fmadd_ps(av, e1, acc1[r]);
     }
+    const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(w0, hi)), o1 = _mm512_castsi512_ps(_mm512_and_si512(w1, hi));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(ap[r * ars + acs]);
+      acc0[r] = _mm512_fmadd_ps(av, o0, acc0[r]);
+      if (Two) acc1[r] = _mm512_fmadd_ps(av, o1, acc1[r]);
+    }
+  }
+  store<R, Two>(q, i0, j0, m0, m1, acc0, acc1);
+}
+
+template <bool Two, bool Widen>
+void rows(const Packed& q, int64_t j0, __mmask16 m0, __mmask16 m1) {
+  for (int64_t i0 = 0; i0 < q.M; i0 += 8) {
+    if (q.e.tri_n && j0 > i0 + 7) continue;
+    const int64_t r = q.M - i0 < 8 ? q.M - i0 : 8;
+    with_mr(int(r), [&](auto R) {
+      if constexpr (Widen) tile_widen<decltype(R)::value, Two>(q, i0, j0, m0, m1);
+      else tile<decltype(R)::value, Two>(q, i0, j0, m0, m1);
+    });
   }
 }
 
-template <bool Two>
-void rows(const Packed& q, int64_t j0, __mmask16 m0, __mmask16 m1) {
-  for (int64_t i0 = 0; i0 < q.M; i0 += 8) {
-    const int64_t r = q.M - i0 < 8 ? q.M - i0 : 8;
-    with_mr(int(r), [&](auto R) { tile<decltype(R)::value, Two>(q, i0, j0, m0, m1); });
+template <bool Widen>
+void run(const Packed& q) {
+  for (int64_t j0 = 0; j0 < q.N; j0 += 32) {
+    const int64_t w = q.N - j0;
+    if (w > 16) rows<true, Widen>(q, j0, first(w), first(w - 16));
+    else rows<false, Widen>(q, j0, first(w), 0);
   }
 }
 
@@ -126,7 +186,7 @@ void small_bf16_avx512bf16(const MatView& a, const MatView& b, const MutMatView&
   thread_local Buf abuf, bbuf;
   Packed q;
   q.M = M, q.N = N, q.P = P;
-  q.c = static_cast<float*>(c.data), q.ldc = c.rs, q.alpha = alpha, q.beta = beta;
+  q.c = static_cast<float*>(c.data), q.ldc = c.rs, q.e.alpha = alpha, q.e.beta = beta;
   // A: rows contiguous -> word rows [M][P]; columns contiguous (A = Y^T) -> pair Y's rows: [P][M].
   uint32_t* aw = reinterpret_cast<uint32_t*>(abuf.get(sizeof(uint32_t) * size_t(M * P + 16)));
   const float* ad = static_cast<const float*>(a.data);
@@ -144,11 +204,26 @@ void small_bf16_avx512bf16(const MatView& a, const MatView& b, const MutMatView&
     transpose_u32(xw, P, N, P, bw, N);
   }
   q.b = bw, q.ldb = N;
-  for (int64_t j0 = 0; j0 < N; j0 += 32) {
-    const int64_t w = N - j0;
-    if (w > 16) rows<true>(q, j0, first(w), first(w - 16));
-    else rows<false>(q, j0, first(w), 0);
+  run<false>(q);
+}
+
+void tiles_widen(const float* A, int64_t lda, const uint32_t* B, int64_t n, int64_t k, float* C, int64_t ldc, int64_t m, const TileEpi& e) {
+  Packed q;
+  q.af = A, q.ars = lda, q.acs = 1, q.b = B, q.ldb = n, q.M = m, q.N = n, q.P = k / 2, q.c = C, q.ldc = ldc, q.e = e;
+  run<true>(q);
+}
+
+void tiles_bf16(const uint16_t* A, int64_t lda, const uint32_t* B, int64_t n, int64_t k, float* C, int64_t ldc, int64_t m, const TileEpi& e,
+                float* a32) {
+  if (a32) {
+    for (int64_t i = 0; i < m; ++i) convert_to_f32(A + i * lda, DType::bf16, a32 + i * k, k);
+    tiles_widen(a32, k, B, n, k, C, ldc, m, e);
+    return;
   }
+  Packed q;
+  q.a = reinterpret_cast<const uint32_t*>(A), q.ars = lda / 2, q.acs = 1, q.b = B, q.ldb = n, q.M = m, q.N = n, q.P = k / 2;
+  q.c = C, q.ldc = ldc, q.e = e;
+  run<false>(q);
 }
 
 }  // namespace ot::gemm::detail

@@ -1,5 +1,6 @@
-// AVX-512 build of the unpacked small fp32 path (see small_f32.h): R x 32 register tiles (two zmm
-// a row, up to 8 rows = 16 accumulators), B's rows loaded in place with masks at the column edge.
+// AVX-512 build of the small fp32 tiles (see small.h): R x 32 register tiles (two zmm a row, up to
+// 8 rows = 16 accumulators), B's rows loaded in place with masks at the column edge; matmul's small
+// fp32 path and the fixed-size tiles_f32.
 #include <immintrin.h>
 
 #include "src/gemm/internal.h"
@@ -14,7 +15,7 @@ template <int R, bool Two>
 void tile(const SmallF32& p, int64_t i0, int64_t j0, __mmask16 m0, __mmask16 m1) {
   // Locals, not p's fields, in the loop: the stores to C could alias p, and the compiler would
   // then reload them and spill the accumulators every k.
-  const int64_t K = p.K, ars = p.ars, acs = p.acs, ldb = p.ldb, ldc = p.ldc;
+  const int64_t K = p.e.tri_k && i0 + 8 < p.K ? i0 + 8 : p.K, ars = p.ars, acs = p.acs, ldb = p.ldb, ldc = p.ldc;
   const float* a = p.a + i0 * ars;
   const float* b = p.b + j0;
   __m512 acc0[R], acc1[R];
@@ -32,16 +33,17 @@ void tile(const SmallF32& p, int64_t i0, int64_t j0, __mmask16 m0, __mmask16 m1)
       if (Two) acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
     }
   }
-  const __m512 alpha = _mm512_set1_ps(p.alpha), beta = _mm512_set1_ps(p.beta);
-  const bool load_c = p.beta != 0.f;
+  const __m512 beta = _mm512_set1_ps(p.e.beta);
+  const bool load_c = p.e.beta != 0.f;
   float* c = p.c + i0 * ldc + j0;
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r, c += ldc) {
-    __m512 x = _mm512_mul_ps(acc0[r], alpha);
+    const __m512 f = _mm512_set1_ps(p.e.rs ? p.e.alpha * p.e.rs[i0 + r] : p.e.alpha);
+    __m512 x = _mm512_mul_ps(acc0[r], f);
     if (load_c) x = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m0, c), x);
     _mm512_mask_storeu_ps(c, m0, x);
     if (Two) {
-      __m512 y = _mm512_mul_ps(acc1[r], alpha);
+      __m512 y = _mm512_mul_ps(acc1[r], f);
       if (load_c) y = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m1, c + 16), y);
       _mm512_mask_storeu_ps(c + 16, m1, y);
     }
@@ -51,6 +53,7 @@ void tile(const SmallF32& p, int64_t i0, int64_t j0, __mmask16 m0, __mmask16 m1)
 template <bool Two>
 void rows(const SmallF32& p, int64_t j0, __mmask16 m0, __mmask16 m1) {
   for (int64_t i0 = 0; i0 < p.M; i0 += 8) {
+    if (p.e.tri_n && j0 > i0 + 7) continue;
     const int64_t r = p.M - i0 < 8 ? p.M - i0 : 8;
     with_mr(int(r), [&](auto R) { tile<decltype(R)::value, Two>(p, i0, j0, m0, m1); });
   }
@@ -63,7 +66,7 @@ __mmask16 first(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u 
 void small_f32_avx512(const SmallF32& p) {
   if (p.K == 0) {  // an empty sum: C = beta * C
     for (int64_t i = 0; i < p.M; ++i)
-      for (int64_t j = 0; j < p.N; ++j) p.c[i * p.ldc + j] = p.beta != 0.f ? p.beta * p.c[i * p.ldc + j] : 0.f;
+      for (int64_t j = 0; j < p.N; ++j) p.c[i * p.ldc + j] = p.e.beta != 0.f ? p.e.beta * p.c[i * p.ldc + j] : 0.f;
     return;
   }
   for (int64_t j0 = 0; j0 < p.N; j0 += 32) {
@@ -71,6 +74,13 @@ void small_f32_avx512(const SmallF32& p) {
     if (w > 16) rows<true>(p, j0, first(w), first(w - 16));
     else rows<false>(p, j0, first(w), 0);
   }
+}
+
+void tiles_f32(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t n, int64_t k, float* C, int64_t ldc, int64_t m,
+               const TileEpi& e) {
+  SmallF32 p;
+  p.M = m, p.N = n, p.K = k, p.a = A, p.ars = lda, p.acs = 1, p.b = B, p.ldb = ldb, p.c = C, p.ldc = ldc, p.e = e;
+  small_f32_avx512(p);
 }
 
 void transpose_f32_avx512(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* dst, int64_t ldd) {
