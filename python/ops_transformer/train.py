@@ -180,6 +180,18 @@ def cpu_name():
     return platform.processor() or "unknown"
 
 
+def torch_blas():
+    """The BLAS library torch's fp32 matmuls run on in this process (libblas.so.3 as loaded: Debian's
+    reference BLAS unless LD_LIBRARY_PATH puts OpenBLAS first; docs/hybrid.md, "BLAS")."""
+    torch.ones(8, 8) @ torch.ones(8, 8)
+    try:
+        with open("/proc/self/maps") as maps:
+            libs = sorted({line.split()[-1] for line in maps if "blas" in line.split()[-1].rsplit("/", 1)[-1]})
+    except OSError:
+        return "unknown"
+    return ", ".join(libs) or "none loaded"
+
+
 def plot(path, runs, unigram):
     import matplotlib
     matplotlib.use("Agg")
@@ -223,7 +235,8 @@ def main(argv=None):
           file=sys.stderr)
     rep = {"command": "python3 -m ops_transformer.train " + " ".join(argv if argv is not None else sys.argv[1:]),
            "date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": git_commit(), "machine": cpu_name(),
-           "threads": args.threads, "torch": torch.__version__, "config": cfg.to_dict(), "parameters": n_params,
+           "threads": args.threads, "torch": torch.__version__, "torch_blas": torch_blas(),
+           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"), "config": cfg.to_dict(), "parameters": n_params,
            "batch": args.batch, "seq": args.seq, "corpus_bytes": int(len(data)), "unigram_bits_per_char": unigram}
     losses = {}
     losses["library"], tps, sec = train(lib, train_data, args.steps, args.steps, args, "ot")
@@ -268,6 +281,7 @@ def markdown(rep):
     L = rep["library"]
     rows = [("command", f"`{rep['command']}`"), ("date, commit, machine",
                                                  f"{rep['date']}, {rep['commit']}, {rep['machine']} ({rep['threads']} threads)"),
+            ("torch's BLAS", f"{rep['torch_blas']}; OMP_WAIT_POLICY {rep['omp_wait_policy']}"),
             ("model", f"{rep['parameters']:,} parameters, {rep['config']['num_layers']} layers, "
                       f"{rep['config']['num_experts']} experts top-{rep['config']['top_k']}, "
                       f"{rep['batch']}x{rep['seq']} tokens/step"),
