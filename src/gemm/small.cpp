@@ -16,7 +16,7 @@ constexpr double kMaxSerialFlops = 1 << 22;
 }  // namespace
 
 bool small_f32_takes(const MatView& a, const MatView& b, const MutMatView& c) {
-  if (!cpu::has(cpu::Isa::avx512)) return false;
+  if (!cpu::has(cpu::Isa::avx2)) return false;
   if (a.dtype != DType::f32 || b.dtype != DType::f32 || c.dtype != DType::f32 || c.cs != 1) return false;
   if (b.cs != 1 && b.rs != 1) return false;
   const int64_t M = a.rows, N = b.cols, K = a.cols;
@@ -30,15 +30,23 @@ void small_f32(const MatView& a, const MatView& b, const MutMatView& c, float al
   p.a = static_cast<const float*>(a.data), p.ars = a.rs, p.acs = a.cs;
   p.c = static_cast<float*>(c.data), p.ldc = c.rs;
   p.e.alpha = alpha, p.e.beta = beta;
+  const bool avx512 = cpu::has(cpu::Isa::avx512);
   if (b.cs == 1) {
     p.b = static_cast<const float*>(b.data), p.ldb = b.rs;
   } else {  // B = X^T with X's rows contiguous: one transpose into this thread's scratch
     thread_local Buf scratch;
     float* t = reinterpret_cast<float*>(scratch.get(sizeof(float) * size_t(p.K * p.N)));
-    transpose_f32_avx512(static_cast<const float*>(b.data), b.cs, p.N, p.K, t, p.N);
+    const float* x = static_cast<const float*>(b.data);
+    if (avx512) {
+      transpose_f32_avx512(x, b.cs, p.N, p.K, t, p.N);
+    } else {
+      for (int64_t n = 0; n < p.N; ++n)
+        for (int64_t k = 0; k < p.K; ++k) t[k * p.N + n] = x[n * b.cs + k];
+    }
     p.b = t, p.ldb = p.N;
   }
-  small_f32_avx512(p);
+  if (avx512) small_f32_avx512(p);
+  else small_f32_avx2(p);
 }
 
 }  // namespace ot::gemm::detail

@@ -76,8 +76,8 @@ TEST(SmallF32, EveryTranspositionAndTailAgainstTheReference) {
           taken += check(c, false);
           ++total;
         }
-  // Every one of these is small enough to take the path wherever it exists (AVX-512).
-  if (cpu::has(cpu::Isa::avx512)) EXPECT_EQ(taken, total);
+  // Every one of these is small enough to take the path wherever it exists (AVX2 and up).
+  if (cpu::has(cpu::Isa::avx2)) EXPECT_EQ(taken, total);
   else EXPECT_EQ(taken, 0);
 }
 
@@ -99,11 +99,25 @@ TEST(SmallBf16, RoundsTheOperands) {
 TEST(SmallF32, LargerShapesInsideAParallelRegion) {
   for (Case c : {Case{300, 257, 129, false, true, 1.f, 0.f}, Case{64, 512, 512, true, false, 0.25f, 1.f}}) {
     const bool took = check(c, true);
-    EXPECT_EQ(took, cpu::has(cpu::Isa::avx512));
+    EXPECT_EQ(took, cpu::has(cpu::Isa::avx2));
   }
   // Outside a region a product this size uses every thread on the packed path.
   if (num_threads() > 1) {
     EXPECT_FALSE(check(Case{300, 257, 129, false, true, 1.f, 0.f}, false));
+  }
+}
+
+TEST(SmallF32, EveryIsaLevel) {
+  // The AVX-512 and AVX2 tiles (and, below AVX2, the packed path) on the same cases.
+  for (cpu::Isa isa : {cpu::Isa::avx2, cpu::Isa::scalar}) {
+    if (!cpu::has(isa)) continue;
+    cpu::ScopedMaxIsa cap(isa);
+    for (int form = 0; form < 4; ++form)
+      for (int64_t M : {1, 6, 7, 13})
+        for (int64_t N : {1, 8, 9, 17, 40}) {
+          const bool took = check(Case{M, N, 37, bool(form & 1), bool(form & 2), 1.f, (form & 1) ? 0.5f : 0.f}, false);
+          EXPECT_EQ(took, isa == cpu::Isa::avx2);
+        }
   }
 }
 
