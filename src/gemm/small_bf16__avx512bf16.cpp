@@ -7,6 +7,7 @@
 #include "ot/numeric.h"
 #include "src/gemm/internal.h"
 #include "src/gemm/small.h"
+#include "src/gemm/small_store_avx512.h"
 #include "src/gemm/transpose_avx512.h"
 
 namespace ot::gemm::detail {
@@ -78,27 +79,6 @@ struct Packed {
   TileEpi e;
 };
 
-// The rows' epilogue: C = alpha * rs[i] * acc (+ beta * C), masked at the column edge.
-template <int R, bool Two>
-inline void store(const Packed& q, int64_t i0, int64_t j0, __mmask16 m0, __mmask16 m1, const __m512 (&acc0)[R], const __m512 (&acc1)[R]) {
-  const int64_t ldc = q.ldc;
-  const __m512 beta = _mm512_set1_ps(q.e.beta);
-  const bool load_c = q.e.beta != 0.f;
-  float* c = q.c + i0 * ldc + j0;
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r, c += ldc) {
-    const __m512 f = _mm512_set1_ps(q.e.rs ? q.e.alpha * q.e.rs[i0 + r] : q.e.alpha);
-    __m512 x = _mm512_mul_ps(acc0[r], f);
-    if (load_c) x = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m0, c), x);
-    _mm512_mask_storeu_ps(c, m0, x);
-    if (Two) {
-      __m512 y = _mm512_mul_ps(acc1[r], f);
-      if (load_c) y = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m1, c + 16), y);
-      _mm512_mask_storeu_ps(c + 16, m1, y);
-    }
-  }
-}
-
 // Pairs of K a tile's rows sum over (tri_k: A lower triangular, rows [i0, i0 + 8) end at i0 + 8).
 inline int64_t pairs_of(const Packed& q, int64_t i0) { return q.e.tri_k && (i0 + 8) / 2 < q.P ? (i0 + 8) / 2 : q.P; }
 
@@ -122,7 +102,7 @@ void tile(const Packed& q, int64_t i0, int64_t j0, __mmask16 m0, __mmask16 m1) {
       if (Two) acc1[r] = _mm512_dpbf16_ps(acc1[r], av, b1);
     }
   }
-  store<R, Two>(q, i0, j0, m0, m1, acc0, acc1);
+  store_small_tile<R, Two>(q.c + i0 * q.ldc + j0, q.ldc, q.e, i0, m0, m1, acc0, acc1);
 }
 
 // The same product on fp32 A and B words widened in registers (k even = word << 16, k odd = word &
@@ -155,7 +135,7 @@ void tile_widen(const Packed& q, int64_t i0, int64_t j0, __mmask16 m0, __mmask16
       if (Two) acc1[r] = _mm512_fmadd_ps(av, o1, acc1[r]);
     }
   }
-  store<R, Two>(q, i0, j0, m0, m1, acc0, acc1);
+  store_small_tile<R, Two>(q.c + i0 * q.ldc + j0, q.ldc, q.e, i0, m0, m1, acc0, acc1);
 }
 
 template <bool Two, bool Widen>

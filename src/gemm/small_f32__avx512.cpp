@@ -5,6 +5,7 @@
 
 #include "src/gemm/internal.h"
 #include "src/gemm/small.h"
+#include "src/gemm/small_store_avx512.h"
 #include "src/gemm/transpose_avx512.h"
 
 namespace ot::gemm::detail {
@@ -33,21 +34,7 @@ void tile(const SmallF32& p, int64_t i0, int64_t j0, __mmask16 m0, __mmask16 m1)
       if (Two) acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
     }
   }
-  const __m512 beta = _mm512_set1_ps(p.e.beta);
-  const bool load_c = p.e.beta != 0.f;
-  float* c = p.c + i0 * ldc + j0;
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r, c += ldc) {
-    const __m512 f = _mm512_set1_ps(p.e.rs ? p.e.alpha * p.e.rs[i0 + r] : p.e.alpha);
-    __m512 x = _mm512_mul_ps(acc0[r], f);
-    if (load_c) x = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m0, c), x);
-    _mm512_mask_storeu_ps(c, m0, x);
-    if (Two) {
-      __m512 y = _mm512_mul_ps(acc1[r], f);
-      if (load_c) y = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(m1, c + 16), y);
-      _mm512_mask_storeu_ps(c + 16, m1, y);
-    }
-  }
+  store_small_tile<R, Two>(p.c + i0 * ldc + j0, ldc, p.e, i0, m0, m1, acc0, acc1);
 }
 
 template <bool Two>
