@@ -38,7 +38,7 @@ void small_f32(const MatView& a, const MatView& b, const MutMatView& c, float al
     float* t = reinterpret_cast<float*>(scratch.get(sizeof(float) * size_t(p.K * p.N)));
     const float* x = static_cast<const float*>(b.data);
     if (avx512) {
-      transpose_f32_avx512(x, b.cs, p.N, p.K, t, p.N);
+      transpose32_avx512(x, b.cs, p.N, p.K, t, p.N);
     } else {
       for (int64_t n = 0; n < p.N; ++n)
         for (int64_t k = 0; k < p.K; ++k) t[k * p.N + n] = x[n * b.cs + k];

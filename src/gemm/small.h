@@ -42,11 +42,11 @@ bool small_f32_takes(const MatView& a, const MatView& b, const MutMatView& c);
 // Runs it (small_f32_takes must hold).
 void small_f32(const MatView& a, const MatView& b, const MutMatView& c, float alpha, float beta);
 
-// Per-ISA products (small_f32__avx512.cpp, small_f32__avx2.cpp) and the transpose of a B given as
-// X^T (X [N][K] rows).
+// Per-ISA products (small_f32__avx512.cpp, small_f32__avx2.cpp), and the AVX-512 transpose of
+// 32-bit elements (floats or bf16-pair words; dst[c][r] = x[r][c]) that turns a B given as X^T into rows.
 void small_f32_avx512(const SmallF32& p);
 void small_f32_avx2(const SmallF32& p);
-void transpose_f32_avx512(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* dst, int64_t ldd);
+void transpose32_avx512(const void* x, int64_t ldx, int64_t rows, int64_t cols, void* dst, int64_t ldd);
 
 // Fixed-size tiles for operands a caller keeps in the micro-kernels' layouts across several products
 // (the fused bf16 GDN forward's chunk products; its file is built for AVX512-BF16): m % 8 == 0,

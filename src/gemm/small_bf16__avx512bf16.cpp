@@ -53,20 +53,6 @@ void pair_cols(const float* x, int64_t rs, int64_t m, int64_t K, uint32_t* dst, 
   }
 }
 
-// dst[c][r] = x[r][c] for 32-bit words: 16 x 16 blocks in registers, the edges one by one.
-void transpose_u32(const uint32_t* x, int64_t ldx, int64_t rows, int64_t cols, uint32_t* dst, int64_t ldd) {
-  const int64_t r16 = rows / 16 * 16, c16 = cols / 16 * 16;
-  for (int64_t r0 = 0; r0 < r16; r0 += 16)
-    for (int64_t c0 = 0; c0 < c16; c0 += 16) {
-      __m512i v[16];
-      for (int i = 0; i < 16; ++i) v[i] = _mm512_loadu_si512(x + (r0 + i) * ldx + c0);
-      transpose16(v);
-      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + (c0 + i) * ldd + r0, v[i]);
-    }
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = (r < r16 ? c16 : 0); c < cols; ++c) dst[c * ldd + r] = x[r * ldx + c];
-}
-
 struct Packed {
   const uint32_t* a = nullptr;  // bf16 tiles: word (i, p) at a + i * ars + p * acs
   const float* af = nullptr;    // widening tiles: fp32 A(i, k) at af + i * ars + k * acs
@@ -181,7 +167,7 @@ void small_bf16_avx512bf16(const MatView& a, const MatView& b, const MutMatView&
   } else {
     uint32_t* xw = bw + P * N;
     pair_cols(bd, b.cs, N, K, xw, P);
-    transpose_u32(xw, P, N, P, bw, N);
+    transpose32_avx512(xw, P, N, P, bw, N);
   }
   q.b = bw, q.ldb = N;
   run<false>(q);

@@ -70,8 +70,10 @@ void tiles_f32(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t
   small_f32_avx512(p);
 }
 
-void transpose_f32_avx512(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* dst, int64_t ldd) {
-  // dst[c][r] = x[r][c]; 16 x 16 blocks in registers, the edges element by element.
+void transpose32_avx512(const void* src, int64_t ldx, int64_t rows, int64_t cols, void* out, int64_t ldd) {
+  // dst[c][r] = x[r][c]; 16 x 16 blocks in registers, the edges element by element (bits moved as is).
+  const uint32_t* x = static_cast<const uint32_t*>(src);
+  uint32_t* dst = static_cast<uint32_t*>(out);
   const int64_t r16 = rows / 16 * 16, c16 = cols / 16 * 16;
   for (int64_t r0 = 0; r0 < r16; r0 += 16)
     for (int64_t c0 = 0; c0 < c16; c0 += 16) {
