@@ -17,22 +17,6 @@ namespace ot::gemm {
 
 using namespace qdetail;
 
-struct PackedQuantB::Impl {
-  int64_t G = 0, K = 0, N = 0, groups = 1, len = 0, npanels = 0;
-  WeightFormat format = WeightFormat::int8;
-  int64_t group_size = 0;
-  bool offset = false, split = false;
-  size_t panel_bytes = 0;
-  detail::WeightMem mem;
-  const char* panel(int64_t g, int64_t p) const { return mem.get() + (size_t(g) * size_t(npanels) + size_t(p)) * panel_bytes; }
-  // First column of panel p and how many of its 32 columns are real (halves interleaved when split).
-  void cols(int64_t p, int64_t* col0, int* width) const {
-    const int64_t span = split ? N / 2 : N, i = split ? p >> 1 : p, base = split ? (p & 1) * span : 0;
-    *col0 = base + i * kQNR;
-    *width = int(std::min<int64_t>(kQNR, span - i * kQNR));
-  }
-};
-
 PackedQuantB::PackedQuantB() = default;
 PackedQuantB::~PackedQuantB() = default;
 PackedQuantB::PackedQuantB(PackedQuantB&&) noexcept = default;
@@ -43,6 +27,7 @@ int64_t PackedQuantB::N() const { return impl_ ? impl_->N : 0; }
 WeightFormat PackedQuantB::format() const { return impl_ ? impl_->format : WeightFormat::int8; }
 int64_t PackedQuantB::group_size() const { return impl_ ? impl_->group_size : 0; }
 bool PackedQuantB::has_offset() const { return impl_ && impl_->offset; }
+ActivationQuant PackedQuantB::activation_quant() const { return impl_ ? impl_->aq : ActivationQuant::none; }
 size_t PackedQuantB::expert_bytes() const { return impl_ ? impl_->panel_bytes * size_t(impl_->npanels) : 0; }
 size_t PackedQuantB::bytes() const { return impl_ ? expert_bytes() * size_t(impl_->G) : 0; }
 
@@ -83,6 +68,41 @@ void epilogue(const detail::EpiArgs& e, const detail::EpiBlock& b) {
 }  // namespace
 
 namespace qdetail {
+void finish_unit(const PackedQuantB::Impl& im, const QuantGroup& g, int64_t unit, int64_t rows, const float* t0, const float* t1) {
+  detail::EpiArgs e;
+  e.bias = g.bias;
+  e.act = g.act;
+  e.c = g.c.data;
+  e.c_dtype = g.c.dtype;
+  e.ldc = g.c.ld;
+  detail::EpiBlock blk;
+  blk.m0 = 0;
+  blk.rows = int(rows);
+  blk.ldt = kQNR;
+  int64_t col0;
+  int width;
+  if (g.act == Act::swiglu) {  // gate tile 0, up tile 1: output columns of the gate half
+    im.cols(unit * 2, &col0, &width);
+    blk.t = t0;
+    blk.u = t1;
+    blk.col0 = col0;
+    blk.bcol = col0;
+    blk.ucol = col0 + im.N / 2;
+    blk.width = width;
+    epilogue(e, blk);
+    return;
+  }
+  const int64_t per_unit = im.split ? 2 : 1;
+  for (int64_t q = 0; q < per_unit; ++q) {
+    im.cols(unit * per_unit + q, &col0, &width);
+    blk.t = q ? t1 : t0;
+    blk.col0 = col0;
+    blk.bcol = col0;
+    blk.width = width;
+    epilogue(e, blk);
+  }
+}
+
 const QKernel& select_qkernel(WeightFormat f) {
   for (const QKernel& k : kTable)
     if (k.format == f && cpu::has(k.isa) && (!k.vnni || cpu::features().avx512_vnni)) return k;
@@ -90,19 +110,29 @@ const QKernel& select_qkernel(WeightFormat f) {
 }
 }  // namespace qdetail
 
-const char* quant_kernel_name(WeightFormat f) { return cpu::force_ref() ? "ref" : select_qkernel(f).name; }
+const char* activation_quant_name(ActivationQuant a) { return a == ActivationQuant::int8_per_token ? "int8_per_token" : "none"; }
 
-PackedQuantB prepack_quantized(const QuantWeightView& w) {
-  const QuantShape sh = quant_weight_shape("prepack_quantized", w);
+const char* quant_kernel_name(WeightFormat f, ActivationQuant a) {
+  if (cpu::force_ref()) return "ref";
+  return a == ActivationQuant::int8_per_token ? select_qkernel_a8().name : select_qkernel(f).name;
+}
+
+PackedQuantB prepack_quantized(const QuantWeightView& w, ActivationQuant activations) {
+  const char* op = "prepack_quantized";
+  const QuantShape sh = quant_weight_shape(op, w);
+  const bool a8 = activations == ActivationQuant::int8_per_token;
+  OT_CHECK(!a8 || w.format == WeightFormat::int8, op, "weight", "int8 codes for int8 activations (W8A8)", weight_format_name(w.format));
+  OT_CHECK(!a8 || sh.group_len <= 65536, op, "weight", "K groups of at most 65536 rows for int8 activations (int32 sums)", sh.group_len);
   PackedQuantB out;
   out.impl_ = std::make_unique<PackedQuantB::Impl>();
   PackedQuantB::Impl& im = *out.impl_;
   im.G = sh.G, im.K = sh.K, im.N = sh.N, im.groups = sh.groups, im.len = sh.group_len;
-  im.format = w.format, im.group_size = w.group_size, im.offset = w.offset.defined();
+  im.format = w.format, im.group_size = w.group_size, im.offset = w.offset.defined(), im.aq = activations;
   im.split = sh.N >= 2 && sh.N % 2 == 0;
   const int64_t span = im.split ? sh.N / 2 : sh.N;
   im.npanels = (span + kQNR - 1) / kQNR * (im.split ? 2 : 1);
-  im.panel_bytes = size_t(im.groups) * group_bytes(w.format, im.len);
+  const size_t gb = a8 ? a8_group_bytes(im.len) : group_bytes(w.format, im.len);
+  im.panel_bytes = size_t(im.groups) * gb;
   im.mem = detail::WeightMem(std::max<size_t>(im.panel_bytes * size_t(im.npanels * im.G), 64));
   const std::vector<float> s = f32_copy(w.scale), o = im.offset ? f32_copy(w.offset) : std::vector<float>();
   const bool i4 = w.format == WeightFormat::int4;
@@ -124,9 +154,15 @@ PackedQuantB prepack_quantized(const QuantWeightView& w) {
           hs[kQNR + c] = i4 ? (off - 8.f) * sc : off * sc;  // int4 codes are stored as q + 8
         }
         unsigned char* codes = reinterpret_cast<unsigned char*>(dst + kQHeader);
-        const size_t gb = group_bytes(w.format, im.len);
-        std::fill(codes, codes + (gb - kQHeader), 0);
-        for (int64_t kk = 0; kk < im.len; ++kk) {
+        std::fill(codes, codes + (gb - kQHeader), a8 ? 128 : 0);  // code 0 everywhere (W8A8 stores q + 128)
+        for (int64_t kk = 0; a8 && kk < im.len; ++kk) {
+          const int64_t k = j * im.len + kk;
+          unsigned char* quad = codes + size_t(kk / kA8Quad) * kA8QuadBytes;
+          for (int c = 0; c < width; ++c)
+            quad[a8_code_byte(int(kk % kA8Quad), c)] =
+                static_cast<unsigned char>(static_cast<unsigned char>(qd[g * q.stride(0) + k * q.stride(1) + (col0 + c) * q.stride(2)]) ^ 0x80u);
+        }
+        for (int64_t kk = 0; !a8 && kk < im.len; ++kk) {
           const int64_t k = j * im.len + kk;
           unsigned char* pair = codes + size_t(kk / 2) * pair_bytes(w.format);
           for (int c = 0; c < width; ++c) {
@@ -160,7 +196,10 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
     const QuantGroup& g = groups[i];
     OT_CHECK(g.M >= 0, op, "M", ">= 0", g.M);
     OT_CHECK(g.expert >= 0 && g.expert < im.G, op, "expert", ot::detail::cat("in [0, ", im.G, ")"), g.expert);
-    OT_CHECK(is_float(g.a_dtype), op, "a", "bf16, fp16 or fp32", dtype_name(g.a_dtype));
+    const bool a8 = im.aq == ActivationQuant::int8_per_token;
+    OT_CHECK(is_float(g.a_dtype) || (a8 && g.a_dtype == DType::i8), op, "a", a8 ? "bf16, fp16, fp32 or int8 (with a_scale)" : "bf16, fp16 or fp32",
+             dtype_name(g.a_dtype));
+    OT_CHECK(g.a_dtype != DType::i8 || g.M == 0 || g.a_scale != nullptr, op, "a_scale", "per-row scales for int8 activations", "null");
     OT_CHECK(g.c.dtype == DType::f32 || g.c.dtype == DType::bf16 || g.c.dtype == DType::f16, op, "c", "fp32, bf16 or fp16 output",
              dtype_name(g.c.dtype));
     OT_CHECK(g.act != Act::swiglu || N % 2 == 0, op, "b", "an even N ([gate | up]) for swiglu", N);
@@ -168,6 +207,10 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
     row0[size_t(i) + 1] = row0[size_t(i)] + g.M;
   }
   const int64_t rows = row0[size_t(count)];
+  if (im.aq == ActivationQuant::int8_per_token) {
+    grouped_gemm_a8(im, groups, count, row0.data());
+    return;
+  }
   if (rows == 0 || N == 0) return;
   const QKernel& kern = select_qkernel(im.format);
   // Activations as fp32 rows and their per-group sums (the offset term), once per call. A group
@@ -234,12 +277,6 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
       const Item& w = items[size_t(it)];
       const int64_t i = w.group;
       const QuantGroup& g = groups[i];
-      detail::EpiArgs e;
-      e.bias = g.bias;
-      e.act = g.act;
-      e.c = g.c.data;
-      e.c_dtype = g.c.dtype;
-      e.ldc = g.c.ld;
       const float* a = a32 ? a32 + row0[size_t(i)] * K : nullptr;  // (fp32 paths only)
       const float* as = asum + row0[size_t(i)] * im.groups;
       const int64_t row = row0[size_t(i)];
@@ -250,34 +287,7 @@ void grouped_gemm_quant(const PackedQuantB& b, const QuantGroup* groups, int64_t
         ar.rows = int(h);
         ar.a16 = a16 + (row + m0) * ar.lda, ar.ascale = ascale + (row + m0) * ar.ldsc, ar.asum = as + m0 * im.groups;
       };
-      // The epilogue of unit u from its tiles (t0: panel 0, t1: panel 1 of the unit; ldt floats a row).
-      auto finish = [&](int64_t unit, int64_t rows, const float* t0, const float* t1) {
-        detail::EpiBlock blk;
-        blk.m0 = 0;
-        blk.rows = int(rows);
-        blk.ldt = kQNR;
-        int64_t col0;
-        int width;
-        if (g.act == Act::swiglu) {  // gate tile 0, up tile 1: output columns of the gate half
-          im.cols(unit * 2, &col0, &width);
-          blk.t = t0;
-          blk.u = t1;
-          blk.col0 = col0;
-          blk.bcol = col0;
-          blk.ucol = col0 + N / 2;
-          blk.width = width;
-          epilogue(e, blk);
-          return;
-        }
-        for (int64_t q = 0; q < per_unit; ++q) {
-          im.cols(unit * per_unit + q, &col0, &width);
-          blk.t = q ? t1 : t0;
-          blk.col0 = col0;
-          blk.bcol = col0;
-          blk.width = width;
-          epilogue(e, blk);
-        }
-      };
+      auto finish = [&](int64_t unit, int64_t rows, const float* t0, const float* t1) { finish_unit(im, g, unit, rows, t0, t1); };
       if (streamed(i)) {
         // The item's panels into out [np][M][32]; int16 activations by the panel pairs (q, q + h).
         const int64_t np = w.units * per_unit, h = int16_row(i) ? np / 2 : 0, pstride = g.M * kQNR;

@@ -19,12 +19,41 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <algorithm>
+
 #include "ot/cpu.h"
+#include "ot/gemm_quant.h"
 #include "ot/quant_weights.h"
+#include "src/gemm/internal.h"
+
+namespace ot::gemm::qdetail {
+inline constexpr int kQNR = 32;
+}  // namespace ot::gemm::qdetail
+
+namespace ot::gemm {
+
+// The packed experts: G experts of npanels panels, each `groups` K groups of `len` rows.
+struct PackedQuantB::Impl {
+  int64_t G = 0, K = 0, N = 0, groups = 1, len = 0, npanels = 0;
+  WeightFormat format = WeightFormat::int8;
+  int64_t group_size = 0;
+  bool offset = false, split = false;
+  ActivationQuant aq = ActivationQuant::none;
+  size_t panel_bytes = 0;
+  detail::WeightMem mem;
+  const char* panel(int64_t g, int64_t p) const { return mem.get() + (size_t(g) * size_t(npanels) + size_t(p)) * panel_bytes; }
+  // First column of panel p and how many of its 32 columns are real (halves interleaved when split).
+  void cols(int64_t p, int64_t* col0, int* width) const {
+    const int64_t span = split ? N / 2 : N, i = split ? p >> 1 : p, base = split ? (p & 1) * span : 0;
+    *col0 = base + i * qdetail::kQNR;
+    *width = int(std::min<int64_t>(qdetail::kQNR, span - i * qdetail::kQNR));
+  }
+};
+
+}  // namespace ot::gemm
 
 namespace ot::gemm::qdetail {
 
-inline constexpr int kQNR = 32;
 inline constexpr size_t kQHeader = 2 * kQNR * sizeof(float);
 // Bytes of one code pair row (k, k + 1) and of one group (header + pair rows).
 inline size_t pair_bytes(WeightFormat f) { return f == WeightFormat::int4 ? kQNR : 2 * kQNR; }
@@ -113,6 +142,54 @@ struct QKernel {
   const char* name;
 };
 const QKernel& select_qkernel(WeightFormat f);
+
+// --- W8A8 (ActivationQuant::int8_per_token): int8 weights for int8 activations -------------------
+// A panel group is the same header (float s[32], m[32], m = offset * s) followed by quad rows of
+// 128 bytes: rows k .. k + 3 of the group (len padded to a multiple of 4), block h < 2 of 64 bytes,
+// 32-bit lane c holding column 16h + c's codes for k, k + 1, k + 2, k + 3 in byte order, each
+// stored unsigned as u = q + 128 (pads and columns past the edge: 128, i.e. q = 0). vpdpbusd
+// multiplies the 4 unsigned weight bytes of a lane by 4 signed activation codes broadcast to every
+// lane (the activations are the operand that takes the memory broadcast), so per group
+//   sum_k a[k] * q[k] = acc - 128 * sum_k a[k]
+// with the activation sum known per row and group: no weight column sums are stored.
+inline constexpr int kA8Quad = 4;
+inline constexpr size_t kA8QuadBytes = size_t(kA8Quad) * kQNR;
+inline int64_t a8_len(int64_t len) { return (len + kA8Quad - 1) / kA8Quad * kA8Quad; }
+inline size_t a8_group_bytes(int64_t len) { return kQHeader + size_t(a8_len(len) / kA8Quad) * kA8QuadBytes; }
+// Byte of (k offset kk < 4 in its quad row, column n < 32) in a quad row.
+inline size_t a8_code_byte(int kk, int n) { return size_t(64 * (n / 16) + 4 * (n % 16) + kk); }
+
+// One call: c[r * 32 + j] = ascale[r] * sum over groups g of (s[j] * sum_k a[r][k] q[k][j] +
+// m[j] * asum[r][g]) for r < rows (rows <= the kernel's mr). a: rows of int8 codes, row r at
+// a + r * lda bytes, group g at g * a8_len(len) (zero codes pad each group); asum[r * ldas + g]: the
+// int32 sum of row r's codes over group g; ascale[r]: row r's scale.
+struct QA8Args {
+  int rows;
+  const int8_t* a;
+  int64_t lda;
+  const int32_t* asum;
+  int64_t ldas;
+  const float* ascale;
+  const char* panel;
+  int64_t groups, len;
+  float* c;
+};
+using QKernelA8Fn = void (*)(const QA8Args&);
+struct QKernelA8 {
+  cpu::Isa isa;
+  bool vnni;  // needs AVX512_VNNI besides the ISA level
+  QKernelA8Fn fn;
+  int mr;  // rows per call
+  const char* name;
+};
+const QKernelA8& select_qkernel_a8();
+// The W8A8 form of grouped_gemm_quant (quant_gemm_a8.cpp), after its argument checks.
+void grouped_gemm_a8(const PackedQuantB::Impl& im, const QuantGroup* groups, int64_t count, const int64_t* row0);
+// The epilogue of unit u of group g (a gate/up panel pair when the halves interleave) from its
+// tiles t0 (panel 0) and t1 (panel 1), `rows` rows of 32 floats each.
+void finish_unit(const PackedQuantB::Impl& im, const QuantGroup& g, int64_t unit, int64_t rows, const float* t0, const float* t1);
+void qkernel_scalar_a8(const QA8Args& g);
+void qkernel_avx512vnni_a8(const QA8Args& g);
 
 void qkernel_scalar_int8(int rows, const float* a, int64_t lda, const float* asum, int64_t ldas, const char* panel, int64_t groups, int64_t len,
                          float* c);

@@ -104,7 +104,7 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const 
                                    o.shared ? o.shared->hidden() : 0, o.shared ? o.shared->dtype() : DType::f32);
   impl::FfnExperts run;
   run.intermediate = ex.intermediate();
-  run.kernel = [&](int64_t) { return std::string(gemm::quant_kernel_name(ex.format())); };
+  run.kernel = [&](int64_t) { return std::string(gemm::quant_kernel_name(ex.format(), ex.activation_quant())); };
   run.run = [&](const TensorView& x, const ExpertRows& rows, const TensorView& acc, const MoeExperts* shared) {
     if (shared) impl::shared_ffn(x, *shared, acc);  // bf16 shared expert on the bf16 engine, then the quantised grouped GEMMs
     moe_expert_ffn(x, ex, rows, acc, true);
@@ -114,7 +114,7 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const 
 
 namespace ref {
 MoeFfnResult moe_ffn(const TensorView& x, const TensorView& router_weight, const QuantWeightView& gate_up, const QuantWeightView& down,
-                     const MoeFfnOptions& o, const TensorView& sg, const TensorView& su, const TensorView& sd) {
+                     const MoeFfnOptions& o, const TensorView& sg, const TensorView& su, const TensorView& sd, gemm::ActivationQuant aq) {
   const char* op = "moe_ffn";
   const QuantShape a = quant_weight_shape(op, gate_up), b = quant_weight_shape(op, down);
   OT_CHECK(a.N >= 2 && a.N % 2 == 0 && b.G == a.G && b.K == a.N / 2 && b.N == a.K, op, "down",
@@ -124,7 +124,9 @@ MoeFfnResult moe_ffn(const TensorView& x, const TensorView& router_weight, const
   const int64_t I = a.N / 2;
   impl::plan_ffn(x, router_weight.size(1), router_weight.size(0), a.K, I, x.dtype, a.G, o, o.shared ? a.K : 0, x.dtype);
   Tensor gu = ot::refimpl::dequantize_weights(gate_up), dn = ot::refimpl::dequantize_weights(down);
-  return refimpl::moe_ffn(x, router_weight, gu.view().narrow(2, 0, I), gu.view().narrow(2, I, I), dn, o, sg, su, sd);
+  const bool a8 = aq == gemm::ActivationQuant::int8_per_token;
+  OT_CHECK(!a8 || gate_up.format == WeightFormat::int8, op, "gate_up", "int8 codes for int8 activations (W8A8)", weight_format_name(gate_up.format));
+  return refimpl::moe_ffn(x, router_weight, gu.view().narrow(2, 0, I), gu.view().narrow(2, I, I), dn, o, sg, su, sd, a8);
 }
 }  // namespace ref
 

@@ -33,30 +33,38 @@ Tensor run_packed(const impl::GmmPlan& p, const gemm::PackedQuantB& w) {
   return y;
 }
 
-std::string args_of(const TensorView& x, WeightFormat f, int64_t gs, bool offset, int64_t G, int64_t K, int64_t N) {
+std::string args_of(const TensorView& x, WeightFormat f, int64_t gs, bool offset, int64_t G, int64_t K, int64_t N, gemm::ActivationQuant aq) {
   return detail::cat(x.shape_str(), " x ", weight_format_name(f), offset ? " asym" : " sym", gs ? " g" : " per-channel", gs ? std::to_string(gs) : "",
-                     " [", G, ", ", K, ", ", N, "]");
+                     " [", G, ", ", K, ", ", N, "]", aq == gemm::ActivationQuant::int8_per_token ? " a8" : "");
 }
 
 Tensor view_entry(const TensorView& x, const QuantWeightView& w, const TensorView& gl, GroupListType type, const TensorView& bias, gemm::Act act,
-                  bool ref) {
+                  gemm::ActivationQuant aq, bool ref) {
   const QuantShape sh = quant_weight_shape(kOp, w);
+  const bool a8 = aq == gemm::ActivationQuant::int8_per_token;
+  OT_CHECK(!a8 || w.format == WeightFormat::int8, kOp, "weight", "int8 codes for int8 activations (W8A8)", weight_format_name(w.format));
   impl::GmmPlan p = impl::plan_gmm(kOp, x, sh.G, sh.K, sh.N, x.dtype, gl, type, bias, act);
   trace::OpScope scope(kOp);
   if (scope.active())
-    scope.kernel(ref ? "ref" : gemm::quant_kernel_name(w.format)).args(args_of(x, w.format, w.group_size, w.offset.defined(), sh.G, sh.K, sh.N));
+    scope.kernel(ref ? "ref" : gemm::quant_kernel_name(w.format, aq)).args(args_of(x, w.format, w.group_size, w.offset.defined(), sh.G, sh.K, sh.N, aq));
   scope.flops(2.0 * double(p.M) * double(p.K) * double(p.N));
   if (ref) {
     Tensor wd = ot::refimpl::dequantize_weights(w);
-    return refimpl::grouped_matmul(x, wd, gl, type, bias, act);
+    if (!a8) return refimpl::grouped_matmul(x, wd, gl, type, bias, act);
+    Tensor xq = ot::refimpl::quantize_dequantize_rows_i8(x);
+    Tensor y = refimpl::grouped_matmul(xq, wd, gl, type, bias, act);  // fp32, then x's dtype
+    Tensor out = Tensor::empty(x.dtype, y.shape());
+    copy_into(y.view(), out.view());
+    return out;
   }
-  return run_packed(p, gemm::prepack_quantized(w));
+  return run_packed(p, gemm::prepack_quantized(w, aq));
 }
 
 }  // namespace
 
-Tensor grouped_matmul(const TensorView& x, const QuantWeightView& w, const TensorView& gl, GroupListType type, const TensorView& bias, gemm::Act act) {
-  return view_entry(x, w, gl, type, bias, act, cpu::force_ref());
+Tensor grouped_matmul(const TensorView& x, const QuantWeightView& w, const TensorView& gl, GroupListType type, const TensorView& bias, gemm::Act act,
+                      gemm::ActivationQuant aq) {
+  return view_entry(x, w, gl, type, bias, act, aq, cpu::force_ref());
 }
 
 Tensor grouped_matmul(const TensorView& x, const gemm::PackedQuantB& w, const TensorView& gl, GroupListType type, const TensorView& bias,
@@ -64,14 +72,17 @@ Tensor grouped_matmul(const TensorView& x, const gemm::PackedQuantB& w, const Te
   OT_CHECK(!w.empty(), kOp, "weight", "prepacked quantised weights", "empty PackedQuantB");
   impl::GmmPlan p = impl::plan_gmm(kOp, x, w.G(), w.K(), w.N(), x.dtype, gl, type, bias, act);
   trace::OpScope scope(kOp);
-  if (scope.active()) scope.kernel(gemm::quant_kernel_name(w.format())).args(args_of(x, w.format(), w.group_size(), w.has_offset(), w.G(), w.K(), w.N()));
+  if (scope.active())
+    scope.kernel(gemm::quant_kernel_name(w.format(), w.activation_quant()))
+        .args(args_of(x, w.format(), w.group_size(), w.has_offset(), w.G(), w.K(), w.N(), w.activation_quant()));
   scope.flops(2.0 * double(p.M) * double(p.K) * double(p.N));
   return run_packed(p, w);
 }
 
 namespace ref {
-Tensor grouped_matmul(const TensorView& x, const QuantWeightView& w, const TensorView& gl, GroupListType type, const TensorView& bias, gemm::Act act) {
-  return view_entry(x, w, gl, type, bias, act, true);
+Tensor grouped_matmul(const TensorView& x, const QuantWeightView& w, const TensorView& gl, GroupListType type, const TensorView& bias, gemm::Act act,
+                      gemm::ActivationQuant aq) {
+  return view_entry(x, w, gl, type, bias, act, aq, true);
 }
 }  // namespace ref
 

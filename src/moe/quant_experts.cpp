@@ -56,8 +56,10 @@ QuantizedWeights quantize_one(const TensorView& w, WeightFormat f, int64_t gs, b
 }  // namespace
 
 QuantMoeExperts QuantMoeExperts::quantize(const TensorView& gate, const TensorView& up, const TensorView& down, WeightLayout layout,
-                                          WeightFormat format, int64_t group_size, bool symmetric) {
+                                          WeightFormat format, int64_t group_size, bool symmetric, gemm::ActivationQuant activations) {
   const bool ehi = layout == WeightLayout::EHI;
+  OT_CHECK(activations == gemm::ActivationQuant::none || format == WeightFormat::int8, kOp, "format", "int8 for int8 activations (W8A8)",
+           weight_format_name(format));
   OT_CHECK(gate.ndim == 3, kOp, "gate", "[E, H, I] (EHI) or [E, I, H] (torch)", gate.shape_str());
   const int64_t E = gate.size(0), H = ehi ? gate.size(1) : gate.size(2), I = ehi ? gate.size(2) : gate.size(1);
   OT_CHECK(E >= 1 && H >= 1 && I >= 1, kOp, "gate", "E, H, I >= 1", gate.shape_str());
@@ -78,10 +80,10 @@ QuantMoeExperts QuantMoeExperts::quantize(const TensorView& gate, const TensorVi
     gu.add(quantize_one(cat, format, group_size, symmetric), e, E);
     dn.add(quantize_one(oriented(down, e, ehi), format, group_size, symmetric), e, E);
   }
-  return from_quantized(gu.all.view(), dn.all.view());
+  return from_quantized(gu.all.view(), dn.all.view(), activations);
 }
 
-QuantMoeExperts QuantMoeExperts::from_quantized(const QuantWeightView& gate_up, const QuantWeightView& down) {
+QuantMoeExperts QuantMoeExperts::from_quantized(const QuantWeightView& gate_up, const QuantWeightView& down, gemm::ActivationQuant activations) {
   const QuantShape a = quant_weight_shape(kOp, gate_up), b = quant_weight_shape(kOp, down);
   OT_CHECK(a.N >= 2 && a.N % 2 == 0, kOp, "gate_up", "[E, H, 2I] codes (an even width)", a.N);
   OT_CHECK(b.G == a.G && b.K == a.N / 2 && b.N == a.K, kOp, "down", detail::cat("[E, I, H] = [", a.G, ", ", a.N / 2, ", ", a.K, "]"), "[", b.G,
@@ -91,8 +93,8 @@ QuantMoeExperts QuantMoeExperts::from_quantized(const QuantWeightView& gate_up, 
                                gate_up.offset.defined() ? " asym)" : " sym)"),
            weight_format_name(down.format), " g", down.group_size, down.offset.defined() ? " asym" : " sym");
   QuantMoeExperts m;
-  m.gate_up_ = std::make_shared<const gemm::PackedQuantB>(gemm::prepack_quantized(gate_up));
-  m.down_ = std::make_shared<const gemm::PackedQuantB>(gemm::prepack_quantized(down));
+  m.gate_up_ = std::make_shared<const gemm::PackedQuantB>(gemm::prepack_quantized(gate_up, activations));
+  m.down_ = std::make_shared<const gemm::PackedQuantB>(gemm::prepack_quantized(down, activations));
   return m;
 }
 

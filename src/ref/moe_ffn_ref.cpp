@@ -9,6 +9,7 @@
 #include "ot/moe/router.h"
 #include "ot/numeric.h"
 #include "src/ref/act_math.h"
+#include "src/ref/quant_ref.h"
 
 namespace ot::moe::refimpl {
 
@@ -19,20 +20,30 @@ static std::vector<float> floats(const TensorView& v) {
   return r;
 }
 
+// A row as the W8A8 experts see it: quantised per token to int8, dequantised.
+static std::vector<float> int8_row(const float* v, int64_t n) {
+  Tensor q = ot::refimpl::quantize_dequantize_rows_i8(TensorView(const_cast<float*>(v), DType::f32, {1, n}));
+  return std::vector<float>(q.ptr<float>(), q.ptr<float>() + n);
+}
+
 // y = (silu(x Wg) * (x Wu)) Wd for one token row; gate/up [H, I], down [I, H] row-major.
-static void expert_row(const float* x, const float* g, const float* u, const float* d, DType act_dt, int64_t H, int64_t I,
-                       std::vector<float>& out) {
+// int8_rows: x and the intermediate enter their products as int8_row.
+static void expert_row(const float* x_in, const float* g, const float* u, const float* d, DType act_dt, int64_t H, int64_t I,
+                       std::vector<float>& out, bool int8_rows) {
+  const std::vector<float> xq = int8_rows ? int8_row(x_in, H) : std::vector<float>();
+  const float* x = int8_rows ? xq.data() : x_in;
   std::vector<float> ag(static_cast<size_t>(I), 0.f), au(static_cast<size_t>(I), 0.f);
   for (int64_t h = 0; h < H; ++h)
     for (int64_t i = 0; i < I; ++i) {
       ag[size_t(i)] += x[h] * g[h * I + i];
       au[size_t(i)] += x[h] * u[h * I + i];
     }
+  std::vector<float> a(static_cast<size_t>(I));
+  for (int64_t i = 0; i < I; ++i) a[size_t(i)] = round_to(act_dt, float(refmath::silu(ag[size_t(i)])) * au[size_t(i)]);
+  if (int8_rows) a = int8_row(a.data(), I);
   out.assign(size_t(H), 0.f);
-  for (int64_t i = 0; i < I; ++i) {
-    float a = round_to(act_dt, float(refmath::silu(ag[size_t(i)])) * au[size_t(i)]);
-    for (int64_t h = 0; h < H; ++h) out[size_t(h)] += a * d[i * H + h];
-  }
+  for (int64_t i = 0; i < I; ++i)
+    for (int64_t h = 0; h < H; ++h) out[size_t(h)] += a[size_t(i)] * d[i * H + h];
 }
 
 int64_t ffn_capacity(const MoeFfnOptions& o, int64_t T, int64_t E) {
@@ -65,7 +76,7 @@ GatingResult ffn_router(const TensorView& logits, const MoeFfnOptions& o) {
 }
 
 MoeFfnResult moe_ffn(const TensorView& x, const TensorView& router_weight, const TensorView& gate, const TensorView& up, const TensorView& down,
-                     const MoeFfnOptions& o, const TensorView& sg, const TensorView& su, const TensorView& sd) {
+                     const MoeFfnOptions& o, const TensorView& sg, const TensorView& su, const TensorView& sd, bool int8_rows) {
   const int64_t T = x.size(0), E = gate.size(0), H = gate.size(1), I = gate.size(2), K = o.k;
   const int64_t Is = o.shared ? sg.size(sg.ndim - 1) : 0;  // the shared expert's own intermediate size
   const int64_t cap = ffn_capacity(o, T, E);
@@ -92,14 +103,14 @@ MoeFfnResult moe_ffn(const TensorView& x, const TensorView& router_weight, const
   for (int64_t t = 0; t < T; ++t) {
     const float* xr = xf.data() + t * H;
     if (o.shared) {
-      expert_row(xr, SG.data(), SU.data(), SD.data(), x.dtype, H, Is, out);
+      expert_row(xr, SG.data(), SU.data(), SD.data(), x.dtype, H, Is, out, false);
       for (int64_t h = 0; h < H; ++h) acc[size_t(t * H + h)] += out[size_t(h)];
     }
     for (int64_t k = 0; k < K; ++k) {
       int32_t e = r.topk_ids.ptr<int32_t>()[t * K + k];
       int64_t before = r.expert_counts.ptr<int64_t>()[e]++;
       if (cap >= 0 && before >= cap) { ++r.dropped; continue; }  // later tokens lose their place
-      expert_row(xr, G.data() + e * H * I, U.data() + e * H * I, D.data() + e * I * H, x.dtype, H, I, out);
+      expert_row(xr, G.data() + e * H * I, U.data() + e * H * I, D.data() + e * I * H, x.dtype, H, I, out, int8_rows);
       double w = r.topk_weights.ptr<float>()[t * K + k];
       for (int64_t h = 0; h < H; ++h) acc[size_t(t * H + h)] += w * out[size_t(h)];
     }

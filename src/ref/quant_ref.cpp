@@ -1,6 +1,10 @@
 // Plain dequantisation: decode each code from its byte, then (q + offset) * scale.
 #include "src/ref/quant_ref.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 namespace ot::refimpl {
 
 Tensor dequantize_weights(const QuantWeightView& w) {
@@ -23,6 +27,29 @@ Tensor dequantize_weights(const QuantWeightView& w) {
         const double o = w.offset.defined() ? get_as_double(w.offset, si) : 0.0;
         out.ptr<float>()[(g * K + k) * N + n] = float((double(q) + o) * s);
       }
+  return out;
+}
+
+Tensor quantize_dequantize_rows_i8(const TensorView& x) {
+  const int64_t M = x.size(0), K = x.size(1);
+  Tensor out = Tensor::empty(DType::f32, {M, K});
+  float* o = out.ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    float amax = 0;
+    bool finite = true;
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = float(get_as_double(x, m * K + k));
+      finite = finite && std::isfinite(v);
+      amax = std::max(amax, std::fabs(v));
+    }
+    const float d = amax / 127.f;  // fp32, as the operators compute it
+    for (int64_t k = 0; k < K; ++k) {
+      float v = 0;
+      if (!finite) v = std::numeric_limits<float>::quiet_NaN();
+      else if (d > 0) v = std::min(127.f, std::max(-128.f, std::nearbyint(float(get_as_double(x, m * K + k)) / d))) * d;
+      o[m * K + k] = v;
+    }
+  }
   return out;
 }
 

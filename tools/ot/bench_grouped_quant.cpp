@@ -1,5 +1,5 @@
 // `ot bench grouped_matmul`: the grouped matmul on bf16 and on quantised (int8 per channel, int4
-// group-wise) experts at Qwen3-30B-A3B's expert shapes, one row per weight format and case in one
+// group-wise; W8A8: int8 weights with int8 per-token activations) experts at Qwen3-30B-A3B's expert shapes, one row per weight format and case in one
 // process. Decode cases (1..8 rows for each of 8 active experts, a fresh set of experts each call
 // out of a store larger than the caches) report GB/s of the weight bytes read (packed codes and
 // scales), the fraction of `ot peak`'s read bandwidth and of the read window measured beside them;
@@ -81,7 +81,7 @@ void run_case(const BenchOptions& opt, const Case& cs, const std::vector<Format>
       weight_bytes = double(pb[0].bytes()) * kActive;
     } else {
       q = quantize_weights(w, fm.f, fm.gs, true);
-      pq = gemm::prepack_quantized(q.view());
+      pq = gemm::prepack_quantized(q.view(), fm.aq);
       weight_bytes = double(pq.expert_bytes()) * kActive;
       qerr = rel_err(dequantize_weights(q.view()), w);
     }
@@ -104,7 +104,7 @@ void run_case(const BenchOptions& opt, const Case& cs, const std::vector<Format>
     Tensor wb1 = Tensor::copy_of(wb.view().narrow(0, 0, 1));
     auto ref = [&] {
       if (bf16) moe::ref::grouped_matmul(x1, wb1, gl1, moe::GroupListType::count, {}, act);
-      else moe::ref::grouped_matmul(x1, q1, gl1, moe::GroupListType::count, {}, act);
+      else moe::ref::grouped_matmul(x1, q1, gl1, moe::GroupListType::count, {}, act, fm.aq);
     };
     const int reps = opt.repeats > 0 ? opt.repeats : cs.decode ? 50 : 9;
     Timing t = time_interleaved(fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref), reps, opt.no_ref ? 0 : 1, cs.decode);
@@ -116,7 +116,7 @@ void run_case(const BenchOptions& opt, const Case& cs, const std::vector<Format>
     r.threads = threads;
     r.ms = t.fast_ms;
     r.ref_ms = t.ref_ms * double(M);
-    r.kernel = bf16 ? gemm::kernel_name(DType::bf16, DType::bf16, cs.rows) : gemm::quant_kernel_name(fm.f);
+    r.kernel = bf16 ? gemm::kernel_name(DType::bf16, DType::bf16, cs.rows) : gemm::quant_kernel_name(fm.f, fm.aq);
     const double gbps = weight_bytes / (t.fast_ms * 1e-3) / 1e9, gflops = flops / (t.fast_ms * 1e-3) / 1e9;
     if (cs.decode) {
       set_bandwidth(r, gbps, t);
@@ -143,7 +143,7 @@ void run_case(const BenchOptions& opt, const Case& cs, const std::vector<Format>
 static RegisterBench reg("grouped_matmul", "Grouped matmul on bf16 vs int8 / int4 quantised experts (Qwen3-30B-A3B expert shapes)",
                          [](Options& sub, const BenchOptions& o) {
                            auto weights = std::make_shared<std::string>("bf16,int8,int4-g64");
-                           sub.value("--weights", *weights, "Comma list: bf16, int8, int4-g32, int4-g64, int4-g128 (bf16 first: the ratios)");
+                           sub.value("--weights", *weights, "Comma list: bf16, int8, w8a8, int4-g32, int4-g64, int4-g128 (bf16 first: the ratios)");
                            const BenchOptions* opt = &o;
                            return [weights, opt]() -> int {
                              std::vector<Format> fmts = parse_weight_formats("ot bench grouped_matmul", *weights);

@@ -34,8 +34,12 @@ Tensor grouped_matmul(const TensorView& x, const std::vector<const gemm::PackedB
 // antiquant_group_size, ot/quant_weights.h): y = act(x @ ((q + offset) * scale) + bias) per group,
 // x bf16/fp16/fp32, y in x's dtype, fp32 accumulation; the codes are dequantised in registers.
 // The view form packs the weights per call; the packed form takes them packed once.
+// activations int8_per_token (W8A8, int8 weights; ot/gemm_quant.h): x's rows are quantised per
+// token to int8 inside the call (the packed form: when packed for it; gemm::QuantGroup also takes
+// rows already quantised, with their scales).
 Tensor grouped_matmul(const TensorView& x, const QuantWeightView& weight, const TensorView& group_list,
-                      GroupListType type = GroupListType::cumsum, const TensorView& bias = {}, gemm::Act act = gemm::Act::none);
+                      GroupListType type = GroupListType::cumsum, const TensorView& bias = {}, gemm::Act act = gemm::Act::none,
+                      gemm::ActivationQuant activations = gemm::ActivationQuant::none);
 Tensor grouped_matmul(const TensorView& x, const gemm::PackedQuantB& weight, const TensorView& group_list,
                       GroupListType type = GroupListType::cumsum, const TensorView& bias = {}, gemm::Act act = gemm::Act::none);
 
@@ -57,9 +61,11 @@ Tensor moe_final_optimizer_mm(const TensorView& x, const TensorView& expert_weig
 namespace ref {
 Tensor grouped_matmul(const TensorView& x, const TensorView& weight, const TensorView& group_list,
                       GroupListType type = GroupListType::cumsum, const TensorView& bias = {}, gemm::Act act = gemm::Act::none);
-// dequantize_weights, then the plain grouped matmul.
+// dequantize_weights (and for int8_per_token the activations' quantise-dequantise), then the plain
+// grouped matmul; y in x's dtype.
 Tensor grouped_matmul(const TensorView& x, const QuantWeightView& weight, const TensorView& group_list,
-                      GroupListType type = GroupListType::cumsum, const TensorView& bias = {}, gemm::Act act = gemm::Act::none);
+                      GroupListType type = GroupListType::cumsum, const TensorView& bias = {}, gemm::Act act = gemm::Act::none,
+                      gemm::ActivationQuant activations = gemm::ActivationQuant::none);
 Tensor moe_finalize_routing_v2(const TensorView& expanded_x, const TensorView& expanded_row_idx, const TensorView& x1 = {},
                                const TensorView& x2 = {}, const TensorView& bias = {}, const TensorView& scales = {},
                                const TensorView& expert_idx = {}, int drop_pad_mode = 0);

@@ -21,11 +21,13 @@ class QuantMoeExperts {
   // Quantises fp32/bf16/fp16 experts (the layouts of MoeExperts::from_stacked) with
   // quantize_weights(w, format, group_size, symmetric), one expert at a time. group_size must
   // divide H (gate/up) and I (down). ot::Error from "QuantMoeExperts" naming the argument.
+  // activations int8_per_token (int8 only): W8A8 experts (ot/gemm_quant.h), packed for it.
   static QuantMoeExperts quantize(const TensorView& gate, const TensorView& up, const TensorView& down, WeightLayout layout, WeightFormat format,
-                                  int64_t group_size, bool symmetric);
+                                  int64_t group_size, bool symmetric, gemm::ActivationQuant activations = gemm::ActivationQuant::none);
   // Already quantised weights (quantize_weights' output): gate_up [E, H, 2I], down [E, I, H], of one
   // format, group size and symmetry.
-  static QuantMoeExperts from_quantized(const QuantWeightView& gate_up, const QuantWeightView& down);
+  static QuantMoeExperts from_quantized(const QuantWeightView& gate_up, const QuantWeightView& down,
+                                        gemm::ActivationQuant activations = gemm::ActivationQuant::none);
 
   int64_t num_experts() const { return gate_up_ ? gate_up_->G() : 0; }
   int64_t hidden() const { return gate_up_ ? gate_up_->K() : 0; }
@@ -33,6 +35,7 @@ class QuantMoeExperts {
   WeightFormat format() const { return gate_up_ ? gate_up_->format() : WeightFormat::int8; }
   int64_t group_size() const { return gate_up_ ? gate_up_->group_size() : 0; }
   bool symmetric() const { return !gate_up_ || !gate_up_->has_offset(); }
+  gemm::ActivationQuant activation_quant() const { return gate_up_ ? gate_up_->activation_quant() : gemm::ActivationQuant::none; }
   bool empty() const { return gate_up_ == nullptr; }
   const gemm::PackedQuantB& gate_up() const { return *gate_up_; }
   const gemm::PackedQuantB& down() const { return *down_; }
@@ -52,10 +55,11 @@ void moe_expert_ffn(const TensorView& x, const QuantMoeExperts& experts, const E
 MoeFfnResult moe_ffn(const TensorView& x, const gemm::PackedB& router, const QuantMoeExperts& experts, const MoeFfnOptions& opt = {});
 
 namespace ref {
-// dequantize_weights, split gate_up into gate and up, then the plain moe_ffn reference.
+// dequantize_weights, split gate_up into gate and up, then the plain moe_ffn reference (for
+// int8_per_token with the routed experts' input rows quantised per token and dequantised).
 MoeFfnResult moe_ffn(const TensorView& x, const TensorView& router_weight, const QuantWeightView& gate_up, const QuantWeightView& down,
                      const MoeFfnOptions& opt = {}, const TensorView& shared_gate = {}, const TensorView& shared_up = {},
-                     const TensorView& shared_down = {});
+                     const TensorView& shared_down = {}, gemm::ActivationQuant activations = gemm::ActivationQuant::none);
 }  // namespace ref
 
 }  // namespace ot::moe
