@@ -1,12 +1,16 @@
 #include "ot/quant.h"
 
+#include "ot/cpu.h"
+#include "src/core/quant_internal.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 namespace ot {
 
-float quantize_row_i8_dynamic(const float* x, int64_t n, int8_t* q) {
+namespace detail {
+float quantize_row_i8_scalar(const float* x, int64_t n, int8_t* q) {
   float amax = 0;
   bool finite = true;
   for (int64_t i = 0; i < n; ++i) {
@@ -28,6 +32,13 @@ float quantize_row_i8_dynamic(const float* x, int64_t n, int8_t* q) {
     q[i] = int8_t(std::min(127.f, std::max(-128.f, v)));
   }
   return d;
+}
+
+}  // namespace detail
+
+float quantize_row_i8_dynamic(const float* x, int64_t n, int8_t* q) {
+  if (n >= 16 && cpu::has(cpu::Isa::avx512)) return detail::quantize_row_i8_avx512(x, n, q);
+  return detail::quantize_row_i8_scalar(x, n, q);
 }
 
 }  // namespace ot

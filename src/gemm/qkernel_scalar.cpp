@@ -96,21 +96,23 @@ namespace ot::gemm::qdetail {
 // in the same order, so the results are the same bits.
 void qkernel_scalar_a8(const QA8Args& g) {
   const int64_t lenp = a8_len(g.len);
-  const char* panel = g.panel;
-  for (int64_t j = 0; j < g.groups; ++j, panel += a8_group_bytes(g.len)) {
-    const float* s = reinterpret_cast<const float*>(panel);
-    const float* m = s + kQNR;
-    const unsigned char* codes = reinterpret_cast<const unsigned char*>(panel + kQHeader);
-    for (int r = 0; r < g.rows; ++r) {
-      const int8_t* a = g.a + r * g.lda + j * lenp;
-      const int32_t as = g.asum[r * g.ldas + j];
-      for (int n = 0; n < kQNR; ++n) {
-        int32_t acc = 0;
-        for (int64_t k = 0; k < lenp; ++k)
-          acc += int32_t(a[k]) * int32_t(codes[size_t(k / kA8Quad) * kA8QuadBytes + a8_code_byte(int(k % kA8Quad), n)]);
-        const float p = float(acc - as * 128), v = std::fma(p, s[n], float(as) * m[n]);
-        float& c = g.c[r * kQNR + n];
-        c = std::fma(g.ascale[r], v, j ? c : 0.f);
+  for (int p = 0; p < g.panels; ++p) {
+    const char* panel = g.panel + p * g.panel_step;
+    for (int64_t j = 0; j < g.groups; ++j, panel += a8_group_bytes(g.len)) {
+      const float* s = reinterpret_cast<const float*>(panel);
+      const float* m = s + kQNR;
+      const unsigned char* codes = reinterpret_cast<const unsigned char*>(panel + kQHeader);
+      for (int r = 0; r < g.rows; ++r) {
+        const int8_t* a = g.a + r * g.lda + j * lenp;
+        const int32_t as = g.asum[r * g.ldas + j];
+        for (int n = 0; n < kQNR; ++n) {
+          int32_t acc = 0;
+          for (int64_t k = 0; k < lenp; ++k)
+            acc += int32_t(a[k]) * int32_t(codes[size_t(k / kA8Quad) * kA8QuadBytes + a8_code_byte(int(k % kA8Quad), n)]);
+          const float pr = float(acc - as * 128), v = std::fma(pr, s[n], float(as) * m[n]);
+          float& c = g.c[p * g.ldcp + r * kQNR + n];
+          c = std::fma(g.ascale[r], v, j ? c : 0.f);
+        }
       }
     }
   }

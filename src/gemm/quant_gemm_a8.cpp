@@ -14,8 +14,8 @@ namespace ot::gemm::qdetail {
 namespace {
 
 const QKernelA8 kTableA8[] = {
-    {cpu::Isa::avx512, true, qkernel_avx512vnni_a8, 12, "avx512vnni_w8a8"},
-    {cpu::Isa::scalar, false, qkernel_scalar_a8, 4, "scalar_w8a8"},
+    {cpu::Isa::avx512, true, qkernel_avx512vnni_a8, 12, 4, "avx512vnni_w8a8"},
+    {cpu::Isa::scalar, false, qkernel_scalar_a8, 4, 4, "scalar_w8a8"},
 };
 
 // Row `row` of the call into its int8 group blocks (zero codes pad each group to a8_len), the
@@ -79,33 +79,63 @@ void grouped_gemm_a8(const PackedQuantB::Impl& im, const QuantGroup* groups, int
       quantise_row(im, groups[i], row - row0[i], f32, i8, a8 + row * lda, asum + row * im.groups, ascale + row);
     }
   });
+  // Work items (group, first unit, units). Groups of up to stream_rows rows take kStreamUnits
+  // units an item and read the item's first half of panels beside its second half (two memory
+  // streams per thread, as the weight-only decode path does); more rows: one unit an item, row
+  // tiles over the whole K.
   const int64_t per_unit = im.split ? 2 : 1, units = im.npanels / per_unit;
-  std::vector<std::pair<int64_t, int64_t>> items;  // (group, unit)
-  for (int64_t i = 0; i < count; ++i)
+  constexpr int64_t kStreamUnits = 4;
+  auto streamed = [&](int64_t i) { return groups[i].M <= kern.stream_rows; };
+  struct Item {
+    int64_t group, unit0, units;
+  };
+  std::vector<Item> items;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t step = streamed(i) ? kStreamUnits : 1;
     if (groups[i].M > 0)
-      for (int64_t u = 0; u < units; ++u) items.push_back({i, u});
+      for (int64_t u = 0; u < units; u += step) items.push_back({i, u, std::min(step, units - u)});
+  }
   parallel_for_dynamic(int64_t(items.size()), 1, [&](int64_t b0, int64_t b1) {
-    thread_local std::vector<float> acc;  // [per_unit][M][32] (grow-only)
+    thread_local std::vector<float> acc;  // [panels][M][32] (grow-only)
     for (int64_t it = b0; it < b1; ++it) {
-      const auto [i, unit] = items[size_t(it)];
-      const QuantGroup& g = groups[i];
-      acc.resize(size_t(per_unit * g.M * kQNR));
+      const Item& w = items[size_t(it)];
+      const QuantGroup& g = groups[w.group];
+      const int64_t np = w.units * per_unit, pstride = g.M * kQNR, row = row0[w.group];
+      acc.resize(size_t(np * pstride));
       QA8Args ar{};
       ar.lda = lda, ar.ldas = im.groups, ar.groups = im.groups, ar.len = im.len;
-      // Balanced tile heights (13 rows: 7 + 6, not 12 + 1: a one-row tile is latency bound).
-      const int64_t ntiles = (g.M + kern.mr - 1) / kern.mr;
-      for (int64_t q = 0; q < per_unit; ++q) {
-        ar.panel = im.panel(g.expert, unit * per_unit + q);
-        for (int64_t t = 0, m0 = 0; m0 < g.M; ++t) {
-          const int64_t h = (g.M - m0 + (ntiles - t) - 1) / (ntiles - t), row = row0[i] + m0;
-          ar.rows = int(h);
-          ar.a = a8 + row * lda, ar.asum = asum + row * im.groups, ar.ascale = ascale + row;
-          ar.c = acc.data() + (q * g.M + m0) * kQNR;
+      const char* p0 = im.panel(g.expert, w.unit0 * per_unit);
+      if (streamed(w.group)) {
+        ar.rows = int(g.M);
+        ar.a = a8 + row * lda, ar.asum = asum + row * im.groups, ar.ascale = ascale + row;
+        const int64_t h = np / 2;
+        ar.panels = 2, ar.panel_step = size_t(h) * im.panel_bytes, ar.ldcp = h * pstride;
+        for (int64_t q = 0; q < h; ++q) {
+          ar.panel = p0 + size_t(q) * im.panel_bytes, ar.c = acc.data() + q * pstride;
           kern.fn(ar);
-          m0 += h;
+        }
+        ar.panels = 1;
+        for (int64_t q = 2 * h; q < np; ++q) {
+          ar.panel = p0 + size_t(q) * im.panel_bytes, ar.c = acc.data() + q * pstride;
+          kern.fn(ar);
+        }
+      } else {
+        // Balanced tile heights (13 rows: 7 + 6, not 12 + 1: a one-row tile is latency bound).
+        const int64_t ntiles = (g.M + kern.mr - 1) / kern.mr;
+        for (int64_t q = 0; q < np; ++q) {
+          ar.panel = p0 + size_t(q) * im.panel_bytes;
+          for (int64_t t = 0, m0 = 0; m0 < g.M; ++t) {
+            const int64_t hgt = (g.M - m0 + (ntiles - t) - 1) / (ntiles - t);
+            ar.rows = int(hgt);
+            ar.a = a8 + (row + m0) * lda, ar.asum = asum + (row + m0) * im.groups, ar.ascale = ascale + row + m0;
+            ar.c = acc.data() + q * pstride + m0 * kQNR;
+            kern.fn(ar);
+            m0 += hgt;
+          }
         }
       }
-      finish_unit(im, g, unit, g.M, acc.data(), acc.data() + (per_unit - 1) * g.M * kQNR);
+      for (int64_t u = 0; u < w.units; ++u)
+        finish_unit(im, g, w.unit0 + u, g.M, acc.data() + u * per_unit * pstride, acc.data() + (u * per_unit + per_unit - 1) * pstride);
     }
   });
 }

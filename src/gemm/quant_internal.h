@@ -163,23 +163,28 @@ inline size_t a8_code_byte(int kk, int n) { return size_t(64 * (n / 16) + 4 * (n
 // m[j] * asum[r][g]) for r < rows (rows <= the kernel's mr). a: rows of int8 codes, row r at
 // a + r * lda bytes, group g at g * a8_len(len) (zero codes pad each group); asum[r * ldas + g]: the
 // int32 sum of row r's codes over group g; ascale[r]: row r's scale.
+// panels 2 (rows <= the kernel's stream_rows): also the panel at panel + panel_step into
+// c + ldcp, read side by side with the first (two memory streams per thread for decode).
 struct QA8Args {
-  int rows;
+  int rows, panels = 1;
   const int8_t* a;
   int64_t lda;
   const int32_t* asum;
   int64_t ldas;
   const float* ascale;
   const char* panel;
+  size_t panel_step = 0;
   int64_t groups, len;
   float* c;
+  int64_t ldcp = 0;
 };
 using QKernelA8Fn = void (*)(const QA8Args&);
 struct QKernelA8 {
   cpu::Isa isa;
   bool vnni;  // needs AVX512_VNNI besides the ISA level
   QKernelA8Fn fn;
-  int mr;  // rows per call
+  int mr;           // rows per call
+  int stream_rows;  // groups of up to this many rows take two panels a call (0: never)
   const char* name;
 };
 const QKernelA8& select_qkernel_a8();
