@@ -183,3 +183,43 @@ TEST(MoeFfnQuant, BadInputIsANamedError) {
   EXPECT_NE(arg_of([&] { moe_expert_ffn(x, ex, rows, out, true); }).find("rows.scatter"), std::string::npos);
   EXPECT_EQ(std::memcmp(out.view().data, before.view().data, out.view().nbytes()), 0);
 }
+
+// W8A8 experts (int8 weights, every routed expert's input row quantised per token to int8: x for
+// gate/up, the SwiGLU output for down) against the reference that quantises the same rows the same
+// way; the shared expert stays bf16. The int8 rounding of an intermediate row can differ by one code
+// where the fp32 and fp64 sums straddle a rounding edge, hence 2e-3 for fp32 outputs.
+TEST(MoeFfnQuant, W8A8MatchesItsReference) {
+  const int64_t E = 6;
+  const gemm::ActivationQuant a8 = gemm::ActivationQuant::int8_per_token;
+  int combo = 0;
+  for (const Fmt& fm : {Fmt{WeightFormat::int8, 0, true, 72, 41}, Fmt{WeightFormat::int8, 64, false, 64, 64}})
+    for (DType xt : {DType::bf16, DType::f32}) {
+      ++combo;
+      QLayer L(xt, E, fm.H, fm.I, fm, uint32_t(40 + combo));
+      gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
+      QuantMoeExperts ex = QuantMoeExperts::quantize(L.gate, L.up, L.down, WeightLayout::EHI, fm.f, fm.gs, fm.sym, a8);
+      EXPECT_EQ(ex.activation_quant(), a8);
+      for (int64_t T : {0, 1, 5, 33}) {
+        Tensor x = randn(xt, {T, fm.H}, uint32_t(300 + combo + T));
+        MoeFfnOptions o;
+        o.k = 2;
+        o.norm_topk_prob = true;
+        MoeFfnResult r = ref::moe_ffn(x, L.router, L.gu.view(), L.dn.view(), o, {}, {}, {}, a8);
+        const std::string what = name_of(fm) + " T=" + std::to_string(T) + " " + dtype_name(xt);
+        if (T > 1) {  // the reference is lossy against weight-only (a W8A8 path that kept the rows would fail)
+          int64_t bad = 0;
+          EXPECT_GT(rel_frob_rows(r, ref::moe_ffn(x, L.router, L.gu.view(), L.dn.view(), o), &bad), 5e-4) << what;
+        }
+        for (cpu::Isa isa : paths()) {
+          cpu::ScopedMaxIsa cap(isa);
+          MoeFfnResult f = moe_ffn(x, router, ex, o);
+          int64_t bad = 0;
+          EXPECT_LE(rel_frob_rows(f, r, &bad), xt == DType::f32 ? 2e-3 : 4e-3) << what << " isa=" << cpu::isa_name(isa);
+          EXPECT_LE(bad, 1) << what;
+        }
+      }
+    }
+  // int4 codes cannot take int8 activations.
+  QLayer L(DType::bf16, E, 64, 64, Fmt{WeightFormat::int4, 32, true, 64, 64}, 9);
+  EXPECT_THROW(QuantMoeExperts::quantize(L.gate, L.up, L.down, WeightLayout::EHI, WeightFormat::int4, 32, true, a8), Error);
+}

@@ -123,7 +123,8 @@ void run_case(const BenchOptions& opt, const Case& cs, const std::vector<Format>
       r.extra["gflops"] = gflops;
     } else {
       r.gflops = gflops;
-      r.peak_fraction = gflops / matrix_peak_gflops("fp32", threads);
+      // W8A8 against the vpdpbusd rate; bf16 and weight-only against the bf16 matrix peak.
+      r.peak_fraction = gflops / matrix_peak_gflops(fm.aq == gemm::ActivationQuant::int8_per_token ? "int8" : "bf16", threads);
       r.extra["gbps"] = gbps;
     }
     r.extra["weights"] = fm.name;

@@ -59,10 +59,12 @@ struct MachinePeak {
   double amx_bf16_gflops_1t = 0, amx_bf16_gflops_all = 0;      // 0 when the CPU has no AMX
   double avx512_bf16_gflops_1t = 0, avx512_bf16_gflops_all = 0;  // vdpbf16ps
   double fma_f32_gflops_1t = 0, fma_f32_gflops_all = 0;
+  double vnni_int8_gops_1t = 0, vnni_int8_gops_all = 0;  // vpdpbusd (0 without AVX512_VNNI)
   double mem_gbps_1t = 0, mem_gbps_all = 0;
 };
 const MachinePeak& machine_peak();
-// Peak GFLOP/s of the best matrix path for `dtype` ("bf16", "fp16", "fp32") at `threads`.
+// Peak GFLOP/s of the best matrix path for `dtype` ("bf16", "fp16", "fp32"; "int8": the vpdpbusd
+// rate in GOP/s, falling back to bf16's where there is none) at `threads`.
 double matrix_peak_gflops(const std::string& dtype, int threads);
 double memory_peak_gbps(int threads);
 // Streaming read bandwidth now, GB/s: `ot peak`'s read test (the best of bursts of 8 MiB of

@@ -112,7 +112,7 @@ int run(const BenchOptions& opt, const std::vector<int64_t>& only_tokens, const 
       moe::QuantMoeExperts qex;
       double qerr = 0;
       if (!bf16) {
-        qex = moe::QuantMoeExperts::quantize(w.gate, w.up, w.down, moe::WeightLayout::EHI, fm.f, fm.gs, true);
+        qex = moe::QuantMoeExperts::quantize(w.gate, w.up, w.down, moe::WeightLayout::EHI, fm.f, fm.gs, true, fm.aq);
         qerr = quant_error(w, m, fm);
       }
       const double expert_bytes = bf16 ? 3.0 * double(m.H * m.I) * 2.0 : double(qex.expert_bytes());
@@ -171,7 +171,7 @@ int run(const BenchOptions& opt, const std::vector<int64_t>& only_tokens, const 
           r.extra["gflops"] = gflops;
         } else {
           r.gflops = gflops;
-          double peak = matrix_peak_gflops("bf16", r.threads);
+          double peak = matrix_peak_gflops(fm.aq == gemm::ActivationQuant::int8_per_token ? "int8" : "bf16", r.threads);
           r.peak_fraction = peak > 0 ? r.gflops / peak : 0;
           r.extra["gbps"] = gbps;
         }
@@ -194,7 +194,7 @@ int run(const BenchOptions& opt, const std::vector<int64_t>& only_tokens, const 
         if (!opt.json) {
           std::printf("  %-26s cpu %.3f ms/call -> idle estimate %.3f ms: %.1f %s (%.1f%% of peak)\n", "", cpu_ms, est_ms, est_rate,
                       T <= 16 ? "GB/s" : "GFLOP/s",
-                      100 * est_rate / (T <= 16 ? memory_peak_gbps(r.threads) : matrix_peak_gflops("bf16", r.threads)));
+                      100 * est_rate / (T <= 16 ? memory_peak_gbps(r.threads) : matrix_peak_gflops(fm.aq == gemm::ActivationQuant::int8_per_token ? "int8" : "bf16", r.threads)));
           if (fmts.size() > 1 || !bf16)
             std::printf("  %-26s %s: %.2f MB weights, %.1f GB/s, %.1f GFLOP/s, %.2fx the bf16 row's time, quant error %.2e\n", "", fm.name.c_str(),
                         touched / 1e6, gbps, gflops, ratio, qerr);
@@ -212,7 +212,7 @@ RegisterBench reg("moe_ffn", "Fused MoE layer (router, grouped SwiGLU FFN, weigh
                     static std::vector<int64_t> tokens;
                     static std::string weights = "bf16";
                     sub.value("--tokens", tokens, "Only these token counts (of 1, 16, 128, 512, 2048; the demo model: 6, 763)");
-                    sub.value("--weights", weights, "Comma list: bf16, int8, int4 (group 64), int4-g32, int4-g128 (each quantised row is timed beside the bf16 layer: vs_bf16)");
+                    sub.value("--weights", weights, "Comma list: bf16, int8, w8a8, int4 (group 64), int4-g32, int4-g128 (each quantised row is timed beside the bf16 layer: vs_bf16)");
                     return [&common] { return run(common, tokens, parse_weight_formats("ot bench moe_ffn", weights)); };
                   });
 

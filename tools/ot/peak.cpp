@@ -1,5 +1,5 @@
 // `ot peak`: this machine's measured matrix and memory peaks (AMX bf16 tiles, AVX-512 BF16 dot
-// products, AVX-512 fp32 FMA, memory read bandwidth) on one thread and on all threads, cached as
+// products, AVX-512 fp32 FMA, AVX-512 VNNI int8 dot products, memory read bandwidth) on one thread and on all threads, cached as
 // JSON per CPU model so every benchmark can report the fraction of peak it reaches.
 #include <algorithm>
 #include <chrono>
@@ -158,6 +158,10 @@ MachinePeak measure(double seconds) {
     p.avx512_bf16_gflops_1t = rate(1, seconds, gemm::detail::kBf16DotLoopFlops, gemm::detail::bf16_dot_loop) / 1e9;
     p.avx512_bf16_gflops_all = rate(all, seconds, gemm::detail::kBf16DotLoopFlops, gemm::detail::bf16_dot_loop) / 1e9;
   }
+  if (avx512 && cpu::features().avx512_vnni) {
+    p.vnni_int8_gops_1t = rate(1, seconds, gemm::detail::kInt8DotLoopOps, gemm::detail::int8_dot_loop) / 1e9;
+    p.vnni_int8_gops_all = rate(all, seconds, gemm::detail::kInt8DotLoopOps, gemm::detail::int8_dot_loop) / 1e9;
+  }
   if (cpu::detected_isa() >= cpu::Isa::amx) {
     const double tile_flops = 4.0 * 16 * 16 * 32 * 2;  // 4 tile products of 16x16x32
     p.amx_bf16_gflops_1t = rate(1, seconds, tile_flops, peak::amx_loop) / 1e9;
@@ -173,6 +177,7 @@ nlohmann::json to_json(const MachinePeak& p) {
           {"amx_bf16_gflops_1t", p.amx_bf16_gflops_1t}, {"amx_bf16_gflops_all", p.amx_bf16_gflops_all},
           {"avx512_bf16_gflops_1t", p.avx512_bf16_gflops_1t}, {"avx512_bf16_gflops_all", p.avx512_bf16_gflops_all},
           {"fma_f32_gflops_1t", p.fma_f32_gflops_1t}, {"fma_f32_gflops_all", p.fma_f32_gflops_all},
+          {"vnni_int8_gops_1t", p.vnni_int8_gops_1t}, {"vnni_int8_gops_all", p.vnni_int8_gops_all},
           {"mem_gbps_1t", p.mem_gbps_1t}, {"mem_gbps_all", p.mem_gbps_all}, {"threads_all", ot::num_threads()}};
 }
 
@@ -189,10 +194,13 @@ bool load_cache(MachinePeak* p) {
     p->avx512_bf16_gflops_all = e.value("avx512_bf16_gflops_all", 0.0);
     p->fma_f32_gflops_1t = e.value("fma_f32_gflops_1t", 0.0);
     p->fma_f32_gflops_all = e.value("fma_f32_gflops_all", 0.0);
+    p->vnni_int8_gops_1t = e.value("vnni_int8_gops_1t", 0.0);
+    p->vnni_int8_gops_all = e.value("vnni_int8_gops_all", 0.0);
     p->mem_gbps_1t = e.value("mem_gbps_1t", 0.0);
     p->mem_gbps_all = e.value("mem_gbps_all", 0.0);
-    // An entry from before AVX2 FMA and memory were measured on AVX2-only CPUs lacks them: remeasure.
-    return p->mem_gbps_1t > 0 && (p->fma_f32_gflops_1t > 0 || cpu::detected_isa() < cpu::Isa::avx2);
+    // An entry from before AVX2 FMA, memory or the VNNI rate were measured lacks them: remeasure.
+    const bool vnni = cpu::detected_isa() >= cpu::Isa::avx512 && cpu::features().avx512_vnni;
+    return p->mem_gbps_1t > 0 && (p->fma_f32_gflops_1t > 0 || cpu::detected_isa() < cpu::Isa::avx2) && (p->vnni_int8_gops_1t > 0 || !vnni);
   } catch (...) {
     return false;
   }
@@ -241,6 +249,8 @@ static double by_threads(double one, double all, int threads) {
 
 double matrix_peak_gflops(const std::string& dtype, int threads) {
   const MachinePeak& p = machine_peak();
+  if (dtype == "int8" && p.vnni_int8_gops_1t > 0) return by_threads(p.vnni_int8_gops_1t, p.vnni_int8_gops_all, threads);
+  if (dtype == "int8") return matrix_peak_gflops("bf16", threads);
   if (dtype == "bf16") {
     if (p.amx_bf16_gflops_1t > 0) return by_threads(p.amx_bf16_gflops_1t, p.amx_bf16_gflops_all, threads);
     // Without AMX, bf16 GEMMs run on vdpbf16ps or widen to fp32 FMAs, whichever this CPU does faster
@@ -257,7 +267,7 @@ double memory_peak_gbps(int threads) {
   return by_threads(p.mem_gbps_1t, p.mem_gbps_all, threads);
 }
 
-static RegisterCommand reg("peak", "Measure this machine's AMX bf16, AVX-512 BF16, fp32 FMA (AVX-512 or AVX2) and memory read peaks (1 and all threads)",
+static RegisterCommand reg("peak", "Measure this machine's AMX bf16, AVX-512 BF16, fp32 FMA (AVX-512 or AVX2), AVX-512 VNNI int8 and memory read peaks (1 and all threads)",
                            [](Options& sub) -> Run {
   static bool json = false;
   static double seconds = 1.0;
@@ -294,6 +304,7 @@ static RegisterCommand reg("peak", "Measure this machine's AMX bf16, AVX-512 BF1
     row("AVX-512 BF16 (vdpbf16ps)", now.avx512_bf16_gflops_1t, now.avx512_bf16_gflops_all, p.avx512_bf16_gflops_1t,
         p.avx512_bf16_gflops_all, "GFLOP/s");
     row(avx512_cpu ? "AVX-512 fp32 FMA" : "AVX2 fp32 FMA", now.fma_f32_gflops_1t, now.fma_f32_gflops_all, p.fma_f32_gflops_1t, p.fma_f32_gflops_all, "GFLOP/s");
+    row("AVX-512 VNNI (vpdpbusd)", now.vnni_int8_gops_1t, now.vnni_int8_gops_all, p.vnni_int8_gops_1t, p.vnni_int8_gops_all, "GOP/s  ");
     row("memory read", now.mem_gbps_1t, now.mem_gbps_all, p.mem_gbps_1t, p.mem_gbps_all, "GB/s   ");
     if (now.avx512_bf16_gflops_all > 0 && now.fma_f32_gflops_all > 0) {
       // The GEMM's bf16 multiplier is fixed by the CPU's vendor (reproducible bits); this run's rates
