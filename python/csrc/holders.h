@@ -35,7 +35,8 @@ struct PackedWeightHolder : torch::CustomClassHolder {
 // fused [gate | up] (w13) tensor.
 struct MoeExpertsHolder : torch::CustomClassHolder {
   // weights "float": packed in the tensors' dtype; "int8" / "int4": quantised (group_size, symmetric
-  // as quantize_weights) into a QuantMoeExperts, which is immutable (set/remove_expert refuse it).
+  // as quantize_weights) into a QuantMoeExperts, which is immutable (set/remove_expert refuse it);
+  // "w8a8": int8 codes with the activations quantised per token to int8 (ot/gemm_quant.h).
   MoeExpertsHolder(const at::Tensor& gate, const c10::optional<at::Tensor>& up, const at::Tensor& down, const std::string& layout,
                    const std::string& weights, int64_t group_size, bool symmetric);
   // Replace expert e (e < E) or append one (e == E); tensors without the leading E dim.
@@ -46,7 +47,7 @@ struct MoeExpertsHolder : torch::CustomClassHolder {
   int64_t hidden() const { return quant ? quant->hidden() : experts.hidden(); }
   int64_t intermediate() const { return quant ? quant->intermediate() : experts.intermediate(); }
   int64_t packed_bytes() const;
-  std::string weights() const;  // "float", "int8" or "int4"
+  std::string weights() const;  // "float", "int8", "int4" or "w8a8"
   int64_t group_size() const { return quant ? quant->group_size() : 0; }
   ot::moe::MoeExperts experts;
   std::shared_ptr<ot::moe::QuantMoeExperts> quant;  // set: the quantised store (experts unused)

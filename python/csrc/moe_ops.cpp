@@ -25,8 +25,8 @@ MoeExpertsHolder::MoeExpertsHolder(const at::Tensor& gate, const c10::optional<a
   guard([&] {
     const char* op = "MoeExperts";
     auto l = weight_layout(layout, op);
-    OT_CHECK(weights == "float" || weights == "int8" || weights == "int4", op, "weights", "\"float\" (the tensors' dtype), \"int8\" or \"int4\"",
-             weights);
+    OT_CHECK(weights == "float" || weights == "int8" || weights == "int4" || weights == "w8a8", op, "weights",
+             "\"float\" (the tensors' dtype), \"int8\", \"int4\" or \"w8a8\" (int8 weights, int8 per-token activations)", weights);
     if (weights != "float") {
       // Fused gate_up: its halves ([E, 2I, H] torch, [E, H, 2I] EHI) are gate and up.
       TensorView g = view(gate, op, up ? "gate" : "gate_up"), u;
@@ -40,7 +40,8 @@ MoeExpertsHolder::MoeExpertsHolder(const at::Tensor& gate, const c10::optional<a
         g = g.narrow(dim, 0, I);
       }
       quant = std::make_shared<moe::QuantMoeExperts>(moe::QuantMoeExperts::quantize(
-          g, u, view(down, op, "down"), l, weights == "int4" ? WeightFormat::int4 : WeightFormat::int8, group_size, symmetric));
+          g, u, view(down, op, "down"), l, weights == "int4" ? WeightFormat::int4 : WeightFormat::int8, group_size, symmetric,
+          weights == "w8a8" ? gemm::ActivationQuant::int8_per_token : gemm::ActivationQuant::none));
       return 0;
     }
     experts = up ? moe::MoeExperts::from_stacked(view(gate, op, "gate"), view(*up, op, "up"), view(down, op, "down"), l)
@@ -76,7 +77,10 @@ int64_t MoeExpertsHolder::packed_bytes() const {
   return s;
 }
 
-std::string MoeExpertsHolder::weights() const { return quant ? weight_format_name(quant->format()) : "float"; }
+std::string MoeExpertsHolder::weights() const {
+  if (!quant) return "float";
+  return quant->activation_quant() == gemm::ActivationQuant::int8_per_token ? "w8a8" : weight_format_name(quant->format());
+}
 
 // ---- routers -----------------------------------------------------------------------------------
 
@@ -203,8 +207,12 @@ std::vector<Tensor> grouped_matmul(const std::vector<Tensor>& x, const std::vect
                                    const c10::optional<std::vector<Tensor>>& bias, const OptTensor& group_list, int64_t split_item,
                                    c10::optional<int64_t> group_type, int64_t group_list_type, int64_t act_type,
                                    c10::optional<c10::ScalarType> output_dtype, const c10::optional<std::vector<Tensor>>& antiquant_scale,
-                                   const c10::optional<std::vector<Tensor>>& antiquant_offset, int64_t antiquant_group_size) {
+                                   const c10::optional<std::vector<Tensor>>& antiquant_offset, int64_t antiquant_group_size,
+                                   c10::string_view activation_quant) {
   const char* op = "grouped_matmul";
+  OT_CHECK(activation_quant == "none" || activation_quant == "int8_per_token", op, "activation_quant",
+           "\"none\" or \"int8_per_token\" (W8A8, int8 antiquant weights)", std::string(activation_quant));
+  const gemm::ActivationQuant aq = activation_quant == "none" ? gemm::ActivationQuant::none : gemm::ActivationQuant::int8_per_token;
   OT_CHECK(x.size() == 1, op, "x", "one tensor [M, K] (M-split grouping)", x.size(), " tensors");
   OT_CHECK(!weight.empty(), op, "weight", "[W] with W [G, K, N], or G tensors [K, N]", "[]");
   OT_CHECK(!group_type || *group_type == 0, op, "group_type", "None or 0 (split M)", *group_type);
@@ -219,6 +227,8 @@ std::vector<Tensor> grouped_matmul(const std::vector<Tensor>& x, const std::vect
   if (bias && !bias->empty()) b = (bias->size() == 1 ? (*bias)[0] : at::stack(*bias)).to(c10::ScalarType::Float);
   const bool quant = antiquant_scale && !antiquant_scale->empty();
   OT_CHECK(quant || !(antiquant_offset && !antiquant_offset->empty()), op, "antiquant_offset", "given only with antiquant_scale", "no scale");
+  OT_CHECK(quant || aq == gemm::ActivationQuant::none, op, "activation_quant", "\"none\" without antiquant_scale (W8A8 needs int8 weights)",
+           std::string(activation_quant));
   Tensor y;
   if (quant) {
     // Quantised weights: int8 codes (torch.int8) or int4 codes two a byte (torch.uint8); see quantize_weights.
@@ -228,7 +238,7 @@ std::vector<Tensor> grouped_matmul(const std::vector<Tensor>& x, const std::vect
     QuantWeightView qv{view(w, op, "weight"), view(s, op, "antiquant_scale"), view(o, op, "antiquant_offset"),
                        w.scalar_type() == c10::ScalarType::Byte ? WeightFormat::int4 : WeightFormat::int8, antiquant_group_size};
     y = wrap(moe::grouped_matmul(view(x[0], op, "x"), qv, view(*group_list, op, "group_list"), moe::GroupListType(group_list_type),
-                                 view(b, op, "bias"), act_of(act_type, op)));
+                                 view(b, op, "bias"), act_of(act_type, op), aq));
   } else {
     y = wrap(moe::grouped_matmul(view(x[0], op, "x"), view(w, op, "weight"), view(*group_list, op, "group_list"),
                                  moe::GroupListType(group_list_type), view(b, op, "bias"), act_of(act_type, op)));

@@ -59,7 +59,8 @@ std::vector<Tensor> grouped_matmul(const std::vector<Tensor>& x, const std::vect
                                    const c10::optional<std::vector<Tensor>>& bias, const OptTensor& group_list, int64_t split_item,
                                    c10::optional<int64_t> group_type, int64_t group_list_type, int64_t act_type,
                                    c10::optional<c10::ScalarType> output_dtype, const c10::optional<std::vector<Tensor>>& antiquant_scale,
-                                   const c10::optional<std::vector<Tensor>>& antiquant_offset, int64_t antiquant_group_size);
+                                   const c10::optional<std::vector<Tensor>>& antiquant_offset, int64_t antiquant_group_size,
+                                   c10::string_view activation_quant);
 // Weight-only quantisation (ot/quant_weights.h): int8 codes (int8 tensor) or int4 codes two a byte (uint8).
 std::tuple<Tensor, Tensor, OptTensor> quantize_weights(const Tensor& w, c10::string_view format, int64_t group_size, bool symmetric);
 Tensor dequantize_weights(const Tensor& weight, const Tensor& antiquant_scale, const OptTensor& antiquant_offset, int64_t antiquant_group_size);

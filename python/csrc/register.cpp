@@ -61,7 +61,8 @@ TORCH_LIBRARY(ops_transformer, m) {
         "int[]? restore_shape=None) -> Tensor", OT_OP(moe_token_unpermute));
   m.def("grouped_matmul(Tensor[] x, Tensor[] weight, *, Tensor[]? bias=None, Tensor? group_list=None, int split_item=0, "
         "int? group_type=None, int group_list_type=0, int act_type=0, ScalarType? output_dtype=None, "
-        "Tensor[]? antiquant_scale=None, Tensor[]? antiquant_offset=None, int antiquant_group_size=0) -> Tensor[]",
+        "Tensor[]? antiquant_scale=None, Tensor[]? antiquant_offset=None, int antiquant_group_size=0, "
+        "str activation_quant='none') -> Tensor[]",
         OT_OP(grouped_matmul));
   m.def("quantize_weights(Tensor w, str format='int8', int group_size=0, bool symmetric=True) "
         "-> (Tensor weight, Tensor antiquant_scale, Tensor? antiquant_offset)", OT_OP(quantize_weights));

@@ -274,19 +274,27 @@ class _GroupedMatmul(torch.autograd.Function):
 
 
 def grouped_matmul(x, weight, *, bias=None, group_list=None, split_item=0, group_type=None, group_list_type=0,
-                   act_type=0, output_dtype=None, antiquant_scale=None, antiquant_offset=None, antiquant_group_size=0):
+                   act_type=0, output_dtype=None, antiquant_scale=None, antiquant_offset=None, antiquant_group_size=0,
+                   activation_quant="none"):
     """torch_npu.npu_grouped_matmul, M-split: y[rows of g] = act(x[rows of g] @ weight[g] + bias[g]).
     x = [x [M, K]]; weight = [W [G, K, N]] (or its transposed view of [G, N, K]) or G tensors [K, N];
     act_type 0 none, 1 relu, 2 gelu, 5 silu, 6 swiglu. Differentiable (x, weight, bias) when the
     library's grouped_matmul_backward is built and one x and one weight tensor are given.
     Quantised weights (forward only): weight = [codes] from quantize_weights (int8 [G, K, N], or int4
     two a byte as uint8 [G, K, (N + 1) / 2]) with antiquant_scale = [scale] ([G, N] or
-    [G, K / group, N]), antiquant_offset = [offset] or None, antiquant_group_size = 0 or the group."""
+    [G, K / group, N]), antiquant_offset = [offset] or None, antiquant_group_size = 0 or the group.
+    activation_quant="int8_per_token" (int8 codes only, W8A8): x's rows are quantised per token to
+    int8 inside the call (d = max|row| / 127, round half to even) and multiplied on the int8 dot
+    product; lossy against weight-only (~1% relative), faster at prefill."""
     if antiquant_scale is not None:
         return ops.grouped_matmul(x, weight, bias=bias, group_list=group_list, split_item=split_item,
                                   group_type=group_type, group_list_type=group_list_type, act_type=act_type,
                                   output_dtype=output_dtype, antiquant_scale=antiquant_scale,
-                                  antiquant_offset=antiquant_offset, antiquant_group_size=antiquant_group_size)
+                                  antiquant_offset=antiquant_offset, antiquant_group_size=antiquant_group_size,
+                                  activation_quant=activation_quant)
+    if activation_quant != "none":
+        raise RuntimeError("grouped_matmul: argument 'activation_quant': expected 'none' without antiquant_scale "
+                           "(W8A8 takes int8 antiquant weights)")
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in list(x) + list(weight) + list(bias or []))
     if needs_grad and HAS_GMM_BACKWARD and len(x) == 1 and len(weight) == 1 and (bias is None or len(bias) == 1):
@@ -384,7 +392,7 @@ def PackedWeight(weight, layout="torch"):
     return torch.classes.ops_transformer.PackedWeight(weight, layout)
 
 
-_QUANT = ("int8", "int4")
+_QUANT = ("int8", "int4", "w8a8")
 
 
 def _quant_args(owner, weights, group_size):
@@ -392,9 +400,9 @@ def _quant_args(owner, weights, group_size):
     if weights is None or weights == "float":
         return "float", 0
     if weights not in _QUANT:
-        raise ValueError(f"{owner}: weights must be None, 'int8' or 'int4', got {weights!r}")
+        raise ValueError(f"{owner}: weights must be None, 'int8', 'int4' or 'w8a8', got {weights!r}")
     if group_size is None:
-        group_size = 0 if weights == "int8" else 64
+        group_size = 64 if weights == "int4" else 0
     return weights, int(group_size)
 
 
@@ -403,10 +411,11 @@ def MoeExperts(gate, up, down, layout="torch", weights=None, group_size=None, sy
     "EHI": gate/up [E, H, I], down [E, I, H]; up=None: gate is the fused [gate | up] tensor.
     weights=None packs them in their dtype; "int8" (per output channel unless group_size) or "int4"
     (group_size 32, 64 (default) or 128; 0 per channel) quantises them once, symmetric or with
-    offsets, as quantize_weights does (moe_ffn then dequantises in registers; forward only).
+    offsets, as quantize_weights does (moe_ffn then dequantises in registers; forward only);
+    "w8a8": int8 codes, and every expert input row quantised per token to int8 (prefill speed).
     Methods: set_expert(e, gate, up, down, layout) replaces (e < E) or appends (e == E) one expert
     without repacking the others (float stores); remove_expert(e); num_experts(); packed_bytes();
-    weights() ("float", "int8" or "int4"); group_size()."""
+    weights() ("float", "int8", "int4" or "w8a8"); group_size()."""
     w, gs = _quant_args("MoeExperts", weights, group_size)
     return torch.classes.ops_transformer.MoeExperts(gate, up, down, layout, w, gs, bool(symmetric))
 
@@ -604,7 +613,7 @@ class SparseMoeBlock(nn.Module):
     HF block's keys as they are; from_mixtral_state_dict takes Mixtral's (w1/w3/w2).
     forward(x [B, T, H] or [T, H]) -> (y, router_logits [B*T, E]) as HF. Weights are packed lazily
     at the first call after construction or load_state_dict; call repack() after editing them.
-    weights="int8" / "int4" (group_size, symmetric: see MoeExperts) quantises the experts at that
+    weights="int8" / "int4" / "w8a8" (group_size, symmetric: see MoeExperts) quantises the experts at that
     packing for inference; the parameters stay in their dtype (training runs on them)."""
 
     def __init__(self, hidden_size, num_experts, intermediate_size, top_k, norm_topk_prob=True, dtype=None, weights=None,
