@@ -213,7 +213,7 @@ const cli::RegisterCommand reg("demo", "Run a Qwen3-Next-like GDN + MoE decoder 
   sub.value("--threads", opt->threads, "Threads (0 = all; overrides run.threads)");
   sub.flag("--compare-isolated", opt->compare_isolated,
            "After the timed run, repeat every operator call of one prefill and one decode step in isolation and print pipeline vs isolated time");
-  sub.value("--weights", opt->weights, "Routed experts: float (model.dtype), int8, int4, int4-g32, int4-g64, int4-g128 (overrides model.moe.expert_weights)");
+  sub.value("--weights", opt->weights, "Routed experts: float (model.dtype), int8, w8a8, int4, int4-g32, int4-g64, int4-g128 (overrides model.moe.expert_weights)");
   sub.flag("--ep", opt->ep, "Under mpirun: run the MoE layers expert-parallel across the ranks");
   sub.value("--knob", opt->knobs, "NAME=VALUE: set an internal tuning knob for this run (repeatable; the names: `ot bench gemm --ab x=0,1` lists them)");
   return [opt] {

@@ -104,6 +104,7 @@ const char* dtype_key(DType t) { return t == DType::bf16 ? "bf16" : t == DType::
 ExpertFormat expert_format(const MoeConfig& m) {
   const std::string& s = m.expert_weights;
   if (s == "int8") return {WeightFormat::int8, 0};
+  if (s == "w8a8") return {WeightFormat::int8, 0, gemm::ActivationQuant::int8_per_token};
   if (s == "int4" || s == "int4-g64") return {WeightFormat::int4, 64};
   if (s == "int4-g32") return {WeightFormat::int4, 32};
   if (s == "int4-g128") return {WeightFormat::int4, 128};
@@ -122,7 +123,7 @@ void validate(const DemoConfig& c) {
   int64_t total = 0;
   for (int64_t l : c.run.prefill_lengths) total += l;
   OT_CHECK(total <= (int64_t(1) << 20), kOp, "run.prefill_lengths", "at most 2^20 tokens in total", total);
-  OT_CHECK(m.moe.expert_weights == "float" || expert_format(m.moe).group_size >= 0, kOp, "model.moe.expert_weights", "float, int8, int4, int4-g32, int4-g64 or int4-g128",
+  OT_CHECK(m.moe.expert_weights == "float" || expert_format(m.moe).group_size >= 0, kOp, "model.moe.expert_weights", "float, int8, w8a8, int4, int4-g32, int4-g64 or int4-g128",
            m.moe.expert_weights);
   if (m.moe.quantised()) {
     const int64_t gs = expert_format(m.moe).group_size;

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ot/gemm_quant.h"
 #include "ot/quant_weights.h"
 #include "ot/tensor.h"
 
@@ -39,6 +40,7 @@ struct MoeConfig {
 struct ExpertFormat {
   WeightFormat format = WeightFormat::int8;
   int64_t group_size = -1;  // 0: per output channel (int8)
+  gemm::ActivationQuant activations = gemm::ActivationQuant::none;  // w8a8: int8 per token
 };
 ExpertFormat expert_format(const MoeConfig& m);
 

@@ -116,7 +116,7 @@ static void quantise_experts(Layer& L, const MoeConfig& c, bool keep) {
   copy_into(L.gate, gate_up.view().narrow(2, 0, I));
   copy_into(L.up, gate_up.view().narrow(2, I, I));
   QuantizedWeights gu = quantize_weights(gate_up, f.format, f.group_size, true), dn = quantize_weights(L.down, f.format, f.group_size, true);
-  L.qexperts = moe::QuantMoeExperts::from_quantized(gu.view(), dn.view());
+  L.qexperts = moe::QuantMoeExperts::from_quantized(gu.view(), dn.view(), f.activations);
   if (keep) L.q_gate_up = std::move(gu), L.q_down = std::move(dn);
 }
 
@@ -372,7 +372,8 @@ void Model::ffn(Layer& L, Tensor& x, Verifier* v) {
     moe::MoeFfnOptions no_res = opt;
     no_res.residual = TensorView();
     moe::MoeFfnResult f = layer(no_res);
-    moe::MoeFfnResult rr = quant ? moe::ref::moe_ffn(xn, L.router_w, L.q_gate_up.view(), L.q_down.view(), no_res, L.sh_gate, L.sh_up, L.sh_down)
+    moe::MoeFfnResult rr = quant ? moe::ref::moe_ffn(xn, L.router_w, L.q_gate_up.view(), L.q_down.view(), no_res, L.sh_gate, L.sh_up, L.sh_down,
+                                                     L.qexperts.activation_quant())
                                  : moe::ref::moe_ffn(xn, L.router_w, L.gate, L.up, L.down, no_res, L.sh_gate, L.sh_up, L.sh_down);
     v->add("moe_ffn", normalised_error(f.y, rr.y));
   }
