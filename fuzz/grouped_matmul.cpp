@@ -1,7 +1,9 @@
-// grouped_matmul on stacked weights ([G, K, N], or a transposed view of torch's [G, N, K]) and on
-// prepacked weights; group_list int32 / int64 as cumsum, count or key_value; bias; every act.
+// grouped_matmul on stacked weights ([G, K, N], or a transposed view of torch's [G, N, K]), on
+// prepacked weights and on quantised weights (int8 / int4 per channel, symmetric or not, weight-only
+// or W8A8); group_list int32 / int64 as cumsum, count or key_value; bias; every act.
 #include "fuzz/fuzz_util.h"
 #include "ot/moe.h"
+#include "ot/quant_weights.h"
 
 using namespace ot;
 using namespace ot::moe;
@@ -11,7 +13,7 @@ OT_FUZZ_TARGET(in, ar) {
   const int64_t M = in.range(0, 12), K = in.range(1, 20), N = in.range(1, 20), G = in.range(1, 5);
   const gemm::Act act = in.pick({gemm::Act::none, gemm::Act::relu, gemm::Act::gelu, gemm::Act::silu, gemm::Act::swiglu});
   const auto type = GroupListType(in.arg(0, 2));
-  const bool torch_layout = in.flag(), packed = in.byte() < 64;
+  const bool torch_layout = in.flag(), packed = in.byte() < 64, quant = in.byte() < 80;
   fz::Buf& x = ar.add("x", t, {M, in.byte() < 250 ? K : K + 1}, in.byte() < 40 ? in.range(1, 3) : 0);
   for (int64_t i = 0; i < x.numel(); ++i) x.set(i, in.grid(8, -1, 1));
   // torch layout: [G, N, K] storage seen as [G, K, N] through its strides.
@@ -50,7 +52,16 @@ OT_FUZZ_TARGET(in, ar) {
   ar.seal();
   const double atol = fz::rtol_of(t) * double(K + 1) + 1e-5 * double(K);
   auto cmp = [&](auto& a, auto& b) { fz::expect_close("y", a, b, fz::rtol_of(t), atol); };
-  if (packed) {
+  if (quant) {
+    // The codes of the (finite) weights; the float weights' dtype does not matter here.
+    const WeightFormat f = in.flag() ? WeightFormat::int4 : WeightFormat::int8;
+    const bool sym = in.flag();
+    const gemm::ActivationQuant aq = f == WeightFormat::int8 && in.flag() ? gemm::ActivationQuant::int8_per_token : gemm::ActivationQuant::none;
+    const QuantizedWeights q = quantize_weights(w, f, 0, sym);
+    fz::run_both(
+        "grouped_matmul (quantised)", [&] { return grouped_matmul(x, q.view(), *gl, type, bias, act, aq); },
+        [&] { return ref::grouped_matmul(x, q.view(), *gl, type, bias, act, aq); }, cmp);
+  } else if (packed) {
     fz::run_both(
         "grouped_matmul (packed)",
         [&] {
