@@ -23,6 +23,7 @@
 
 namespace ot::moe {
 class MoeExperts;
+class QuantMoeExperts;
 }
 
 namespace ot::ep {
@@ -265,6 +266,10 @@ ExpertFn swiglu_experts(std::vector<const gemm::PackedB*> gate_up, std::vector<c
 // local experts in placement order (store expert l = local expert l). The store must outlive the
 // returned function. int8 rows go into the grouped GEMM as they are (its int8 A operand).
 ExpertFn moe_experts(const moe::MoeExperts& local);
+// Same on a quantised store (ot/moe/quant_experts.h). A W8A8 store takes the quant_int8 rows as its
+// int8 activations, codes and scales as they arrived (no float round trip); the other stores take
+// float rows (int8 rows are then an error naming x).
+ExpertFn moe_experts(const moe::QuantMoeExperts& local);
 
 // Groups of a DispatchResult as an ExpertBatch (all rows, one group per local expert).
 ExpertBatch batch_of(const DispatchResult& d, const TensorView& y);

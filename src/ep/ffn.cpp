@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "ot/moe/ffn.h"
+#include "ot/moe/quant_experts.h"
 #include "ot/numeric.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
@@ -78,25 +79,30 @@ ExpertFn swiglu_experts(std::vector<const gemm::PackedB*> gate_up, std::vector<c
   };
 }
 
+// The batch's rows per local expert in batch order (gather = scatter = the expand_x row, so y keeps
+// its layout); idx holds the row ids the returned ExpertRows point into.
+static moe::ExpertRows rows_by_expert(const ExpertBatch& b, int64_t L, const char* op, std::vector<int32_t>& idx) {
+  std::vector<std::vector<int32_t>> by(static_cast<size_t>(L));
+  for (size_t g = 0; g < b.expert.size(); ++g) {
+    OT_CHECK(b.expert[g] >= 0 && b.expert[g] < L, op, "expert", "a local expert of the store", b.expert[g]);
+    for (int64_t i = 0; i < b.rows[g]; ++i) by[size_t(b.expert[g])].push_back(int32_t(b.row_begin[g] + i));
+  }
+  moe::ExpertRows rows;
+  rows.offsets.push_back(0);
+  for (const auto& v : by) {
+    idx.insert(idx.end(), v.begin(), v.end());
+    rows.offsets.push_back(int64_t(idx.size()));
+  }
+  rows.gather = rows.scatter = idx.data();
+  return rows;
+}
+
 ExpertFn moe_experts(const moe::MoeExperts& local) {
   return [&local](const ExpertBatch& b) {
-    const int64_t L = local.num_experts();
     OT_CHECK(b.x.ndim == 2 && b.x.size(1) == local.hidden(), "ep::moe_experts", "x", "[A, H] with the store's H", b.x.shape_str());
-    // Rows per local expert in batch order: gather = scatter = the expand_x row (y keeps its layout).
-    std::vector<std::vector<int32_t>> by(static_cast<size_t>(L));
-    for (size_t g = 0; g < b.expert.size(); ++g) {
-      OT_CHECK(b.expert[g] >= 0 && b.expert[g] < L, "ep::moe_experts", "expert", "a local expert of the store", b.expert[g]);
-      for (int64_t i = 0; i < b.rows[g]; ++i) by[size_t(b.expert[g])].push_back(int32_t(b.row_begin[g] + i));
-    }
     std::vector<int32_t> idx;
-    moe::ExpertRows rows;
-    rows.offsets.push_back(0);
-    for (const auto& v : by) {
-      idx.insert(idx.end(), v.begin(), v.end());
-      rows.offsets.push_back(int64_t(idx.size()));
-    }
+    const moe::ExpertRows rows = rows_by_expert(b, local.num_experts(), "ep::moe_experts", idx);
     if (idx.empty()) return;
-    rows.gather = rows.scatter = idx.data();
     Tensor conv;
     TensorView xin = b.x, xscale;
     if (b.x.dtype == DType::i8) {
@@ -106,6 +112,17 @@ ExpertFn moe_experts(const moe::MoeExperts& local) {
       xin = conv.view();
     }
     moe::moe_expert_ffn(xin, local, rows, b.y, false, xscale);
+    if (b.progress) b.progress();
+  };
+}
+
+ExpertFn moe_experts(const moe::QuantMoeExperts& local) {
+  return [&local](const ExpertBatch& b) {
+    OT_CHECK(b.x.ndim == 2 && b.x.size(1) == local.hidden(), "ep::moe_experts", "x", "[A, H] with the store's H", b.x.shape_str());
+    std::vector<int32_t> idx;
+    const moe::ExpertRows rows = rows_by_expert(b, local.num_experts(), "ep::moe_experts", idx);
+    if (idx.empty()) return;
+    moe::moe_expert_ffn(b.x, local, rows, b.y, false, b.x.dtype == DType::i8 ? b.dynamic_scales : TensorView());
     if (b.progress) b.progress();
   };
 }

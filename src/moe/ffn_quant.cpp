@@ -57,16 +57,27 @@ void combine_rows(const float* d, int64_t A, int64_t H, const ExpertRows& rows, 
 
 }  // namespace
 
-void moe_expert_ffn(const TensorView& x, const QuantMoeExperts& ex, const ExpertRows& rows, const TensorView& out, bool accumulate) {
+void moe_expert_ffn(const TensorView& x, const QuantMoeExperts& ex, const ExpertRows& rows, const TensorView& out, bool accumulate,
+                    const TensorView& x_scale) {
   const char* op = "moe_expert_ffn";
   OT_CHECK(!ex.empty(), op, "experts", "a quantised store with at least one expert", "an empty QuantMoeExperts");
   impl::check_ndim(op, "x", x, 2);
-  impl::check_float(op, "x", x);
+  const bool i8 = x.dtype == DType::i8;
+  if (i8) {
+    OT_CHECK(ex.activation_quant() == gemm::ActivationQuant::int8_per_token, op, "x",
+             "bf16, fp16 or fp32 rows (int8 rows need a W8A8 store)", "int8");
+    OT_CHECK(x_scale.defined() && x_scale.dtype == DType::f32 && x_scale.ndim == 1 && x_scale.size(0) == x.size(0) && x_scale.is_contiguous(), op,
+             "x_scale", detail::cat("fp32 [", x.size(0), "] (one scale per int8 row)"), x_scale.defined() ? x_scale.shape_str() : "undefined");
+  } else {
+    impl::check_float(op, "x", x);
+    OT_CHECK(!x_scale.defined(), op, "x_scale", "undefined for float rows", x_scale.shape_str());
+  }
   OT_CHECK(x.size(1) == ex.hidden() && x.is_contiguous(), op, "x", detail::cat("a contiguous [*, H] with H = ", ex.hidden()), x.shape_str());
   impl::check_out_and_rows(op, out, ex.hidden(), rows, ex.num_experts(), x.size(0));
   const int64_t EL = int64_t(rows.offsets.size()) - 1, A = rows.rows(), H = ex.hidden(), I = ex.intermediate();
   if (A == 0) return;
-  const DType hdt = x.dtype;  // h is stored in x's dtype, as the unquantised path and the reference do
+  // h is stored in x's dtype, as the unquantised path and the reference do (int8 rows: out's).
+  const DType hdt = i8 ? out.dtype : x.dtype;
   const size_t xs = dtype_size(x.dtype), hs = dtype_size(hdt);
   char* h = static_cast<char*>(impl::scratch(0, size_t(A * I) * hs));
   float* d = static_cast<float*>(impl::scratch(2, size_t(A * H) * 4));
@@ -79,6 +90,7 @@ void moe_expert_ffn(const TensorView& x, const QuantMoeExperts& ex, const Expert
     g.a = rows.gather ? x.data : static_cast<const char*>(x.data) + size_t(off * H) * xs;
     g.a_rows = rows.gather ? rows.gather + off : nullptr;
     g.a_dtype = x.dtype;
+    g.a_scale = i8 ? x_scale.ptr<float>() : nullptr;
     g.lda = H;
     g.expert = rows.first_expert + e;
     g.c = {h + size_t(off * I) * hs, hdt, I};

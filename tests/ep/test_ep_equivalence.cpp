@@ -87,3 +87,47 @@ TEST(EpMoeSeam, MoeExpertFfnMatchesSingleProcessMoe) {
       EXPECT_LE(norm_err(got, want.view().narrow(0, mine0, c.bs(me()))), quant ? 3e-2 : 1e-5) << "dedup=" << dedup << " quant=" << quant;
     }
 }
+
+// W8A8 experts behind the seam: the int8 dispatch's rows (quantised once per token on the sender
+// with quantize_row_i8_dynamic) are the store's int8 activations as they arrive, so they give what
+// the single-process W8A8 path gives when it quantises the same fp32 rows itself; float dispatch
+// rows are quantised on the expert rank to the same codes. Only the combine's order differs.
+TEST(EpMoeSeam, W8A8StoreTakesTheInt8DispatchRows) {
+  Case c = two_per_rank_case();
+  c.bs = [](int r) { return int64_t(r == 2 ? 0 : 5 + 2 * r); };
+  const int64_t I = 8, L = c.E / W();
+  Rng g(4343);
+  const float sh = 1 / std::sqrt(float(c.H)), si = 1 / std::sqrt(float(I));
+  Tensor gu = uniform({c.E, c.H, 2 * I}, g, -sh, sh), dn = uniform({c.E, I, c.H}, g, -si, si);
+  const auto a8 = gemm::ActivationQuant::int8_per_token;
+  QuantizedWeights qgu = quantize_weights(gu, WeightFormat::int8, 0, true), qdn = quantize_weights(dn, WeightFormat::int8, 0, true);
+  auto slice = [&](const QuantizedWeights& q) {
+    QuantWeightView v = q.view();
+    v.data = v.data.narrow(0, me() * L, L);
+    v.scale = v.scale.narrow(0, me() * L, L);
+    return v;
+  };
+  moe::QuantMoeExperts all = moe::QuantMoeExperts::from_quantized(qgu.view(), qdn.view(), a8);
+  moe::QuantMoeExperts local = moe::QuantMoeExperts::from_quantized(slice(qgu), slice(qdn), a8);
+  auto in = make_inputs(c, W(), 13);
+  int64_t N = 0, mine0 = 0;
+  for (int r = 0; r < W(); ++r) {
+    if (r == me()) mine0 = N;
+    N += c.bs(r);
+  }
+  std::vector<Tensor> cat = {Tensor::empty(DType::f32, {N, c.H}), Tensor::empty(DType::i32, {N, c.K}), Tensor::empty(DType::f32, {N, c.K})};
+  for (size_t i = 0; i < cat.size(); ++i)
+    for (int r = 0, o = 0; r < W(); o += int(c.bs(r)), ++r)
+      std::memcpy(cat[i].ptr<char>() + o * cat[i].size(1) * 4, in[size_t(r)][i].ptr<char>(), size_t(c.bs(r) * cat[i].size(1)) * 4);
+  Comm comm(c.E);
+  moe::RoutingPlan plan = moe::moe_routing_plan(cat[1], cat[2], c.E);
+  Tensor want = Tensor::zeros(DType::f32, {N, c.H});
+  moe::moe_expert_ffn(cat[0], all, plan.rows(), want, true);
+  const auto& mine = mine_of(in);
+  for (bool quant : {false, true}) {
+    FfnOptions f = ffn_options_for(c);
+    f.dispatch.quant_int8 = quant;
+    Tensor got = ep_moe_ffn(comm, mine[0], mine[1], mine[2], moe_experts(local), f);
+    EXPECT_LE(norm_err(got, want.view().narrow(0, mine0, c.bs(me()))), 1e-5) << "quant=" << quant;
+  }
+}

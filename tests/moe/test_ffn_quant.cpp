@@ -9,6 +9,7 @@
 #include "helpers.h"
 #include "ot/cpu.h"
 #include "ot/moe/quant_experts.h"
+#include "ot/quant.h"
 
 using namespace ot;
 using namespace ot::moe;
@@ -222,4 +223,28 @@ TEST(MoeFfnQuant, W8A8MatchesItsReference) {
   // int4 codes cannot take int8 activations.
   QLayer L(DType::bf16, E, 64, 64, Fmt{WeightFormat::int4, 32, true, 64, 64}, 9);
   EXPECT_THROW(QuantMoeExperts::quantize(L.gate, L.up, L.down, WeightLayout::EHI, WeightFormat::int4, 32, true, a8), Error);
+}
+
+// A W8A8 store takes rows already quantised per token (codes and scales, as EP's int8 dispatch
+// delivers them) and gives the bits of the same rows quantised inside the call; other stores and
+// missing scales are named errors.
+TEST(MoeFfnQuant, W8A8TakesInt8RowsWithTheirScales) {
+  const Fmt fm{WeightFormat::int8, 0, true, 64, 40};
+  const int64_t E = 4, T = 11, K = 2;
+  QLayer L(DType::f32, E, fm.H, fm.I, fm, 21);
+  QuantMoeExperts a8 = QuantMoeExperts::from_quantized(L.gu.view(), L.dn.view(), gemm::ActivationQuant::int8_per_token);
+  Tensor x = randn(DType::f32, {T, fm.H}, 22);
+  Tensor codes = Tensor::empty(DType::i8, {T, fm.H}), scale = Tensor::empty(DType::f32, {T});
+  for (int64_t t = 0; t < T; ++t) scale.ptr<float>()[t] = quantize_row_i8_dynamic(x.ptr<float>() + t * fm.H, fm.H, codes.ptr<int8_t>() + t * fm.H);
+  Tensor ids = Tensor::empty(DType::i32, {T, K}), w = Tensor::empty(DType::f32, {T, K});
+  for (int64_t i = 0; i < T * K; ++i) ids.ptr<int32_t>()[i] = int32_t((i * 7 + i / K) % E), w.ptr<float>()[i] = 0.25f + 0.05f * float(i % 5);
+  RoutingPlan plan = moe_routing_plan(ids, w, E);
+  Tensor a = Tensor::zeros(DType::f32, {T, fm.H}), b = Tensor::zeros(DType::f32, {T, fm.H});
+  moe_expert_ffn(x, a8, plan.rows(), a, true);
+  moe_expert_ffn(codes, a8, plan.rows(), b, true, scale);
+  EXPECT_EQ(std::memcmp(a.view().data, b.view().data, a.view().nbytes()), 0);
+  QuantMoeExperts w8 = QuantMoeExperts::from_quantized(L.gu.view(), L.dn.view());
+  EXPECT_OT_ERROR(moe_expert_ffn(codes, w8, plan.rows(), b, true, scale), "x");
+  EXPECT_OT_ERROR(moe_expert_ffn(codes, a8, plan.rows(), b, true), "x_scale");
+  EXPECT_OT_ERROR(moe_expert_ffn(x, a8, plan.rows(), b, true, scale), "x_scale");
 }

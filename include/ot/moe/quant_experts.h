@@ -46,8 +46,11 @@ class QuantMoeExperts {
 };
 
 // Rows of the quantised store as moe_expert_ffn takes them (ExpertRows); x [*, H] bf16/fp16/fp32,
-// out [*, H] float, accumulate as there.
-void moe_expert_ffn(const TensorView& x, const QuantMoeExperts& experts, const ExpertRows& rows, const TensorView& out, bool accumulate);
+// out [*, H] float, accumulate as there. A W8A8 store also takes int8 rows with x_scale [x rows]
+// fp32 (row r is x[r, :] * x_scale[r]: the EP dispatch's quant_int8 rows), used as its int8
+// activations without a float round trip; h is then kept in out's dtype.
+void moe_expert_ffn(const TensorView& x, const QuantMoeExperts& experts, const ExpertRows& rows, const TensorView& out, bool accumulate,
+                    const TensorView& x_scale = {});
 
 // moe_ffn (ot/moe/ffn.h) on quantised experts: x [T, H] bf16/fp16/fp32, y in x's dtype; the shared
 // expert (opt.shared) stays an unquantised MoeExperts in x's dtype. Every argument is checked before
