@@ -19,12 +19,7 @@
 
 #include "src/gemm/quant_internal.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512vnni"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512vnni")
-#endif
+#include "src/gemm/vnni_target_begin.h"
 
 namespace ot::gemm::qdetail {
 
@@ -264,8 +259,4 @@ float qact_i16_avx512(const float* a, int64_t len, int16_t* q, float* scale) {
 
 }  // namespace ot::gemm::qdetail
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "src/gemm/vnni_target_end.h"

@@ -7,12 +7,7 @@
 
 #include "src/gemm/quant_internal.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512vnni"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512vnni")
-#endif
+#include "src/gemm/vnni_target_begin.h"
 
 namespace ot::gemm::qdetail {
 
@@ -96,8 +91,4 @@ void qkernel_avx512vnni_a8(const QA8Args& g) {
 
 }  // namespace ot::gemm::qdetail
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "src/gemm/vnni_target_end.h"

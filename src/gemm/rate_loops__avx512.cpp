@@ -10,12 +10,7 @@ float fma_loop_avx512(int64_t iters) {
 
 }  // namespace ot::gemm::detail
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512vnni"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512vnni")
-#endif
+#include "src/gemm/vnni_target_begin.h"
 namespace ot::gemm::detail {
 
 // vpdpbusd rate loop (rate_loops.h; the W8A8 kernel's multiplier): 12 named accumulators, each
@@ -43,8 +38,4 @@ float int8_dot_loop(int64_t iters) {
 }
 
 }  // namespace ot::gemm::detail
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "src/gemm/vnni_target_end.h"

@@ -51,6 +51,38 @@ TEST(EpEdge, AllTokensToOneRankAndEmptyRanks) {
   }
 }
 
+// Every rank's tokens concatenated in rank order (x, expert ids, scales: each 4-byte) and their count.
+struct AllTokens {
+  int64_t N = 0;
+  std::vector<Tensor> cat;
+};
+static AllTokens all_tokens(const Case& c, const Inputs& in) {
+  AllTokens t;
+  for (int r = 0; r < W(); ++r) t.N += c.bs(r);
+  t.cat = {Tensor::empty(DType::f32, {t.N, c.H}), Tensor::empty(DType::i32, {t.N, c.K}), Tensor::empty(DType::f32, {t.N, c.K})};
+  for (size_t i = 0; i < t.cat.size(); ++i)
+    for (int r = 0, o = 0; r < W(); o += int(c.bs(r)), ++r)
+      std::memcpy(t.cat[i].ptr<char>() + o * t.cat[i].size(1) * 4, in[size_t(r)][i].ptr<char>(), size_t(c.bs(r) * t.cat[i].size(1)) * 4);
+  return t;
+}
+
+// The MoE layer's single-process path on every rank's tokens: its routing plan and the store's
+// expert FFN, fp32 [N, H].
+template <class Store>
+static Tensor single_process(const Case& c, const Inputs& in, const Store& all) {
+  AllTokens t = all_tokens(c, in);
+  moe::RoutingPlan plan = moe::moe_routing_plan(t.cat[1], t.cat[2], c.E);
+  Tensor want = Tensor::zeros(DType::f32, {t.N, c.H});
+  moe::moe_expert_ffn(t.cat[0], all, plan.rows(), want, true);
+  return want;
+}
+// This rank's rows of single_process's result.
+static TensorView mine_rows(const Case& c, const Tensor& want) {
+  int64_t mine0 = 0;
+  for (int r = 0; r < me(); ++r) mine0 += c.bs(r);
+  return want.view().narrow(0, mine0, c.bs(me()));
+}
+
 // The seam to the MoE layer: ep_moe_ffn on moe::moe_expert_ffn over this rank's slice of the
 // expert store equals the MoE layer's own single-process path on the concatenated tokens.
 TEST(EpMoeSeam, MoeExpertFfnMatchesSingleProcessMoe) {
@@ -63,20 +95,8 @@ TEST(EpMoeSeam, MoeExpertFfnMatchesSingleProcessMoe) {
   moe::MoeExperts all = moe::MoeExperts::from_fused(gu, dn, moe::WeightLayout::EHI);
   moe::MoeExperts local = moe::MoeExperts::from_fused(gu.view().narrow(0, me() * L, L), dn.view().narrow(0, me() * L, L), moe::WeightLayout::EHI);
   auto in = make_inputs(c, W(), 12);
-  // Single process: all tokens, the MoE layer's routing plan and expert FFN.
-  int64_t N = 0, mine0 = 0;
-  for (int r = 0; r < W(); ++r) {
-    if (r == me()) mine0 = N;
-    N += c.bs(r);
-  }
-  std::vector<Tensor> cat = {Tensor::empty(DType::f32, {N, c.H}), Tensor::empty(DType::i32, {N, c.K}), Tensor::empty(DType::f32, {N, c.K})};
-  for (size_t i = 0; i < cat.size(); ++i)  // every input is 4-byte
-    for (int r = 0, o = 0; r < W(); o += int(c.bs(r)), ++r)
-      std::memcpy(cat[i].ptr<char>() + o * cat[i].size(1) * 4, in[size_t(r)][i].ptr<char>(), size_t(c.bs(r) * cat[i].size(1)) * 4);
+  const Tensor want = single_process(c, in, all);
   Comm comm(c.E);
-  moe::RoutingPlan plan = moe::moe_routing_plan(cat[1], cat[2], c.E);
-  Tensor want = Tensor::zeros(DType::f32, {N, c.H});
-  moe::moe_expert_ffn(cat[0], all, plan.rows(), want, true);
   const auto& mine = mine_of(in);
   for (bool dedup : {false, true})
     for (bool quant : {false, true}) {  // int8 rows go into the grouped GEMM as its int8 A operand
@@ -84,7 +104,7 @@ TEST(EpMoeSeam, MoeExpertFfnMatchesSingleProcessMoe) {
       f.dispatch.dedup_combine = dedup;
       f.dispatch.quant_int8 = quant;
       Tensor got = ep_moe_ffn(comm, mine[0], mine[1], mine[2], moe_experts(local), f);
-      EXPECT_LE(norm_err(got, want.view().narrow(0, mine0, c.bs(me()))), quant ? 3e-2 : 1e-5) << "dedup=" << dedup << " quant=" << quant;
+      EXPECT_LE(norm_err(got, mine_rows(c, want)), quant ? 3e-2 : 1e-5) << "dedup=" << dedup << " quant=" << quant;
     }
 }
 
@@ -110,24 +130,13 @@ TEST(EpMoeSeam, W8A8StoreTakesTheInt8DispatchRows) {
   moe::QuantMoeExperts all = moe::QuantMoeExperts::from_quantized(qgu.view(), qdn.view(), a8);
   moe::QuantMoeExperts local = moe::QuantMoeExperts::from_quantized(slice(qgu), slice(qdn), a8);
   auto in = make_inputs(c, W(), 13);
-  int64_t N = 0, mine0 = 0;
-  for (int r = 0; r < W(); ++r) {
-    if (r == me()) mine0 = N;
-    N += c.bs(r);
-  }
-  std::vector<Tensor> cat = {Tensor::empty(DType::f32, {N, c.H}), Tensor::empty(DType::i32, {N, c.K}), Tensor::empty(DType::f32, {N, c.K})};
-  for (size_t i = 0; i < cat.size(); ++i)
-    for (int r = 0, o = 0; r < W(); o += int(c.bs(r)), ++r)
-      std::memcpy(cat[i].ptr<char>() + o * cat[i].size(1) * 4, in[size_t(r)][i].ptr<char>(), size_t(c.bs(r) * cat[i].size(1)) * 4);
+  const Tensor want = single_process(c, in, all);
   Comm comm(c.E);
-  moe::RoutingPlan plan = moe::moe_routing_plan(cat[1], cat[2], c.E);
-  Tensor want = Tensor::zeros(DType::f32, {N, c.H});
-  moe::moe_expert_ffn(cat[0], all, plan.rows(), want, true);
   const auto& mine = mine_of(in);
   for (bool quant : {false, true}) {
     FfnOptions f = ffn_options_for(c);
     f.dispatch.quant_int8 = quant;
     Tensor got = ep_moe_ffn(comm, mine[0], mine[1], mine[2], moe_experts(local), f);
-    EXPECT_LE(norm_err(got, want.view().narrow(0, mine0, c.bs(me()))), 1e-5) << "quant=" << quant;
+    EXPECT_LE(norm_err(got, mine_rows(c, want)), 1e-5) << "quant=" << quant;
   }
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "helpers.h"
+#include "quant_test_util.h"
 #include "ot/cpu.h"
 #include "ot/quant_weights.h"
 #include "ot/trace.h"
@@ -14,35 +15,13 @@
 using namespace ot;
 using namespace ot::moe;
 using mt::randn;
+using qt::counts_for;
+using qt::paths;
+using qt::rel_frob;
 
 namespace {
 
 struct Fmt { WeightFormat f; int64_t gs; bool sym; int64_t K; };
-
-// Relative Frobenius error ||a - b|| / ||b||.
-double rel_frob(const TensorView& a, const TensorView& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  double d = 0, n = 0;
-  for (int64_t i = 0; i < b.numel(); ++i) {
-    const double x = get_as_double(a, i), y = get_as_double(b, i);
-    d += (x - y) * (x - y);
-    n += y * y;
-  }
-  return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
-}
-
-// Group sizes summing to M over 6 groups, groups 1 and 4 empty.
-Tensor counts_for(int64_t M) {
-  const int64_t a = M / 3, b = M / 4, c = M / 5;
-  return mt::ints({6}, {int32_t(a), 0, int32_t(b), int32_t(c), 0, int32_t(M - a - b - c)});
-}
-
-std::vector<cpu::Isa> paths() {
-  std::vector<cpu::Isa> v{cpu::Isa::scalar};
-  if (cpu::detected_isa() >= cpu::Isa::avx2) v.push_back(cpu::Isa::avx2);
-  if (cpu::detected_isa() >= cpu::Isa::avx512) v.push_back(cpu::Isa::avx512);
-  return v;
-}
 
 }  // namespace
 
