@@ -22,7 +22,6 @@ namespace ot::gemm {
 //         once per K group. Lossy against weight-only (~0.5-1% relative for Gaussian rows): the
 //         reference quantises the activations the same way, then multiplies in fp32.
 enum class ActivationQuant : uint8_t { none, int8_per_token };
-const char* activation_quant_name(ActivationQuant a);
 
 class PackedQuantB {
  public:

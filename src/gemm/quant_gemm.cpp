@@ -110,8 +110,6 @@ const QKernel& select_qkernel(WeightFormat f) {
 }
 }  // namespace qdetail
 
-const char* activation_quant_name(ActivationQuant a) { return a == ActivationQuant::int8_per_token ? "int8_per_token" : "none"; }
-
 const char* quant_kernel_name(WeightFormat f, ActivationQuant a) {
   if (cpu::force_ref()) return "ref";
   return a == ActivationQuant::int8_per_token ? select_qkernel_a8().name : select_qkernel(f).name;
@@ -155,14 +153,18 @@ PackedQuantB prepack_quantized(const QuantWeightView& w, ActivationQuant activat
         }
         unsigned char* codes = reinterpret_cast<unsigned char*>(dst + kQHeader);
         std::fill(codes, codes + (gb - kQHeader), a8 ? 128 : 0);  // code 0 everywhere (W8A8 stores q + 128)
-        for (int64_t kk = 0; a8 && kk < im.len; ++kk) {
-          const int64_t k = j * im.len + kk;
-          unsigned char* quad = codes + size_t(kk / kA8Quad) * kA8QuadBytes;
-          for (int c = 0; c < width; ++c)
-            quad[a8_code_byte(int(kk % kA8Quad), c)] =
-                static_cast<unsigned char>(static_cast<unsigned char>(qd[g * q.stride(0) + k * q.stride(1) + (col0 + c) * q.stride(2)]) ^ 0x80u);
+        if (a8) {
+          for (int64_t kk = 0; kk < im.len; ++kk) {
+            const int64_t k = j * im.len + kk;
+            unsigned char* quad = codes + size_t(kk / kA8Quad) * kA8QuadBytes;
+            for (int c = 0; c < width; ++c)
+              quad[a8_code_byte(int(kk % kA8Quad), c)] =
+                  static_cast<unsigned char>(static_cast<unsigned char>(qd[g * q.stride(0) + k * q.stride(1) + (col0 + c) * q.stride(2)]) ^ 0x80u);
+          }
+          dst += gb;
+          continue;
         }
-        for (int64_t kk = 0; !a8 && kk < im.len; ++kk) {
+        for (int64_t kk = 0; kk < im.len; ++kk) {
           const int64_t k = j * im.len + kk;
           unsigned char* pair = codes + size_t(kk / 2) * pair_bytes(w.format);
           for (int c = 0; c < width; ++c) {
