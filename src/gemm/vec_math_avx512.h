@@ -11,26 +11,47 @@ namespace ot::gemm::vm {
 // e^x without a clamp: x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite), degree-7 Taylor polynomial
 // of e^r, scaled by 2^n (vscalefps underflows to 0 and overflows to inf cleanly); about 1 ulp for
 // x in [-104, 89], NaN for x = -inf. The one vector exp of the project (epilogues, routers).
+// exp_unclamped_n: U vectors in lockstep (each step applied to all U before the next; the same
+// operations, so the same bits): a loop whose vectors each wait on the polynomial's chain of
+// dependent FMAs interleaves U chains in program order, where the out-of-order window holds only
+// about two iterations' worth.
+template <int U>
+__attribute__((always_inline)) inline void exp_unclamped_n(__m512* x) {
+  __m512 n[U], r[U], p[U];
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u) {
+    n[u] = _mm512_roundscale_ps(_mm512_mul_ps(x[u], _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r[u] = _mm512_fnmadd_ps(n[u], _mm512_set1_ps(0.693145751953125f), x[u]);
+  }
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u) r[u] = _mm512_fnmadd_ps(n[u], _mm512_set1_ps(1.428606765330187045e-06f), r[u]);
+  static constexpr float kC[7] = {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f};
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u) p[u] = _mm512_set1_ps(1.f / 5040);
+#pragma GCC unroll 7
+  for (int i = 0; i < 7; ++i)
+#pragma GCC unroll 8
+    for (int u = 0; u < U; ++u) p[u] = _mm512_fmadd_ps(p[u], r[u], _mm512_set1_ps(kC[i]));
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u) x[u] = _mm512_scalef_ps(p[u], n[u]);
+}
 inline __m512 exp_unclamped(__m512 x) {
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
+  exp_unclamped_n<1>(&x);
+  return x;
 }
 
 // e^x clamped to the normal fp32 range (activations never see inf or denormals from it). x is the
 // second operand of min and max, the one they return for a NaN, so NaN stays NaN (as the AVX2 exp;
 // with x first a NaN became the upper clamp, e^88).
+template <int U>
+__attribute__((always_inline)) inline void exp_n(__m512* x) {
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u) x[u] = _mm512_max_ps(_mm512_set1_ps(-87.3365447504f), _mm512_min_ps(_mm512_set1_ps(88.3762626647949f), x[u]));
+  exp_unclamped_n<U>(x);
+}
 inline __m512 exp(__m512 x) {
-  return exp_unclamped(_mm512_max_ps(_mm512_set1_ps(-87.3365447504f), _mm512_min_ps(_mm512_set1_ps(88.3762626647949f), x)));
+  exp_n<1>(&x);
+  return x;
 }
 
 inline __m512 silu(__m512 x) {

@@ -1,5 +1,5 @@
 // rms_norm_gated and its backward against the fp64 reference (every ISA path, norm before / after
-// the gate, groups of part and whole vectors, fp32/bf16/fp16 in and out, rows 0/1/many, N not a multiple of 8, strided x),
+// the gate, groups of part and whole vectors (and 192: the AVX-512 gates' 8-vector lockstep and its tail), fp32/bf16/fp16 in and out, rows 0/1/many, N not a multiple of 8, strided x),
 // the reference's backward against fp64 finite differences, and bad inputs.
 #include <gtest/gtest.h>
 
@@ -82,7 +82,7 @@ void check(const NCase& c, uint32_t seed) {
 TEST(RmsNormGated, ShapesGroupsGateOrder) {
   uint32_t seed = 1;
   for (bool nbg : {true, false})
-    for (std::vector<int64_t> shape : {std::vector<int64_t>{5, 3, 64}, {1, 128}, {130, 5}, {7, 1}, {0, 16}, {3, 0}, {200, 24}, {96}}) {
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{5, 3, 64}, {1, 128}, {4, 192}, {130, 5}, {7, 1}, {0, 16}, {3, 0}, {200, 24}, {96}}) {
       NCase c;
       c.shape = shape, c.nbg = nbg;
       SCOPED_TRACE(testing::Message() << "N " << shape.back() << " nbg " << nbg);
