@@ -10,5 +10,6 @@ namespace ot::demo::norm {
 
 void rms_rows_generic(const TensorView& x, const float* w, float eps, const TensorView& out, int64_t t0, int64_t t1);
 void rms_rows_avx2(const TensorView& x, const float* w, float eps, const TensorView& out, int64_t t0, int64_t t1);
+void rms_rows_avx512(const TensorView& x, const float* w, float eps, const TensorView& out, int64_t t0, int64_t t1);
 
 }  // namespace ot::demo::norm

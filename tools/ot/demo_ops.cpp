@@ -99,9 +99,10 @@ void rms_norm(const TensorView& x, const float* w, double eps, const TensorView&
   trace::OpScope scope("rms_norm");
   const int64_t T = x.size(0), H = x.size(1);
   scope.args(x.shape_str()).flops(4.0 * T * H).bytes(double(x.nbytes() + out.nbytes()));
-  const bool avx2 = cpu::has(cpu::Isa::avx2);
+  const bool avx512 = cpu::has(cpu::Isa::avx512), avx2 = cpu::has(cpu::Isa::avx2);
   auto rows = [&](int64_t t0, int64_t t1) {
-    if (avx2) norm::rms_rows_avx2(x, w, float(eps), out, t0, t1);
+    if (avx512) norm::rms_rows_avx512(x, w, float(eps), out, t0, t1);
+    else if (avx2) norm::rms_rows_avx2(x, w, float(eps), out, t0, t1);
     else norm::rms_rows_generic(x, w, float(eps), out, t0, t1);
   };
   // Small inputs (decode) on the calling thread: waking the pool costs more than the work.
