@@ -8,6 +8,7 @@
 
 #include "ot/cpu.h"
 #include "ot/moe/ffn.h"
+#include "ot/moe/quant_experts.h"
 #include "ot/moe/loss.h"
 #include "ot/moe/routing.h"
 #include "ot/parallel.h"
@@ -258,7 +259,7 @@ MoeFfnResult run_ffn(const FfnPlan& p, const TensorView& x_in, const gemm::Packe
   trace::OpScope scope("moe_ffn");
   if (scope.active()) scope.kernel(ex.kernel(p.T)).args(x_in.shape_str() + " E=" + std::to_string(p.E) + " K=" + std::to_string(p.K));
   // Router + 3 GEMMs per routed pair + 3 per token for the shared expert (its own intermediate size).
-  const double shared_i = o.shared ? double(o.shared->intermediate()) : 0.0;
+  const double shared_i = o.shared ? double(o.shared->intermediate()) : o.shared_quant ? double(o.shared_quant->intermediate()) : 0.0;
   scope.flops(2.0 * double(p.T) * double(p.H) * (double(p.E) + 3.0 * (double(p.K) * double(ex.intermediate) + shared_i)));
   Tensor hx;
   TensorView x = contig(x_in, hx);
@@ -299,6 +300,7 @@ MoeFfnResult run_ffn(const FfnPlan& p, const TensorView& x_in, const gemm::Packe
 }  // namespace impl
 
 MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const MoeExperts& ex, const MoeFfnOptions& o) {
+  OT_CHECK(!o.shared_quant, "moe_ffn", "shared_quant", "null on a float expert store (opt.shared takes its shared expert)", "a quantised store");
   impl::FfnPlan p = impl::plan_ffn(x_in, router.K(), router.N(), ex.hidden(), ex.intermediate(), ex.dtype(), ex.num_experts(), o,
                                    o.shared ? o.shared->hidden() : 0, o.shared ? o.shared->dtype() : DType::f32);
   impl::FfnExperts run;
@@ -321,6 +323,7 @@ MoeFfnResult moe_ffn(const TensorView& x, const TensorView& router_weight, const
   impl::check_ndim(op, "gate", gate, 3);
   OT_CHECK(up.shape() == gate.shape() && down.ndim == 3 && down.size(0) == gate.size(0) && down.size(1) == gate.size(2) &&
                down.size(2) == gate.size(1), op, "down", "gate/up [E, H, I] and down [E, I, H]", down.shape_str());
+  OT_CHECK(!o.shared_quant, op, "shared_quant", "null on float experts (opt.shared takes the shared expert)", "a quantised store");
   OT_CHECK(!o.shared || sg.defined(), op, "shared", "the shared expert's unpacked weights", "none");
   int64_t E = gate.size(0), H = gate.size(1), I = gate.size(2);
   // The shared expert has its own intermediate size Is: gate/up [H, Is] (or [1, H, Is]), down [Is, H].

@@ -114,11 +114,20 @@ MoeFfnResult moe_ffn(const TensorView& x_in, const gemm::PackedB& router, const 
   OT_CHECK(!ex.empty(), "moe_ffn", "experts", "a quantised store with at least one expert", "an empty QuantMoeExperts");
   impl::FfnPlan p = impl::plan_ffn(x_in, router.K(), router.N(), ex.hidden(), ex.intermediate(), x_in.dtype, ex.num_experts(), o,
                                    o.shared ? o.shared->hidden() : 0, o.shared ? o.shared->dtype() : DType::f32);
+  const QuantMoeExperts* sq = o.shared_quant;
+  OT_CHECK(!sq || !o.shared, "moe_ffn", "shared_quant", "null when opt.shared is given (one shared expert)", "both given");
+  OT_CHECK(!sq || (!sq->empty() && sq->hidden() == ex.hidden()), "moe_ffn", "shared_quant",
+           detail::cat("a quantised store with H = ", ex.hidden()), sq && !sq->empty() ? sq->hidden() : 0);
   impl::FfnExperts run;
   run.intermediate = ex.intermediate();
   run.kernel = [&](int64_t) { return std::string(gemm::quant_kernel_name(ex.format(), ex.activation_quant())); };
   run.run = [&](const TensorView& x, const ExpertRows& rows, const TensorView& acc, const MoeExperts* shared) {
     if (shared) impl::shared_ffn(x, *shared, acc);  // bf16 shared expert on the bf16 engine, then the quantised grouped GEMMs
+    if (sq) {  // the quantised shared expert: its expert 0 on every row, weight 1
+      ExpertRows all;
+      all.offsets = {0, x.size(0)};
+      moe_expert_ffn(x, *sq, all, acc, true);
+    }
     moe_expert_ffn(x, ex, rows, acc, true);
   };
   return impl::run_ffn(p, x_in, router, o, run);
@@ -132,13 +141,15 @@ MoeFfnResult moe_ffn(const TensorView& x, const TensorView& router_weight, const
   OT_CHECK(a.N >= 2 && a.N % 2 == 0 && b.G == a.G && b.K == a.N / 2 && b.N == a.K, op, "down",
            "gate_up [E, H, 2I] and down [E, I, H]", "[", a.G, ", ", a.K, ", ", a.N, "], [", b.G, ", ", b.K, ", ", b.N, "]");
   impl::check_ndim(op, "router_weight", router_weight, 2);
-  OT_CHECK(!o.shared || sg.defined(), op, "shared", "the shared expert's unpacked weights", "none");
+  OT_CHECK((!o.shared && !o.shared_quant) || sg.defined(), op, "shared", "the shared expert's unpacked (for shared_quant: dequantised) weights",
+           "none");
   const int64_t I = a.N / 2;
   impl::plan_ffn(x, router_weight.size(1), router_weight.size(0), a.K, I, x.dtype, a.G, o, o.shared ? a.K : 0, x.dtype);
   Tensor gu = ot::refimpl::dequantize_weights(gate_up), dn = ot::refimpl::dequantize_weights(down);
   const bool a8 = aq == gemm::ActivationQuant::int8_per_token;
   OT_CHECK(!a8 || gate_up.format == WeightFormat::int8, op, "gate_up", "int8 codes for int8 activations (W8A8)", weight_format_name(gate_up.format));
-  return refimpl::moe_ffn(x, router_weight, gu.view().narrow(2, 0, I), gu.view().narrow(2, I, I), dn, o, sg, su, sd, a8);
+  const bool shared_a8 = o.shared_quant && o.shared_quant->activation_quant() == gemm::ActivationQuant::int8_per_token;
+  return refimpl::moe_ffn(x, router_weight, gu.view().narrow(2, 0, I), gu.view().narrow(2, I, I), dn, o, sg, su, sd, a8, shared_a8);
 }
 }  // namespace ref
 

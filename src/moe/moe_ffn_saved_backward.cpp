@@ -18,6 +18,7 @@ namespace ot::moe {
 namespace bwd {
 
 void check_ffn(const char* op, const TensorView& x, const MoeFfnWeights& w, const MoeFfnOptions& o, FfnDims& d) {
+  OT_CHECK(!o.shared_quant, op, "shared_quant", "null (training takes the shared expert's weights in MoeFfnWeights)", "a quantised store");
   OT_CHECK(x.ndim == 2 && x.is_contiguous(), op, "x", "a contiguous [T, H]", x.shape_str());
   check_float(op, "x", x);
   OT_CHECK(w.gate.ndim == 3, op, "gate", "[E, H, I]", w.gate.shape_str());

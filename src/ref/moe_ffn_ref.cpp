@@ -76,9 +76,11 @@ GatingResult ffn_router(const TensorView& logits, const MoeFfnOptions& o) {
 }
 
 MoeFfnResult moe_ffn(const TensorView& x, const TensorView& router_weight, const TensorView& gate, const TensorView& up, const TensorView& down,
-                     const MoeFfnOptions& o, const TensorView& sg, const TensorView& su, const TensorView& sd, bool int8_rows) {
+                     const MoeFfnOptions& o, const TensorView& sg, const TensorView& su, const TensorView& sd, bool int8_rows,
+                     bool shared_int8_rows) {
+  const bool has_shared = o.shared || o.shared_quant;
   const int64_t T = x.size(0), E = gate.size(0), H = gate.size(1), I = gate.size(2), K = o.k;
-  const int64_t Is = o.shared ? sg.size(sg.ndim - 1) : 0;  // the shared expert's own intermediate size
+  const int64_t Is = has_shared ? sg.size(sg.ndim - 1) : 0;  // the shared expert's own intermediate size
   const int64_t cap = ffn_capacity(o, T, E);
   const std::vector<float> xf = floats(x), rw = floats(router_weight);
   MoeFfnResult r;
@@ -95,15 +97,15 @@ MoeFfnResult moe_ffn(const TensorView& x, const TensorView& router_weight, const
   r.expert_counts = Tensor::zeros(DType::i64, {E});
   const std::vector<float> G = floats(gate), U = floats(up), D = floats(down);
   std::vector<float> SG, SU, SD;
-  if (o.shared) SG = floats(sg), SU = floats(su), SD = floats(sd);
+  if (has_shared) SG = floats(sg), SU = floats(su), SD = floats(sd);
   std::vector<double> acc(static_cast<size_t>(T * H), 0.0);
   if (o.residual.defined())
     for (int64_t i = 0; i < T * H; ++i) acc[size_t(i)] = get_as_double(o.residual, i);
   std::vector<float> out;
   for (int64_t t = 0; t < T; ++t) {
     const float* xr = xf.data() + t * H;
-    if (o.shared) {
-      expert_row(xr, SG.data(), SU.data(), SD.data(), x.dtype, H, Is, out, false);
+    if (has_shared) {
+      expert_row(xr, SG.data(), SU.data(), SD.data(), x.dtype, H, Is, out, shared_int8_rows);
       for (int64_t h = 0; h < H; ++h) acc[size_t(t * H + h)] += out[size_t(h)];
     }
     for (int64_t k = 0; k < K; ++k) {

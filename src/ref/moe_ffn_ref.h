@@ -7,10 +7,11 @@ namespace ot::moe::refimpl {
 
 // gate/up [E, H, I], down [E, I, H]; shared_*: the shared expert's [H, Is] / [Is, H] (or [1, ..]) weights.
 // int8_rows: the routed experts' inputs (x, and the intermediate) are quantised per token to int8
-// and dequantised before their products (W8A8 experts); the shared expert's are not.
+// and dequantised before their products (W8A8 experts); shared_int8_rows: the shared expert's too.
+// The shared expert (opt.shared or opt.shared_quant) is given by its unpacked weights.
 MoeFfnResult moe_ffn(const TensorView& x, const TensorView& router_weight, const TensorView& gate, const TensorView& up, const TensorView& down,
                      const MoeFfnOptions& o, const TensorView& shared_gate, const TensorView& shared_up, const TensorView& shared_down,
-                     bool int8_rows = false);
+                     bool int8_rows = false, bool shared_int8_rows = false);
 
 // The router stage of moe_ffn on fp32 logits [T, E]: the reference router of o.router, then the
 // optional renormalisation of the k weights (norm_topk_prob).

@@ -248,3 +248,45 @@ TEST(MoeFfnQuant, W8A8TakesInt8RowsWithTheirScales) {
   EXPECT_OT_ERROR(moe_expert_ffn(codes, a8, plan.rows(), b, true), "x_scale");
   EXPECT_OT_ERROR(moe_expert_ffn(x, a8, plan.rows(), b, true, scale), "x_scale");
 }
+
+// A quantised shared expert (opt.shared_quant: weight-only int8 / int4, or W8A8 with W8A8 routed
+// experts) against the reference on its dequantised weights; the float paths refuse it.
+TEST(MoeFfnQuant, QuantisedSharedExpert) {
+  const int64_t E = 5, T = 9, Is = 64;
+  for (const auto& [fm, a] : {std::pair{Fmt{WeightFormat::int8, 0, true, 64, 40}, gemm::ActivationQuant::none},
+                              std::pair{Fmt{WeightFormat::int4, 32, false, 64, 64}, gemm::ActivationQuant::none},
+                              std::pair{Fmt{WeightFormat::int8, 0, true, 64, 40}, gemm::ActivationQuant::int8_per_token}}) {
+    QLayer L(DType::bf16, E, fm.H, fm.I, fm, 31);
+    gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
+    QuantMoeExperts ex = QuantMoeExperts::from_quantized(L.gu.view(), L.dn.view(), a);
+    QLayer S(DType::bf16, 1, fm.H, Is, Fmt{fm.f, fm.gs, fm.sym, fm.H, Is}, 32);  // the shared expert: E = 1
+    QuantMoeExperts shared = QuantMoeExperts::from_quantized(S.gu.view(), S.dn.view(), a);
+    // Its dequantised weights for the reference: gate / up halves of [1, H, 2 Is], down [1, Is, H].
+    Tensor gu = dequantize_weights(S.gu.view()), dn = dequantize_weights(S.dn.view());
+    Tensor x = randn(DType::bf16, {T, fm.H}, 33), res = randn(DType::bf16, {T, fm.H}, 34);
+    MoeFfnOptions o;
+    o.k = 2;
+    o.shared_quant = &shared;
+    o.residual = res;
+    MoeFfnResult f = moe_ffn(x, router, ex, o);
+    MoeFfnResult r = ref::moe_ffn(x, L.router, L.gu.view(), L.dn.view(), o, gu.view().narrow(2, 0, Is), gu.view().narrow(2, Is, Is), dn.view(), a);
+    o.shared_quant = nullptr;
+    MoeFfnResult without = ref::moe_ffn(x, L.router, L.gu.view(), L.dn.view(), o, {}, {}, {}, a);
+    int64_t bad = 0;
+    const std::string what = name_of(fm) + (a == gemm::ActivationQuant::none ? "" : " w8a8");
+    EXPECT_LE(rel_frob_rows(f, r, &bad), 4e-3) << what;
+    EXPECT_EQ(bad, 0) << what;
+    EXPECT_GT(rel_frob_rows(r, without, &bad), 1e-2) << what;  // the shared expert contributes
+  }
+  const Fmt fm{WeightFormat::int8, 0, true, 64, 40};
+  QLayer L(DType::bf16, E, fm.H, fm.I, fm, 35);
+  QuantMoeExperts ex = QuantMoeExperts::from_quantized(L.gu.view(), L.dn.view());
+  gemm::PackedB router = gemm::prepack(L.router, gemm::BLayout::NK);
+  MoeExperts fl = MoeExperts::from_stacked(L.gate, L.up, L.down, WeightLayout::EHI);
+  MoeFfnOptions o;
+  o.shared_quant = &ex;
+  Tensor x = randn(DType::bf16, {3, fm.H}, 36);
+  EXPECT_OT_ERROR(moe_ffn(x, router, fl, o), "shared_quant");  // float experts
+  o.shared = &fl;
+  EXPECT_OT_ERROR(moe_ffn(x, router, ex, o), "shared_quant");  // both
+}

@@ -18,6 +18,8 @@
 
 namespace ot::moe {
 
+class QuantMoeExperts;
+
 // EHI: per expert x @ W (gate/up [H, I], down [I, H]; stacked [E, H, I] and [E, I, H]).
 // torch: nn.Linear weights (gate/up [I, H], down [H, I]; stacked [E, I, H] and [E, H, I]).
 enum class WeightLayout { EHI, torch };
@@ -108,6 +110,9 @@ struct MoeFfnOptions {
   int64_t expert_capacity = -1;  // tokens per expert, -1 dropless
   double capacity_factor = 0;    // > 0: expert_capacity = moe_capacity(T, k, E, factor)
   const MoeExperts* shared = nullptr;  // shared expert (its expert 0), weight 1
+  // The quantised moe_ffn only (ot/moe/quant_experts.h), instead of shared: a quantised shared
+  // expert (its expert 0), weight 1, run like the routed store (weight-only or W8A8).
+  const QuantMoeExperts* shared_quant = nullptr;
   TensorView residual;           // [T, H], added to the output
 };
 struct MoeFfnResult {
