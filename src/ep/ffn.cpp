@@ -80,8 +80,11 @@ ExpertFn swiglu_experts(std::vector<const gemm::PackedB*> gate_up, std::vector<c
 }
 
 // The batch's rows per local expert in batch order (gather = scatter = the expand_x row, so y keeps
-// its layout); idx holds the row ids the returned ExpertRows point into.
-static moe::ExpertRows rows_by_expert(const ExpertBatch& b, int64_t L, const char* op, std::vector<int32_t>& idx) {
+// its layout), after checking x against the store's H; idx holds the row ids the returned
+// ExpertRows point into.
+static moe::ExpertRows rows_by_expert(const ExpertBatch& b, int64_t L, int64_t H, std::vector<int32_t>& idx) {
+  const char* op = "ep::moe_experts";
+  OT_CHECK(b.x.ndim == 2 && b.x.size(1) == H, op, "x", "[A, H] with the store's H", b.x.shape_str());
   std::vector<std::vector<int32_t>> by(static_cast<size_t>(L));
   for (size_t g = 0; g < b.expert.size(); ++g) {
     OT_CHECK(b.expert[g] >= 0 && b.expert[g] < L, op, "expert", "a local expert of the store", b.expert[g]);
@@ -99,9 +102,8 @@ static moe::ExpertRows rows_by_expert(const ExpertBatch& b, int64_t L, const cha
 
 ExpertFn moe_experts(const moe::MoeExperts& local) {
   return [&local](const ExpertBatch& b) {
-    OT_CHECK(b.x.ndim == 2 && b.x.size(1) == local.hidden(), "ep::moe_experts", "x", "[A, H] with the store's H", b.x.shape_str());
     std::vector<int32_t> idx;
-    const moe::ExpertRows rows = rows_by_expert(b, local.num_experts(), "ep::moe_experts", idx);
+    const moe::ExpertRows rows = rows_by_expert(b, local.num_experts(), local.hidden(), idx);
     if (idx.empty()) return;
     Tensor conv;
     TensorView xin = b.x, xscale;
@@ -118,9 +120,8 @@ ExpertFn moe_experts(const moe::MoeExperts& local) {
 
 ExpertFn moe_experts(const moe::QuantMoeExperts& local) {
   return [&local](const ExpertBatch& b) {
-    OT_CHECK(b.x.ndim == 2 && b.x.size(1) == local.hidden(), "ep::moe_experts", "x", "[A, H] with the store's H", b.x.shape_str());
     std::vector<int32_t> idx;
-    const moe::ExpertRows rows = rows_by_expert(b, local.num_experts(), "ep::moe_experts", idx);
+    const moe::ExpertRows rows = rows_by_expert(b, local.num_experts(), local.hidden(), idx);
     if (idx.empty()) return;
     moe::moe_expert_ffn(b.x, local, rows, b.y, false, b.x.dtype == DType::i8 ? b.dynamic_scales : TensorView());
     if (b.progress) b.progress();
