@@ -11,7 +11,7 @@
 namespace ot {
 
 // Tensor::empty for outputs (contents unspecified), reusing a large buffer of an earlier call of
-// the same dtype and shape when nothing else holds it. Small outputs (< 1 MiB) are plain empty.
+// the same dtype and shape when nothing else holds it. Small outputs (< 256 KiB) are plain empty.
 Tensor pooled_empty(DType dt, const std::vector<int64_t>& shape);
 // Asks for transparent huge pages on the whole 2 MiB pages of a large fresh output.
 void advise_huge_pages(const Tensor& t);

@@ -9,6 +9,13 @@
 
 namespace ot {
 
+namespace {
+// Outputs from this size up are pooled (a 256 KiB output is 64 page faults when fresh); at most
+// kPoolBuffers of them and kPoolBytes in all are kept.
+constexpr size_t kPooledMinBytes = size_t(256) << 10;
+constexpr size_t kPoolBuffers = 16, kPoolBytes = size_t(512) << 20;
+}  // namespace
+
 // Large outputs come from a small pool of earlier outputs whose storage nobody else holds any
 // more (a caching allocator shared by the operator families): a GDN forward at Qwen shapes writes
 // 10-100 MiB of fresh memory per call and first-touch page faults were ~30 % of it at T = 4096;
@@ -16,7 +23,7 @@ namespace ot {
 // referenced anywhere (a Tensor copy, a binding holding the storage) is never reused.
 Tensor pooled_empty(DType dt, const std::vector<int64_t>& shape) {
   const int64_t n = checked_numel("pooled_empty", "shape", shape, dt);
-  if (size_t(n) * dtype_size(dt) < (size_t(1) << 20)) return Tensor::empty(dt, shape);
+  if (size_t(n) * dtype_size(dt) < kPooledMinBytes) return Tensor::empty(dt, shape);
   static std::mutex mu;
   static std::vector<Tensor> pool;  // most recent last
   {
@@ -33,11 +40,11 @@ Tensor pooled_empty(DType dt, const std::vector<int64_t>& shape) {
   advise_huge_pages(t);
   std::lock_guard<std::mutex> lock(mu);
   pool.push_back(t);
-  // Bounded: the 12 most recent buffers (several outputs per call, a few shapes per model) and
-  // 512 MiB in all; the oldest go first (a buffer still in use is then simply not pooled).
+  // Bounded: the most recent buffers (several outputs per call, a few shapes per model); the
+  // oldest go first (a buffer still in use is then simply not pooled).
   size_t bytes = 0;
   for (const Tensor& x : pool) bytes += x.view().nbytes();
-  while (pool.size() > 1 && (pool.size() > 12 || bytes > (size_t(512) << 20))) {
+  while (pool.size() > 1 && (pool.size() > kPoolBuffers || bytes > kPoolBytes)) {
     bytes -= pool.front().view().nbytes();
     pool.erase(pool.begin());
   }

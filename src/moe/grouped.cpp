@@ -96,7 +96,7 @@ static Tensor gmm_entry(const TensorView& x, const TensorView& w, const TensorVi
   if (scope.active()) scope.kernel(ref ? "ref" : gemm::kernel_name(x.dtype, w.dtype, p.M)).args(x.shape_str() + " x " + w.shape_str());
   scope.flops(2.0 * double(p.M) * double(p.K) * double(p.N));
   if (ref) return refimpl::grouped_matmul(x, w, gl, type, bias, act);
-  Tensor y = Tensor::empty(x.dtype, {p.M, p.n_out});
+  Tensor y = pooled_empty(x.dtype, {p.M, p.n_out});
   std::vector<gemm::PackedB> packs(static_cast<size_t>(p.G));
   std::vector<const gemm::PackedB*> ptrs(size_t(p.G), nullptr);
   for (const GroupSpan& s : p.spans)
@@ -223,7 +223,7 @@ static Tensor fom_entry(const TensorView& x, const TensorView& w, const TensorVi
   if (scope.active()) scope.kernel(ref ? "ref" : gemm::kernel_name(x.dtype, w.dtype, p.T)).args(x.shape_str() + " x " + w.shape_str());
   scope.flops(2.0 * double(p.T * p.H * p.I));
   if (ref) return refimpl::final_optimizer_mm(x, w, idx);
-  Tensor y = Tensor::empty(x.dtype, {p.T, p.I});
+  Tensor y = pooled_empty(x.dtype, {p.T, p.I});
   const int32_t* ids = p.idx.ptr<int32_t>();
   std::vector<int32_t> perm = stable_argsort(ids, p.T);
   std::vector<gemm::PackedB> packs;
@@ -263,7 +263,7 @@ Tensor grouped_matmul(const TensorView& x, const std::vector<const gemm::PackedB
   trace::OpScope scope(op);
   if (scope.active()) scope.kernel(gemm::kernel_name(x.dtype, ws[0]->dtype(), p.M)).args(x.shape_str());
   scope.flops(2.0 * double(p.M * p.K * p.N));
-  Tensor y = Tensor::empty(x.dtype, {p.M, p.n_out});
+  Tensor y = pooled_empty(x.dtype, {p.M, p.n_out});
   impl::gmm_run_packed(p, ws, y);
   return y;
 }

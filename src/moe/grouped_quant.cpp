@@ -14,7 +14,7 @@ namespace {
 constexpr const char* kOp = "grouped_matmul";
 
 Tensor run_packed(const impl::GmmPlan& p, const gemm::PackedQuantB& w) {
-  Tensor y = Tensor::empty(p.x.dtype, {p.M, p.n_out});
+  Tensor y = pooled_empty(p.x.dtype, {p.M, p.n_out});
   std::vector<gemm::QuantGroup> groups;
   const size_t xs = dtype_size(p.x.dtype), ys = dtype_size(p.x.dtype);
   for (const GroupSpan& s : p.spans) {
