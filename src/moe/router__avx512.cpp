@@ -9,6 +9,7 @@
 // route_row_scalar, so ids always match the scalar order (descending, ties to the lower expert id).
 // Groups of 16 m experts are scored by one transposing tree over all groups. Rows of 4, 8 or 16
 // vectors and fp32 rows read in place have their own instances (route_rows_avx512_rowwise).
+#include "src/core/kernel_inline.h"
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -164,7 +165,7 @@ template <int S, int D> constexpr __mmask16 keeps_max() {
 }
 // Always inlined, with the lambdas: out of line, a block's 16 registers went through memory every
 // step (masked stores, then loads that could not be forwarded from them: ~20% of the router's time).
-#define OT_INLINE __attribute__((always_inline))
+#define OT_INLINE OT_KERNEL_INLINE
 template <class F> OT_INLINE inline void bitonic16(F&& step) {
   step.template operator()<2, 1>();
   step.template operator()<4, 2>(); step.template operator()<4, 1>();

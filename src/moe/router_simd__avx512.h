@@ -2,6 +2,7 @@
 // tokens in lanes): masked row loads, 2^x, the candidate collection, the row stores.
 // Only for translation units built with the AVX-512 flags (*__avx512*.cpp).
 #pragma once
+#include "src/core/kernel_inline.h"
 #include <immintrin.h>
 
 #include <array>
@@ -74,7 +75,7 @@ inline __m512 sigmoid_add_ps(__m512 x, __m512 b) { return _mm512_add_ps(sigmoid_
 // ~2 ops a pair instead of a vgatherdps (16 element loads; ~10% of the softmax router's time). The
 // tree (NV / 2 - 1 blends, one bit test a level) replaced a compare + masked move a pair (AMD Zen 5
 // VM, 2026-12-01: E 128 softmax b/a 0.97-0.98 in cache), and makes the E 256 rows (8 pairs) cheaper than the gather.
-template <int NV> __attribute__((always_inline)) inline __m512 gather_perm(const float* row, __m512i id, __mmask16 valid) {
+template <int NV> OT_KERNEL_INLINE inline __m512 gather_perm(const float* row, __m512i id, __mmask16 valid) {
   static_assert(NV % 2 == 0);
   __m512 p[NV / 2];
   for (int q = 0; q < NV / 2; ++q) p[q] = _mm512_permutex2var_ps(_mm512_loadu_ps(row + 32 * q), id, _mm512_loadu_ps(row + 32 * q + 16));

@@ -4,6 +4,7 @@
 // their per-lane sort, the k = 8 row stores. Only for translation units built with the AVX-512
 // flags; its functions get the VBMI targets (they run only where CPUID has them).
 #pragma once
+#include "src/core/kernel_inline.h"
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -21,7 +22,7 @@ namespace ot::moe::impl::t16 {
 using namespace rsimd;
 using net::NetOf;
 
-#define OT_T16_AI __attribute__((always_inline))
+#define OT_T16_AI OT_KERNEL_INLINE
 
 template <const net::Net& N, class F, size_t... I> OT_T16_AI inline void run_net(F&& f, std::index_sequence<I...>) { (f(N.a[I], N.b[I]), ...); }
 

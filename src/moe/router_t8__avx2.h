@@ -4,6 +4,7 @@
 // stores, the loop over blocks. Only for translation units built with the AVX2 flags; internal to
 // each (anonymous namespace).
 #pragma once
+#include "src/core/kernel_inline.h"
 #include <algorithm>
 #include <type_traits>
 #include <utility>
@@ -16,7 +17,7 @@
 namespace ot::moe::impl {
 namespace {
 
-#define OT_T8_AI __attribute__((always_inline))
+#define OT_T8_AI OT_KERNEL_INLINE
 
 constexpr int kSlots = 16;  // candidates a row the block takes (more: the row kernel)
 // Rows of a partial block from which it pays (T 1: the padded block was 1.6x the row kernel's time).
