@@ -356,10 +356,15 @@ MoeFfnOut moe_ffn(const Tensor& x, const c10::intrusive_ptr<PackedWeightHolder>&
   const char* op = "moe_ffn";
   moe::MoeFfnOptions o = ffn_options(op, k, router_type, renorm, norm_topk_prob, bias, k_group, group_count, group_select_mode,
                                      norm_type, routed_scaling_factor, eps, allowed, expert_capacity, capacity_factor, residual);
-  OT_CHECK(!(shared && *shared && (*shared)->quant), op, "shared", "a float MoeExperts (the shared expert is not quantised)", (*shared)->weights());
-  o.shared = shared && *shared ? &(*shared)->experts : nullptr;
   OT_CHECK(router.defined(), op, "router", "a PackedWeight", "None");
   OT_CHECK(experts.defined(), op, "experts", "a MoeExperts", "None");
+  if (shared && *shared) {
+    // A quantised shared expert goes with quantised routed experts (the C++ float layer refuses it).
+    OT_CHECK(!(*shared)->quant || experts->quant, op, "shared", "a float MoeExperts with float routed experts (a quantised shared expert needs quantised routed experts)",
+             (*shared)->weights());
+    if ((*shared)->quant) o.shared_quant = (*shared)->quant.get();
+    else o.shared = &(*shared)->experts;
+  }
   auto r = experts->quant ? moe::moe_ffn(view(x, op, "x"), router->b, *experts->quant, o) : moe::moe_ffn(view(x, op, "x"), router->b, experts->experts, o);
   return {wrap(r.y), wrap(r.router_logits), wrap(r.topk_ids), wrap(r.topk_weights), wrap(r.expert_counts), r.dropped};
 }

@@ -157,3 +157,35 @@ def test_sparse_moe_block_w8a8():
     ry, *_ = hf_moe(x, src.gate.weight.detach(), *dq, K, True)
     assert 1e-3 < rel_err(y, ry) < 0.03 and rel_err(y8, ry) < 1e-4
     assert moe.MoeExperts(*(stacked(src, n) for n in ("gate_proj", "up_proj", "down_proj")), weights="w8a8").weights() == "w8a8"
+
+
+@need("moe_ffn", "quantize_weights")
+@pytest.mark.parametrize("fmt", ["int8", "int4", "w8a8"])
+def test_moe_ffn_quantised_shared_expert(fmt):
+    """shared=MoeExperts(..., weights=fmt) beside quantised routed experts: the shared expert's
+    dequantised FFN is added to every token; a quantised shared expert with float routed experts
+    is refused by name."""
+    from moe_reference import expert_ffn
+    T, H, I, E, K = 9, 64, 64, 4, 2
+    x, gate = torch.randn(T, H), torch.randn(E, H) / 8
+    g, u, d = torch.randn(E, I, H) / 8, torch.randn(E, I, H) / 8, torch.randn(E, H, I) / 8
+    sg, su, sd = torch.randn(1, I, H) / 8, torch.randn(1, I, H) / 8, torch.randn(1, H, I) / 8
+    router = moe.PackedWeight(gate)
+    routed = moe.MoeExperts(g, u, d, weights=fmt)
+    y_shared, *_ = moe.moe_ffn(x, router, routed, k=K, shared=moe.MoeExperts(sg, su, sd, weights=fmt))
+    y_routed, *_ = moe.moe_ffn(x, router, routed, k=K)
+    gs = 64 if fmt == "int4" else 0
+    wfmt = "int4" if fmt == "int4" else "int8"
+    dsg, dsu, dsd = (dequantised(w, wfmt, gs, True) for w in (sg, su, sd))
+    xs = x
+    if fmt == "w8a8":  # the shared expert's input rows are quantised per token as the routed ones
+        s = x.abs().amax(1, keepdim=True).clamp_min(1e-30) / 127
+        xs = torch.round(x / s).clamp(-127, 127) * s
+    want = expert_ffn(xs.double(), dsg[0].double(), dsu[0].double(), dsd[0].double())
+    got = (y_shared - y_routed).double()
+    tol = 2e-2 if fmt == "w8a8" else 1e-4  # W8A8: the SwiGLU row is quantised too
+    assert rel_err(got, want) < tol, fmt
+    # the shared expert was really added, and quantised (not the float weights)
+    assert rel_err(got, expert_ffn(x.double(), sg[0].double(), su[0].double(), sd[0].double())) > 1e-4
+    with pytest.raises(RuntimeError, match="shared"):
+        moe.moe_ffn(x, router, moe.MoeExperts(g, u, d), k=K, shared=moe.MoeExperts(sg, su, sd, weights=fmt))
