@@ -110,6 +110,18 @@ for w in ("int8", "int4-g32"):
     bits = w[3]  # int8 -> w8, int4-* -> w4: the kernel names of the quantised GEMM
     check(re.search(rf"^moe_ffn .*_w{bits}\b", r.stdout, re.M) is not None, f"--weights {w}: moe_ffn does not report a w{bits} kernel")
     check(re.search(r"^moe_ffn\s+\d+\s+\S+\s+\S+\s+ok", r.stdout, re.M) is not None, f"--weights {w}: no verified moe_ffn row")
+# the shared expert quantised with the routed ones (model.moe.quantise_shared_expert)
+small_shared = os.path.join(work, "small_shared.json")
+with open(small_shared, "w") as f:
+    json.dump({"model": {"layers": 1, "moe": {"quantise_shared_expert": True}}, "run": {"prefill_lengths": [33, 5, 1], "decode_steps": 2},
+               "verify": {"prefill_lengths": [9, 1]}}, f)
+r = run(["--config", small_shared, "--weights", "w8a8"])
+check(r.returncode == 0 and re.search(r"^moe_ffn\s+\d+\s+\S+\s+\S+\s+ok", r.stdout, re.M) is not None,
+      f"quantise_shared_expert with w8a8: no verified moe_ffn row ({r.returncode}: {r.stderr.strip()!r})")
+with open(small_shared, "w") as f:
+    json.dump({"model": {"layers": 1, "moe": {"quantise_shared_expert": True, "shared_intermediate": 96}}}, f)
+r = run(["--config", small_shared, "--weights", "int4-g64"])  # 96 is no multiple of 64
+check(r.returncode != 0 and "model.moe.quantise_shared_expert" in r.stderr, f"a group not dividing the shared I was accepted: {r.stderr.strip()!r}")
 r = run(["--weights", "int4-g48"])
 check(r.returncode != 0 and "model.moe.expert_weights" in r.stderr, f"--weights int4-g48 was accepted: {r.stderr.strip()!r}")
 

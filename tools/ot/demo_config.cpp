@@ -131,6 +131,11 @@ void validate(const DemoConfig& c) {
              detail::cat("a group size dividing model.hidden (", m.hidden, ") and model.moe.intermediate (", m.moe.intermediate, ")"),
              m.moe.expert_weights);
   }
+  if (m.moe.quantised() && m.moe.quantise_shared_expert && m.moe.shared_intermediate > 0) {
+    const int64_t gs = expert_format(m.moe).group_size;
+    OT_CHECK(gs == 0 || m.moe.shared_intermediate % gs == 0, kOp, "model.moe.quantise_shared_expert",
+             detail::cat("a group size dividing model.moe.shared_intermediate (", m.moe.shared_intermediate, ")"), m.moe.expert_weights);
+  }
   OT_CHECK(c.verify.layers <= m.layers, kOp, "verify.layers", detail::cat("at most model.layers (", m.layers, ")"), c.verify.layers);
 }
 
@@ -157,6 +162,7 @@ DemoConfig config_from_json(const nlohmann::json& j) {
     e.integer("shared_intermediate", c.model.moe.shared_intermediate, 0, 1 << 17);
     e.boolean("norm_topk_prob", c.model.moe.norm_topk_prob);
     e.text("expert_weights", c.model.moe.expert_weights);
+    e.boolean("quantise_shared_expert", c.model.moe.quantise_shared_expert);
     e.finish();
     m.finish();
   }
@@ -219,7 +225,8 @@ nlohmann::json config_to_json(const DemoConfig& c) {
                   {"intermediate", m.moe.intermediate},
                   {"shared_intermediate", m.moe.shared_intermediate},
                   {"norm_topk_prob", m.moe.norm_topk_prob},
-                  {"expert_weights", m.moe.expert_weights}}}};
+                  {"expert_weights", m.moe.expert_weights},
+                  {"quantise_shared_expert", m.moe.quantise_shared_expert}}}};
   j["run"] = {{"prefill_lengths", c.run.prefill_lengths}, {"decode_steps", c.run.decode_steps}, {"seed", c.run.seed},
               {"threads", c.run.threads}};
   j["verify"] = {{"enabled", c.verify.enabled},

@@ -80,6 +80,7 @@ struct Layer {
   // model.moe.expert_weights quantised: the store, and its codes and scales (kept for the reference)
   moe::QuantMoeExperts qexperts;
   QuantizedWeights q_gate_up, q_down;  // [E, H, 2I], [E, I, H]
+  moe::QuantMoeExperts qshared;        // the shared expert in the same format (sh_*: its dequantised weights)
 };
 
 void Verifier::add(const std::string& op, double err) {
@@ -107,17 +108,34 @@ int64_t Batch::tokens() const {
   return t;
 }
 
-// The routed experts quantised once (symmetric, model.moe.expert_weights): gate and up as one
-// [E, H, 2I] tensor, the store's layout. keep: the codes stay for the reference.
+// Experts [E, H, I] x2 / [E, I, H] quantised once (symmetric, model.moe.expert_weights): gate and
+// up as one [E, H, 2I] tensor, the store's layout; gu / dn: the codes and scales.
+static moe::QuantMoeExperts quantised_store(const Tensor& gate, const Tensor& up, const Tensor& down, const ExpertFormat& f, QuantizedWeights& gu,
+                                            QuantizedWeights& dn) {
+  const int64_t E = gate.size(0), H = gate.size(1), I = gate.size(2);
+  Tensor gate_up = Tensor::empty(gate.dtype(), {E, H, 2 * I});
+  copy_into(gate, gate_up.view().narrow(2, 0, I));
+  copy_into(up, gate_up.view().narrow(2, I, I));
+  gu = quantize_weights(gate_up, f.format, f.group_size, true);
+  dn = quantize_weights(down, f.format, f.group_size, true);
+  return moe::QuantMoeExperts::from_quantized(gu.view(), dn.view(), f.activations);
+}
+
+// The routed and the shared experts quantised. keep: the routed codes stay for the reference, and
+// the shared expert's weights are replaced by their dequantised values (what the reference reads).
 static void quantise_experts(Layer& L, const MoeConfig& c, bool keep) {
   const ExpertFormat f = expert_format(c);
-  const int64_t E = L.gate.size(0), H = L.gate.size(1), I = L.gate.size(2);
-  Tensor gate_up = Tensor::empty(L.gate.dtype(), {E, H, 2 * I});
-  copy_into(L.gate, gate_up.view().narrow(2, 0, I));
-  copy_into(L.up, gate_up.view().narrow(2, I, I));
-  QuantizedWeights gu = quantize_weights(gate_up, f.format, f.group_size, true), dn = quantize_weights(L.down, f.format, f.group_size, true);
-  L.qexperts = moe::QuantMoeExperts::from_quantized(gu.view(), dn.view(), f.activations);
+  QuantizedWeights gu, dn;
+  L.qexperts = quantised_store(L.gate, L.up, L.down, f, gu, dn);
   if (keep) L.q_gate_up = std::move(gu), L.q_down = std::move(dn);
+  if (!L.sh_gate.defined() || !c.quantise_shared_expert) return;
+  L.qshared = quantised_store(L.sh_gate, L.sh_up, L.sh_down, f, gu, dn);
+  if (!keep) return;
+  const int64_t Is = L.sh_gate.size(2);
+  Tensor dgu = dequantize_weights(gu.view());
+  L.sh_gate = Tensor::copy_of(dgu.view().narrow(2, 0, Is));
+  L.sh_up = Tensor::copy_of(dgu.view().narrow(2, Is, Is));
+  L.sh_down = dequantize_weights(dn.view());
 }
 
 Model::Model(const DemoConfig& cfg, int64_t keep_ref_layers, const ExpertParallel* ep) : cfg_(cfg) {
@@ -178,7 +196,7 @@ Model::Model(const DemoConfig& cfg, int64_t keep_ref_layers, const ExpertParalle
     } else if (!use_ep_ || keep) {
       L->experts = moe::MoeExperts::from_stacked(L->gate, L->up, L->down, moe::WeightLayout::EHI);
     }
-    if (Is > 0) L->shared = moe::MoeExperts::from_stacked(L->sh_gate, L->sh_up, L->sh_down, moe::WeightLayout::EHI);
+    if (Is > 0 && L->qshared.empty()) L->shared = moe::MoeExperts::from_stacked(L->sh_gate, L->sh_up, L->sh_down, moe::WeightLayout::EHI);
     if (!keep) L->gate = L->up = L->down = L->sh_gate = L->sh_up = L->sh_down = Tensor();
     layers_.push_back(std::move(L));
   }
@@ -337,14 +355,15 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
 
 // FLOPs: router 2THE, routed experts 6 T K H I, shared expert 6 T H Is. Bytes: the router, the
 // experts that received tokens (decode reads only those), the shared expert, x in, residual, y out.
-static Work moe_work(const ModelConfig& m, const moe::MoeFfnResult& r, int64_t T, const moe::QuantMoeExperts& q) {
+static Work moe_work(const ModelConfig& m, const moe::MoeFfnResult& r, int64_t T, const moe::QuantMoeExperts& q, const moe::QuantMoeExperts& shared_q) {
   const double H = double(m.hidden), I = double(m.moe.intermediate), Is = double(m.moe.shared_intermediate),
                E = double(m.moe.experts), es = double(dtype_size(m.dtype));
   int64_t touched = 0;
   for (int64_t e = 0; e < m.moe.experts; ++e) touched += r.expert_counts.ptr<int64_t>()[e] > 0;
   const double flops = 2 * T * H * E + 6.0 * T * double(m.moe.top_k) * H * I + 6.0 * T * H * Is;
   const double expert_bytes = m.moe.quantised() ? double(q.expert_bytes()) : 3 * H * I * es;  // packed, scales included
-  const double bytes = (E * H + 3 * H * Is + 3.0 * T * H) * es + double(touched) * expert_bytes;
+  const double shared_bytes = shared_q.empty() ? 3 * H * Is * es : double(shared_q.expert_bytes());
+  const double bytes = (E * H + 3.0 * T * H) * es + shared_bytes + double(touched) * expert_bytes;
   return {"moe_ffn", flops, bytes};
 }
 
@@ -358,12 +377,13 @@ void Model::ffn(Layer& L, Tensor& x, Verifier* v) {
   opt.k = m.moe.top_k;
   opt.router = moe::RouterKind::softmax_topk;
   opt.norm_topk_prob = m.moe.norm_topk_prob;
-  opt.shared = m.moe.shared_intermediate > 0 ? &L.shared : nullptr;
-  opt.residual = x;
   const bool quant = m.moe.quantised();
+  if (m.moe.shared_intermediate > 0 && !L.qshared.empty()) opt.shared_quant = &L.qshared;
+  else if (m.moe.shared_intermediate > 0) opt.shared = &L.shared;
+  opt.residual = x;
   auto layer = [&](const moe::MoeFfnOptions& o) { return quant ? moe::moe_ffn(xn, L.router, L.qexperts, o) : moe::moe_ffn(xn, L.router, L.experts, o); };
   moe::MoeFfnResult r = layer(opt);
-  work_.push_back(moe_work(m, r, T, L.qexperts));
+  work_.push_back(moe_work(m, r, T, L.qexperts, L.qshared));
   if (iso_) iso_->time("moe_ffn", [&] { layer(opt); });
   if (v) {
     // Compared without the residual, so the error is relative to the FFN's own output. The
