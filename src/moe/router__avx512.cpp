@@ -9,13 +9,13 @@
 // route_row_scalar, so ids always match the scalar order (descending, ties to the lower expert id).
 // Groups of 16 m experts are scored by one transposing tree over all groups. Rows of 4, 8 or 16
 // vectors and fp32 rows read in place have their own instances (route_rows_avx512_rowwise).
-#include "src/core/kernel_inline.h"
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
 
 #include "src/core/cvt_avx512.h"
+#include "src/core/kernel_inline.h"
 #include "src/moe/common.h"
 #include "src/moe/router_plan.h"
 #include "src/moe/router_simd__avx512.h"

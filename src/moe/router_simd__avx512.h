@@ -2,7 +2,6 @@
 // tokens in lanes): masked row loads, 2^x, the candidate collection, the row stores.
 // Only for translation units built with the AVX-512 flags (*__avx512*.cpp).
 #pragma once
-#include "src/core/kernel_inline.h"
 #include <immintrin.h>
 
 #include <array>
@@ -10,6 +9,7 @@
 #include <limits>
 
 #include "src/core/cvt_avx512.h"
+#include "src/core/kernel_inline.h"
 #include "src/moe/router_plan.h"
 
 namespace ot::moe::impl::rsimd {

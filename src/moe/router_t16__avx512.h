@@ -4,13 +4,13 @@
 // their per-lane sort, the k = 8 row stores. Only for translation units built with the AVX-512
 // flags; its functions get the VBMI targets (they run only where CPUID has them).
 #pragma once
-#include "src/core/kernel_inline.h"
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
 
+#include "src/core/kernel_inline.h"
 #include "src/moe/common.h"
 #include "src/moe/router_plan.h"
 #include "src/moe/router_net.h"

@@ -4,11 +4,11 @@
 // stores, the loop over blocks. Only for translation units built with the AVX2 flags; internal to
 // each (anonymous namespace).
 #pragma once
-#include "src/core/kernel_inline.h"
 #include <algorithm>
 #include <type_traits>
 #include <utility>
 
+#include "src/core/kernel_inline.h"
 #include "src/core/transpose_avx2.h"
 #include "src/moe/router_lane_counts.h"
 #include "src/moe/router_net.h"

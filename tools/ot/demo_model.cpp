@@ -378,7 +378,7 @@ void Model::ffn(Layer& L, Tensor& x, Verifier* v) {
   opt.router = moe::RouterKind::softmax_topk;
   opt.norm_topk_prob = m.moe.norm_topk_prob;
   const bool quant = m.moe.quantised();
-  if (m.moe.shared_intermediate > 0 && !L.qshared.empty()) opt.shared_quant = &L.qshared;
+  if (!L.qshared.empty()) opt.shared_quant = &L.qshared;  // (only built with a shared expert)
   else if (m.moe.shared_intermediate > 0) opt.shared = &L.shared;
   opt.residual = x;
   auto layer = [&](const moe::MoeFfnOptions& o) { return quant ? moe::moe_ffn(xn, L.router, L.qexperts, o) : moe::moe_ffn(xn, L.router, L.experts, o); };
