@@ -13,6 +13,7 @@
 #include "ot/trace.h"
 #include "ot/workspace.h"
 
+namespace test_core {
 using namespace ot;
 
 TEST(Numeric, Bf16RoundsToNearestEven) {
@@ -234,3 +235,4 @@ TEST(Workspace, TypedSlotsAreAlignedAndDisjoint) {
     EXPECT_NE(ws.get(b, 1), pb0);
   }
 }
+}  // namespace test_core

@@ -8,6 +8,7 @@
 #include "ot/error.h"
 #include "src/core/knobs.h"
 
+namespace test_knobs {
 using namespace ot;
 
 namespace {
@@ -53,3 +54,4 @@ TEST(Knobs, LibraryKnobsAreRegisteredWithTheirDefaults) {
   }
   EXPECT_TRUE(found);
 }
+}  // namespace test_knobs

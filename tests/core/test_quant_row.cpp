@@ -11,6 +11,7 @@
 #include "ot/cpu.h"
 #include "ot/quant.h"
 
+namespace test_quant_row {
 using namespace ot;
 
 TEST(QuantizeRowI8, HandWorkedRow) {
@@ -46,3 +47,4 @@ TEST(QuantizeRowI8, VectorFormEqualsPortableForm) {
       else EXPECT_EQ(da, db) << "n=" << n << " kind=" << kind;
     }
 }
+}  // namespace test_quant_row

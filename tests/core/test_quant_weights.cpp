@@ -11,6 +11,7 @@
 #include "ot/error.h"
 #include "ot/quant_weights.h"
 
+namespace test_quant_weights {
 using namespace ot;
 
 namespace {
@@ -202,3 +203,4 @@ TEST(QuantWeights, BadArgumentsNameTheArgument) {
   v4b.group_size = 32;  // the scale has K / 64 groups
   EXPECT_EQ(error_arg([&] { quant_weight_shape("op", v4b); }), "antiquant_scale");
 }
+}  // namespace test_quant_weights

@@ -8,6 +8,7 @@
 #include "ot/output_pool.h"
 #include "ot/tensor.h"
 
+namespace test_sizes {
 using namespace ot;
 
 namespace {
@@ -53,3 +54,4 @@ TEST(Sizes, AllocationsAreChecked) {
   EXPECT_EQ(error_of([] { Tensor::empty(DType::f32, {3, -2}); }).expected(), "non-negative sizes");
   EXPECT_EQ(Tensor::empty(DType::f32, {0, int64_t(1) << 50}).numel(), 0);
 }
+}  // namespace test_sizes

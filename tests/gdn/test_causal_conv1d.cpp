@@ -8,6 +8,7 @@
 
 #include "conv_test_util.h"
 
+namespace test_causal_conv1d {
 using namespace conv_test;
 using ot::cpu::Isa;
 
@@ -234,3 +235,4 @@ TEST(CausalConv1d, BackwardFiniteDifferences) {
       }
     }
 }
+}  // namespace test_causal_conv1d

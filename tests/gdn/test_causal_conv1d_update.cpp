@@ -7,6 +7,7 @@
 
 #include "conv_test_util.h"
 
+namespace test_causal_conv1d_update {
 using namespace conv_test;
 using ot::cpu::Isa;
 
@@ -189,3 +190,4 @@ TEST(CausalConv1dErrors, Update) {
   expect_error([&] { gdn::causal_conv1d_update(xd, cache, w, o); }, "weight");
   EXPECT_EQ(bytes(cache), before);
 }
+}  // namespace test_causal_conv1d_update

@@ -16,6 +16,7 @@
 #include "src/ref/gdn_bwd_ref.h"
 #include "src/gdn/gdn_internal.h"
 
+namespace test_gdn_bwd {
 namespace {
 
 using namespace ot;
@@ -421,3 +422,4 @@ TEST(GdnBwd, BadInput) {
 }
 
 }  // namespace
+}  // namespace test_gdn_bwd

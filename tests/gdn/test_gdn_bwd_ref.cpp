@@ -8,6 +8,7 @@
 
 #include "src/ref/gdn_bwd_ref.h"
 
+namespace test_gdn_bwd_ref {
 namespace {
 
 using ot::gdn::bwdref::Head;
@@ -124,3 +125,4 @@ INSTANTIATE_TEST_SUITE_P(GdnBwdRef, RefFd,
                                            std::make_tuple(2, true, false, true), std::make_tuple(2, false, true, false)));
 
 }  // namespace
+}  // namespace test_gdn_bwd_ref

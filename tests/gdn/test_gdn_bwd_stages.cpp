@@ -16,6 +16,7 @@
 #include "gdn_bwd_test_util.h"
 #include "gdn_test_util.h"
 
+namespace test_gdn_bwd_stages {
 namespace {
 
 using namespace ot;
@@ -181,3 +182,4 @@ TEST(GdnBwdStages, BadInput) {
 }
 
 }  // namespace
+}  // namespace test_gdn_bwd_stages

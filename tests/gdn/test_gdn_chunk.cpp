@@ -5,6 +5,7 @@
 #include "ot/cpu.h"
 #include "ot/error.h"
 
+namespace test_gdn_chunk {
 using namespace gdn_test;
 namespace gdn = ot::gdn;
 
@@ -238,3 +239,4 @@ TEST(GdnChunkFwd, PooledOutputsAreNeverShared) {
   EXPECT_EQ(c.o.ptr<void>(), pa);
   EXPECT_EQ(rel_err(c.o, keep), 0.0);
 }
+}  // namespace test_gdn_chunk

@@ -11,6 +11,7 @@
 #include "ot/trace.h"
 #include "src/core/knobs.h"
 
+namespace test_gdn_chunk_bf16 {
 using namespace gdn_test;
 namespace gdn = ot::gdn;
 
@@ -145,3 +146,4 @@ TEST(FuzzRegressions, GdnChunkBf16ScratchMeasuredFromNullBase) {
     run_bf16({s, false, -1.f, {}, false}, 7);
   });
 }
+}  // namespace test_gdn_chunk_bf16

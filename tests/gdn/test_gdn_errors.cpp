@@ -7,6 +7,7 @@
 #include "gdn_test_util.h"
 #include "ot/error.h"
 
+namespace test_gdn_errors {
 using namespace gdn_test;
 namespace gdn = ot::gdn;
 
@@ -96,3 +97,4 @@ TEST(GdnErrors, Slots) {
   r.state_cache = wrong;
   expect_error([&] { gdn::recurrent_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, r); }, "state_cache");
 }
+}  // namespace test_gdn_errors

@@ -7,6 +7,7 @@
 #include "gdn_test_util.h"
 #include "ot/gdn.h"
 
+namespace test_gdn_nan_policy {
 using namespace gdn_test;
 using namespace ot::gdn;
 
@@ -39,3 +40,4 @@ TEST(GdnNanPolicy, StateIsNotInspected) {
   for (int64_t i = 0; i < r.final_state.numel(); ++i) any_nan |= std::isnan(ot::get_as_double(r.final_state, i));
   EXPECT_TRUE(any_nan);
 }
+}  // namespace test_gdn_nan_policy

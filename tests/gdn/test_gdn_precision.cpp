@@ -16,6 +16,7 @@
 #include "ot/gdn_bwd.h"
 #include "ot/trace.h"
 
+namespace test_gdn_precision {
 namespace {
 
 using namespace gdn_test;
@@ -182,3 +183,4 @@ TEST(GdnPrecision, GateGradientsAtNearZeroGates) {
 }
 
 }  // namespace
+}  // namespace test_gdn_precision

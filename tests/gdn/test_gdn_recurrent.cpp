@@ -8,6 +8,7 @@
 #include "ot/cpu.h"
 #include "ot/error.h"
 
+namespace test_gdn_recurrent {
 using namespace gdn_test;
 namespace gdn = ot::gdn;
 
@@ -207,3 +208,4 @@ TEST(GdnRecurrent, TiledStepAtEveryIsaMatchesReference) {
     EXPECT_LT(rel_err(got.second, ref16.second), 1e-2) << ot::cpu::isa_name(cap);
   }
 }
+}  // namespace test_gdn_recurrent

@@ -9,6 +9,7 @@
 #include "src/gemm/amx_emulator.h"
 #include "src/gemm/internal.h"
 
+namespace test_amx_emulated {
 using namespace ot;
 using namespace ot::gemm;
 using namespace ot::gemm::testing;
@@ -94,3 +95,4 @@ TEST(AmxEmulated, GemmThroughTheDriver) {
         EXPECT_LE(norm_err(c, r), 2e-5) << "M " << M << " K " << K << " N " << N << (acc ? " accumulate" : "");
       }
 }
+}  // namespace test_amx_emulated

@@ -15,6 +15,7 @@
 #include "src/core/knobs.h"
 #include "src/gemm/internal.h"
 
+namespace test_decode {
 using namespace ot;
 using namespace ot::gemm;
 using namespace ot::gemm::testing;
@@ -239,3 +240,4 @@ TEST(GemmDecode, DecodeRowBlocksInsidePrefillCalls) {
   }
   set_num_threads(0);
 }
+}  // namespace test_decode

@@ -6,6 +6,7 @@
 #include "ot/error.h"
 #include "ot/parallel.h"
 
+namespace test_gemm {
 using namespace ot;
 using namespace ot::gemm;
 using namespace ot::gemm::testing;
@@ -227,3 +228,4 @@ TEST(Gemm, BadInputsThrowBeforeWriting) {
   EXPECT_THROW(prepack(t3, BLayout::KN), Error);
   for (int64_t k = 0; k < c.numel(); ++k) ASSERT_EQ(get_as_double(c, k), 0.0);
 }
+}  // namespace test_gemm

@@ -11,7 +11,7 @@
 #include "ot/parallel.h"
 
 namespace ot::gemm::testing {
-namespace {
+namespace test_gemm_backward_forms {
 
 // Row-major fp32 matrix with row stride ld (columns beyond `cols` hold NaN: must never be read).
 struct Mat {
@@ -398,5 +398,5 @@ TEST(GemmBackwardForms, BadInputsThrowBeforeWriting) {
   EXPECT_EQ(c[3], 4.f);
 }
 
-}  // namespace
+}  // namespace test_gemm_backward_forms
 }  // namespace ot::gemm::testing

@@ -7,6 +7,7 @@
 #include "ot/error.h"
 #include "ot/parallel.h"
 
+namespace test_grouped_matmul {
 using namespace ot;
 using namespace ot::gemm;
 using namespace ot::gemm::testing;
@@ -531,3 +532,4 @@ TEST(PackedB, LargePackingsOnHugePageMappings) {
     EXPECT_EQ(first.bytes(), pb.bytes());
   }
 }
+}  // namespace test_grouped_matmul

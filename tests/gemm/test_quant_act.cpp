@@ -12,6 +12,7 @@
 #include "ot/cpu.h"
 #include "src/gemm/quant_internal.h"
 
+namespace test_quant_act {
 using namespace ot;
 using namespace ot::gemm::qdetail;
 
@@ -93,3 +94,4 @@ TEST(QuantAct, ScalarFormKeepsItsContract) {
     EXPECT_EQ(peak, 32767) << "block " << blk;
   }
 }
+}  // namespace test_quant_act

@@ -16,7 +16,7 @@
 #include "src/gemm/small.h"
 
 namespace ot::gemm {
-namespace {
+namespace test_small_matmul {
 
 struct Case {
   int64_t M, N, K;
@@ -132,5 +132,5 @@ TEST(SmallF32, NotTakenForOtherDtypesOrStrides) {
   EXPECT_FALSE(detail::small_f32_takes(a, a, ccol));
 }
 
-}  // namespace
+}  // namespace test_small_matmul
 }  // namespace ot::gemm

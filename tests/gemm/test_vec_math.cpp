@@ -11,6 +11,7 @@
 #include "src/gemm/epilogue_math.h"
 #include "vec_math_probe.h"
 
+namespace test_vec_math {
 using namespace ot;
 using namespace ot::gemm;
 using namespace ot::gemm::testing;
@@ -78,3 +79,4 @@ TEST(VecMathAvx2, SiluErfGeluMatchTheScalarFormulas) {
     expect_close("gelu", x[i], g[i], gelu(xd), 1e-37 + 2e-7 * std::min(std::fabs(xd), 1e30), 1e-6);
   }
 }
+}  // namespace test_vec_math

@@ -14,6 +14,7 @@
 #include "ot/workspace.h"
 #include "src/moe/common.h"
 
+namespace test_combine_paths {
 using namespace ot;
 using namespace ot::moe;
 using namespace mt;
@@ -126,3 +127,4 @@ TEST(MoeCombineRows, UnpermuteAndFinalizeAtEveryCap) {
       }
   }
 }
+}  // namespace test_combine_paths

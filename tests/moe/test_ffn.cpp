@@ -7,6 +7,7 @@
 #include "ot/trace.h"
 #include "src/core/knobs.h"
 
+namespace test_ffn {
 using namespace ot;
 using namespace ot::moe;
 using namespace mt;
@@ -479,3 +480,4 @@ TEST(MoeLoss, AuxZAndCapacity) {
   EXPECT_OT_ERROR(moe_aux_loss(probs, counts, 3), "k");
   EXPECT_OT_ERROR(moe_capacity(10, 2, 8, 0.0), "capacity_factor");
 }
+}  // namespace test_ffn

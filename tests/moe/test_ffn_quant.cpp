@@ -11,6 +11,7 @@
 #include "ot/moe/quant_experts.h"
 #include "ot/quant.h"
 
+namespace test_ffn_quant {
 using namespace ot;
 using namespace ot::moe;
 using mt::randn;
@@ -290,3 +291,4 @@ TEST(MoeFfnQuant, QuantisedSharedExpert) {
   o.shared = &fl;
   EXPECT_OT_ERROR(moe_ffn(x, router, ex, o), "shared_quant");  // both
 }
+}  // namespace test_ffn_quant

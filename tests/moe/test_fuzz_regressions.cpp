@@ -2,6 +2,7 @@
 // with the input the fuzzer produced reduced to the rule it broke.
 #include "helpers.h"
 
+namespace test_fuzz_regressions {
 using namespace ot;
 using namespace ot::moe;
 using namespace mt;
@@ -34,3 +35,4 @@ TEST(FuzzRegressions, UnpermutePaddedHugeRestoreRows) {
     EXPECT_OT_ERROR_MSG(moe_token_unpermute(permuted, sorted, {}, true, rows), "restore_rows", "at most 2^40 bytes");
   EXPECT_EQ(moe_token_unpermute(permuted, sorted, {}, true, 3).size(0), 3);
 }
+}  // namespace test_fuzz_regressions

@@ -10,6 +10,7 @@
 #include "ot/error.h"
 #include "ot/moe_bwd.h"
 
+namespace test_grouped_matmul_backward {
 using namespace ot;
 using namespace ot::moe;
 using namespace ot::moe::bwdtest;
@@ -282,3 +283,4 @@ TEST(GmmBwdErrors, BadInputNamesTheArgument) {
 }
 
 }  // namespace
+}  // namespace test_grouped_matmul_backward

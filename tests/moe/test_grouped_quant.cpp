@@ -12,6 +12,7 @@
 #include "ot/quant_weights.h"
 #include "ot/trace.h"
 
+namespace test_grouped_quant {
 using namespace ot;
 using namespace ot::moe;
 using mt::randn;
@@ -131,3 +132,4 @@ TEST(GroupedMatmulQuant, NanActivationReachesOnlyItsRow) {
       }
     }
 }
+}  // namespace test_grouped_quant

@@ -15,6 +15,7 @@
 #include "ot/quant_weights.h"
 #include "ot/trace.h"
 
+namespace test_grouped_w8a8 {
 using namespace ot;
 using namespace ot::moe;
 using mt::randn;
@@ -170,3 +171,4 @@ TEST(GroupedMatmulW8A8, NonFiniteRowReachesOnlyItsRow) {
       }
     }
 }
+}  // namespace test_grouped_w8a8

@@ -18,6 +18,7 @@
 #include "ot/parallel.h"
 #include "src/moe/ffn_bwd_common.h"
 
+namespace test_moe_ffn_backward {
 using namespace ot;
 using namespace ot::moe;
 using namespace ot::moe::bwdtest;
@@ -497,3 +498,4 @@ TEST(MoeFfnBackward, BadInput) {
 }
 
 }  // namespace
+}  // namespace test_moe_ffn_backward

@@ -6,6 +6,7 @@
 #include "ot/cpu.h"
 #include "ot/trace.h"
 
+namespace test_router {
 using namespace ot;
 using namespace ot::moe;
 using namespace mt;
@@ -228,3 +229,4 @@ TEST(MoeRouter, BadInput) {
   o.bias = {}; o.norm_type = 2;
   EXPECT_OT_ERROR(moe_gating_top_k(x, o), "norm_type");
 }
+}  // namespace test_router

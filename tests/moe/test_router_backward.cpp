@@ -11,6 +11,7 @@
 #include "ot/error.h"
 #include "ot/moe_bwd.h"
 
+namespace test_router_backward {
 using namespace ot;
 using namespace ot::moe;
 using namespace ot::moe::bwdtest;
@@ -198,3 +199,4 @@ TEST(RouterBackwardErrors, BadInputNamesTheArgument) {
 }
 
 }  // namespace
+}  // namespace test_router_backward

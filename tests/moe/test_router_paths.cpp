@@ -7,6 +7,7 @@
 #include "ot/cpu.h"
 #include "src/core/knobs.h"
 
+namespace test_router_paths {
 using namespace ot;
 using namespace ot::moe;
 using namespace mt;
@@ -659,3 +660,4 @@ TEST(MoeRouterPaths, TokensInLanesAvx2) {
     }
   knobs::set("moe.router_t8", knobs::find("moe.router_t8").default_value());
 }
+}  // namespace test_router_paths

@@ -4,6 +4,7 @@
 #include "src/core/knobs.h"
 #include "ot/quant.h"
 
+namespace test_routing {
 using namespace ot;
 using namespace ot::moe;
 using namespace mt;
@@ -319,3 +320,4 @@ TEST(MoeRouting, BadInput) {
   EXPECT_OT_ERROR(moe_token_permute(x, ints({4}, {0, 1, -2, 0})), "indices");
   EXPECT_OT_ERROR(moe_token_unpermute(x, ints({3}, {0, 1, 2}), randn(DType::f32, {2, 2}, 1)), "sorted_indices");
 }
+}  // namespace test_routing

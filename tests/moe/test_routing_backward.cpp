@@ -10,6 +10,7 @@
 #include "ot/error.h"
 #include "ot/moe_bwd.h"
 
+namespace test_routing_backward {
 using namespace ot;
 using namespace ot::moe;
 using namespace ot::moe::bwdtest;
@@ -237,3 +238,4 @@ TEST(RoutingBackwardErrors, BadInputNamesTheArgument) {
 }
 
 }  // namespace
+}  // namespace test_routing_backward

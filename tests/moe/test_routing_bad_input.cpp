@@ -3,6 +3,7 @@
 // condition named, and is the only rule the call breaks.
 #include "helpers.h"
 
+namespace test_routing_bad_input {
 using namespace ot;
 using namespace ot::moe;
 using namespace mt;
@@ -122,3 +123,4 @@ TEST(MoeRoutingBadInput, ComputeExpertTokensAndReRouting) {
   EXPECT_OT_ERROR_MSG(moe_re_routing(t, cnt, randn(DType::f32, {5}, 1)), "per_token_scales", "[A] = [6]");
   EXPECT_OT_ERROR_MSG(moe_re_routing(t, cnt, randn(DType::bf16, {6}, 1)), "per_token_scales", "fp32");
 }
+}  // namespace test_routing_bad_input

@@ -2,6 +2,7 @@
 // finalize) against a hand-derived expectation, and the routing plan's capacity figures by hand.
 #include "helpers.h"
 
+namespace test_routing_pipeline {
 using namespace ot;
 using namespace ot::moe;
 using namespace mt;
@@ -106,3 +107,4 @@ TEST(MoeRoutingPipeline, RoutingPlanCapacityByHand) {
   EXPECT_OT_ERROR_MSG(moe_routing_plan(ids, w, 0), "num_experts", ">= 1");
   EXPECT_OT_ERROR_MSG(moe_routing_plan(Tensor::zeros(DType::i64, {4, 2}), w, 4), "topk_ids", "int32");
 }
+}  // namespace test_routing_pipeline

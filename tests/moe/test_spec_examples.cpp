@@ -2,6 +2,7 @@
 // on small inputs worked out by hand, where test_routing.cpp has no hand-valued case.
 #include "helpers.h"
 
+namespace test_spec_examples {
 using namespace ot;
 using namespace ot::moe;
 using namespace mt;
@@ -82,3 +83,4 @@ TEST(MoeSpecExamples, InitRoutingDynamicQuant) {
   EXPECT_EQ(values(z.expanded_x), (std::vector<double>{0, 0, 0, 0}));
   EXPECT_EQ(z.expanded_scale.ptr<float>()[0], 0.f);
 }
+}  // namespace test_spec_examples
