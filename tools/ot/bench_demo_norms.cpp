@@ -11,7 +11,7 @@
 #include "ot/parallel.h"
 
 namespace ot::cli {
-namespace {
+namespace bench_demo_norms_local {
 
 struct Case {
   std::string name, shape;
@@ -52,5 +52,5 @@ int run_norms(const BenchOptions& opt) {
 RegisterBench bench("demo_norms", "ot demo's RMSNorm and gated RMSNorm at the demo's shapes against their plain forms, GB/s",
                     [](Options&, const BenchOptions& o) { return [&o] { return run_norms(o); }; });
 
-}  // namespace
+}  // namespace bench_demo_norms_local
 }  // namespace ot::cli

@@ -18,7 +18,7 @@
 #include "ot/parallel.h"
 
 namespace ot::cli {
-namespace {
+namespace bench_ep_local {
 
 using namespace ot::ep;
 
@@ -317,5 +317,5 @@ RegisterBench reg_ep("ep", "Expert-parallel dispatch + combine under mpirun (byt
                        return [&common, args] { return run_bench(common, *args); };
                      });
 
-}  // namespace
+}  // namespace bench_ep_local
 }  // namespace ot::cli

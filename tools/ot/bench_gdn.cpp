@@ -22,7 +22,7 @@
 #include "ot/trace.h"
 
 namespace ot::cli {
-namespace {
+namespace bench_gdn_local {
 
 constexpr int64_t HK = 16, HV = 32, DK = 128, DV = 128;
 
@@ -202,5 +202,5 @@ RegisterBench chunk_bench("chunk_gated_delta_rule_fwd", "Chunked Gated DeltaNet 
 RegisterBench decode_bench("recurrent_gated_delta_rule", "Recurrent Gated DeltaNet decode from a state cache, GB/s of state traffic",
                            [](Options&, const BenchOptions& o) { return [&o] { return run_decode(o); }; }, {"gdn_decode"});
 
-}  // namespace
+}  // namespace bench_gdn_local
 }  // namespace ot::cli

@@ -19,7 +19,7 @@
 #include "src/gdn/gdn_bwd_common.h"
 
 namespace ot::cli {
-namespace {
+namespace bench_gdn_bwd_local {
 
 struct GdnCase {
   std::string name;
@@ -235,5 +235,5 @@ RegisterBench reg("chunk_gated_delta_rule_bwd", "Gated DeltaNet chunked backward
                   },
                   {"gdn_chunk_bwd"});
 
-}  // namespace
+}  // namespace bench_gdn_bwd_local
 }  // namespace ot::cli

@@ -15,7 +15,7 @@
 #include "ot/parallel.h"
 
 namespace ot::cli {
-namespace {
+namespace bench_gdn_layer_local {
 
 constexpr int64_t kConvDim = 2 * 16 * 128 + 32 * 128, kW = 4, kHV = 32, kDV = 128;
 
@@ -99,5 +99,5 @@ RegisterBench update_bench("causal_conv1d_update", "GDN conv decode step on a bf
 RegisterBench norm_bench("rms_norm_gated", "GDN gated RMSNorm forward and backward at Qwen3.5 shapes, GB/s",
                          [](Options&, const BenchOptions& o) { return [&o] { return run_norm(o); }; });
 
-}  // namespace
+}  // namespace bench_gdn_layer_local
 }  // namespace ot::cli

@@ -156,7 +156,8 @@ static void run_nt_case(const BenchOptions& opt, const NtCaseSpec& cs, const NtM
     std::printf("  %-26s cpu %.3f ms/call -> idle estimate %.3f ms: %.1f GFLOP/s\n", "", cpu_ms, est_ms, flops / (est_ms * 1e-3) / 1e9);
 }
 
-static RegisterBench reg("gemm", "Matrix engine: 2048^3, expert and decode shapes (or --m/--n/--k)", [](Options& sub, const BenchOptions& o) {
+namespace bench_gemm_local {
+const RegisterBench reg("gemm", "Matrix engine: 2048^3, expert and decode shapes (or --m/--n/--k)", [](Options& sub, const BenchOptions& o) {
   struct Args { int64_t m = 0, n = 2048, k = 2048; std::string dtype = "bf16", form = "packed"; NtModes nt; };
   auto args = std::make_shared<Args>();
   sub.value("--m", args->m, "Rows of A (omit for the named cases)");
@@ -191,4 +192,5 @@ static RegisterBench reg("gemm", "Matrix engine: 2048^3, expert and decode shape
   };
 });
 
+}  // namespace bench_gemm_local
 }  // namespace ot::cli

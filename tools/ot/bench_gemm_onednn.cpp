@@ -67,7 +67,8 @@ static void run_vs_onednn(const BenchOptions& opt, const Shape& s) {
     std::printf("  %-26s cpu ms/call: ours %.3f, oneDNN %.3f -> %.2fx\n", "", ours_cpu, theirs_cpu, theirs_cpu / ours_cpu);
 }
 
-static RegisterBench reg("gemm_onednn", "Our bf16 GEMM vs oneDNN matmul on the expert shapes (speedup = ours over oneDNN)",
+namespace bench_gemm_onednn_local {
+const RegisterBench reg("gemm_onednn", "Our bf16 GEMM vs oneDNN matmul on the expert shapes (speedup = ours over oneDNN)",
                          [](Options& sub, const BenchOptions& o) {
                            struct Args { int64_t m = 0, n = 4096, k = 4096; };
                            auto args = std::make_shared<Args>();
@@ -86,4 +87,5 @@ static RegisterBench reg("gemm_onednn", "Our bf16 GEMM vs oneDNN matmul on the e
                            };
                          });
 
+}  // namespace bench_gemm_onednn_local
 }  // namespace ot::cli

@@ -13,7 +13,7 @@
 
 namespace ot::cli {
 
-namespace {
+namespace bench_gemm_tn_local {
 
 struct Case { const char* name; int64_t H, I, E, rows; };  // rows per expert
 // e4: four experts of the same layer, small enough for the fp64 reference.
@@ -88,6 +88,6 @@ RegisterBench reg("gemm_tn", "The TN form (weight gradients) on the MoE backward
   return std::function<int()>([&opt, grads] { return run(opt, *grads); });
 });
 
-}  // namespace
+}  // namespace bench_gemm_tn_local
 
 }  // namespace ot::cli

@@ -24,7 +24,7 @@
 
 namespace ot::cli {
 
-namespace {
+namespace bench_grouped_quant_local {
 
 struct Case {
   std::string name;
@@ -139,15 +139,16 @@ void run_case(const BenchOptions& opt, const Case& cs, const std::vector<Format>
   }
 }
 
-}  // namespace
+}  // namespace bench_grouped_quant_local
 
-static RegisterBench reg("grouped_matmul", "Grouped matmul on bf16 vs int8 / int4 quantised experts (Qwen3-30B-A3B expert shapes)",
+namespace bench_grouped_quant_local {
+const RegisterBench reg("grouped_matmul", "Grouped matmul on bf16 vs int8 / int4 quantised experts (Qwen3-30B-A3B expert shapes)",
                          [](Options& sub, const BenchOptions& o) {
                            auto weights = std::make_shared<std::string>("bf16,int8,int4-g64");
                            sub.value("--weights", *weights, "Comma list: bf16, int8, w8a8, int4-g32, int4-g64, int4-g128 (bf16 first: the ratios)");
                            const BenchOptions* opt = &o;
                            return [weights, opt]() -> int {
-                             std::vector<Format> fmts = parse_weight_formats("ot bench grouped_matmul", *weights);
+                             std::vector<bench_grouped_quant_local::Format> fmts = parse_weight_formats("ot bench grouped_matmul", *weights);
                              std::vector<Case> cases;
                              for (int64_t m : {1, 4, 8}) {
                                cases.push_back({"decode_gate_up_m" + std::to_string(m), 2048, 1536, true, m, true});
@@ -162,4 +163,5 @@ static RegisterBench reg("grouped_matmul", "Grouped matmul on bf16 vs int8 / int
                            };
                          });
 
+}  // namespace bench_grouped_quant_local
 }  // namespace ot::cli

@@ -26,7 +26,7 @@
 #include "ot/parallel.h"
 
 namespace ot::cli {
-namespace {
+namespace bench_moe_local {
 
 // Is: the shared expert's intermediate size (0: none).
 struct Model { std::string name; int64_t H, I, E, K, Is; std::vector<int64_t> tokens; };
@@ -216,5 +216,5 @@ RegisterBench reg("moe_ffn", "Fused MoE layer (router, grouped SwiGLU FFN, weigh
                     return [&common] { return run(common, tokens, parse_weight_formats("ot bench moe_ffn", weights)); };
                   });
 
-}  // namespace
+}  // namespace bench_moe_local
 }  // namespace ot::cli

@@ -18,7 +18,7 @@
 
 namespace ot::cli {
 
-namespace {
+namespace bench_moe_backward_local {
 
 struct Shape { const char* name; int64_t H, I, E, K; };
 constexpr Shape kShapes[] = {{"qwen3-30b-a3b", 2048, 768, 128, 8}, {"e64-h2048-i1408", 2048, 1408, 64, 8}, {"mixtral", 4096, 14336, 8, 2}};
@@ -129,6 +129,6 @@ RegisterBench reg("moe_ffn_backward", "Backward of the whole MoE layer vs its fo
   });
 });
 
-}  // namespace
+}  // namespace bench_moe_backward_local
 
 }  // namespace ot::cli

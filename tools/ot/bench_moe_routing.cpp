@@ -14,7 +14,7 @@
 #include "ot/parallel.h"
 
 namespace ot::cli {
-namespace {
+namespace bench_moe_routing_local {
 
 constexpr int64_t H = 2048, K = 8, E = 128;
 
@@ -138,5 +138,5 @@ int run(const BenchOptions& opt) {
 RegisterBench reg("moe_routing", "MoE routing operators (routers, init routing, permute, unpermute, finalize) in GB/s",
                   [](Options&, const BenchOptions& common) { return [&common] { return run(common); }; });
 
-}  // namespace
+}  // namespace bench_moe_routing_local
 }  // namespace ot::cli

@@ -41,7 +41,7 @@ Options& Options::show_default() {
   return *this;
 }
 
-namespace {
+namespace command_local {
 struct CommandEntry { std::string name, description; CommandSetup setup; };
 struct BenchEntry { std::string op, description; BenchSetup setup; std::vector<std::string> aliases; };
 std::vector<CommandEntry>& commands() {
@@ -52,27 +52,27 @@ std::vector<BenchEntry>& benches() {
   static std::vector<BenchEntry> v;
   return v;
 }
-}  // namespace
+}  // namespace command_local
 
 RegisterCommand::RegisterCommand(const char* name, const char* description, CommandSetup setup) {
-  commands().push_back({name, description, std::move(setup)});
+  command_local::commands().push_back({name, description, std::move(setup)});
 }
 RegisterBench::RegisterBench(const char* op, const char* description, BenchSetup setup, std::vector<std::string> aliases) {
-  benches().push_back({op, description, std::move(setup), std::move(aliases)});
+  command_local::benches().push_back({op, description, std::move(setup), std::move(aliases)});
 }
 
 void build_app(CLI::App& app, int* exit_code) {
-  for (auto& c : commands()) {
+  for (auto& c : command_local::commands()) {
     CLI::App* sub = app.add_subcommand(c.name, c.description);
     Options options(sub);
     auto run = std::make_shared<Run>(c.setup(options));
     sub->callback([run, exit_code] { *exit_code = (*run)(); });
   }
-  if (benches().empty()) return;
+  if (command_local::benches().empty()) return;
   CLI::App* bench = app.add_subcommand("bench", "Benchmark an operator against its reference (GFLOP/s or GB/s, peak fraction, speed-up)");
   bench->require_subcommand(1);
   static std::vector<std::unique_ptr<BenchOptions>> opts;
-  for (auto& e : benches()) {
+  for (auto& e : command_local::benches()) {
     CLI::App* sub = bench->add_subcommand(e.op, e.description);
     for (const auto& a : e.aliases) sub->alias(a);
     opts.push_back(std::make_unique<BenchOptions>());

@@ -25,7 +25,7 @@
 
 namespace ot::demo {
 
-namespace {
+namespace demo_ep_local {
 
 // Rows of every rank concatenated in rank order (counts may differ between ranks).
 Tensor allgather_rows(MPI_Comm comm, const TensorView& rows, int64_t* first) {
@@ -113,7 +113,7 @@ void write_trace(MPI_Comm comm, const std::string& path, const std::vector<trace
   OT_CHECK(f.good(), "ot demo", "--trace", "a writable file", path);
 }
 
-}  // namespace
+}  // namespace demo_ep_local
 
 int run_demo_ep(const DemoConfig& cfg, const std::string& trace_file) {
   int inited = 0;
@@ -150,16 +150,16 @@ int run_demo_ep(const DemoConfig& cfg, const std::string& trace_file) {
       o.chunks = xn.size(0) >= 64 ? 2 : 1;
       return ep::ep_moe_ffn(comm, xn, ids, w, ep::moe_experts(experts), o, base);
     };
-    ep.gather = [world](const TensorView& rows, int64_t* first) { return allgather_rows(world, rows, first); };
+    ep.gather = [world](const TensorView& rows, int64_t* first) { return demo_ep_local::allgather_rows(world, rows, first); };
 
     RunContext ctx;
     ctx.rank = me;
     ctx.world = W;
     ctx.ep = &ep;
-    ctx.verify_ok = [world](const Verifier& v, double tol) { return agreed_verification(world, v, tol); };
+    ctx.verify_ok = [world](const Verifier& v, double tol) { return demo_ep_local::agreed_verification(world, v, tol); };
     MPI_Barrier(world);
     const int64_t t0 = trace::now_ns();
-    ctx.write_trace = [world, t0](const std::string& path, const std::vector<trace::Event>& ev) { write_trace(world, path, ev, t0); };
+    ctx.write_trace = [world, t0](const std::string& path, const std::vector<trace::Event>& ev) { demo_ep_local::write_trace(world, path, ev, t0); };
     if (me == 0)
       std::printf("ot demo --ep: %d ranks, %lld experts per rank; tables show rank 0's calls, tokens/s counts every rank's tokens\n", W,
                   (long long)(E / W));

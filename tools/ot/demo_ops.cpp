@@ -16,7 +16,7 @@
 
 namespace ot::demo {
 
-namespace {
+namespace demo_ops_local {
 
 // Row t of a [T, W] view (last dim contiguous) as floats.
 void load_row(const TensorView& x, int64_t t, float* dst) {
@@ -39,7 +39,7 @@ template <class F> void for_rows(int64_t T, int64_t width, int bufs, F&& fn) {
   else parallel_for(T, body);
 }
 
-}  // namespace
+}  // namespace demo_ops_local
 
 Linear make_linear(const Tensor& weight, bool keep_unpacked) {
   Linear l;
@@ -126,12 +126,12 @@ void rms_norm_ref(const TensorView& x, const float* w, double eps, const TensorV
   const int64_t T = x.size(0), H = x.size(1);
   std::vector<float> r(static_cast<size_t>(H));
   for (int64_t t = 0; t < T; ++t) {
-    load_row(x, t, r.data());
+    demo_ops_local::load_row(x, t, r.data());
     double ss = 0;
     for (int64_t i = 0; i < H; ++i) ss += double(r[size_t(i)]) * r[size_t(i)];
     const double s = 1 / std::sqrt(ss / double(H) + eps);
     for (int64_t i = 0; i < H; ++i) r[size_t(i)] = float(r[size_t(i)] * s * w[i]);
-    store_row(out, t, r.data());
+    demo_ops_local::store_row(out, t, r.data());
   }
 }
 
@@ -140,8 +140,8 @@ void gated_rms_norm_ref(const TensorView& o, const TensorView& z, const float* w
   const TensorView o2 = o.reshape({T, HV * DV});
   std::vector<float> r(static_cast<size_t>(HV * DV)), zr(static_cast<size_t>(HV * DV));
   for (int64_t t = 0; t < T; ++t) {
-    load_row(o2, t, r.data());
-    load_row(z, t, zr.data());
+    demo_ops_local::load_row(o2, t, r.data());
+    demo_ops_local::load_row(z, t, zr.data());
     for (int64_t h = 0; h < HV; ++h) {
       float* rh = r.data() + h * DV;
       double ss = 0;
@@ -152,7 +152,7 @@ void gated_rms_norm_ref(const TensorView& o, const TensorView& z, const float* w
         rh[i] = float(rh[i] * s * w[i] * (zv / (1 + std::exp(-zv))));
       }
     }
-    store_row(out, t, r.data());
+    demo_ops_local::store_row(out, t, r.data());
   }
 }
 
@@ -161,19 +161,19 @@ void gdn_gates(const TensorView& a, const TensorView& b, const float* A_log, con
   trace::OpScope scope("gdn_gates");
   const int64_t T = a.size(0), HV = a.size(1);
   scope.args(a.shape_str()).flops(8.0 * T * HV).bytes(double(a.nbytes() + b.nbytes() + g.nbytes() + beta.nbytes()));
-  for_rows(T, HV, 2, [&](int64_t t, float* buf) {
+  demo_ops_local::for_rows(T, HV, 2, [&](int64_t t, float* buf) {
     float* ar = buf;
     float* br = buf + HV;
-    load_row(a, t, ar);
-    load_row(b, t, br);
+    demo_ops_local::load_row(a, t, ar);
+    demo_ops_local::load_row(b, t, br);
     for (int64_t h = 0; h < HV; ++h) {
       double u = double(ar[h]) + dt_bias[h];
       double softplus = u > 20 ? u : std::log1p(std::exp(u));
       ar[h] = float(-std::exp(double(A_log[h])) * softplus);
       br[h] = float(1 / (1 + std::exp(-double(br[h]))));
     }
-    store_row(g, t, ar);
-    store_row(beta, t, br);
+    demo_ops_local::store_row(g, t, ar);
+    demo_ops_local::store_row(beta, t, br);
   });
 }
 
@@ -226,8 +226,8 @@ std::vector<int32_t> argmax_rows(const TensorView& logits) {
     for (int64_t n = 0; n < N; ++n) r[size_t(n)] = int32_t(argmax_row(logits.ptr<float>() + n * logits.stride(0), V));
     return r;
   }
-  for_rows(N, V, 1, [&](int64_t n, float* row) {
-    load_row(logits, n, row);
+  demo_ops_local::for_rows(N, V, 1, [&](int64_t n, float* row) {
+    demo_ops_local::load_row(logits, n, row);
     r[size_t(n)] = int32_t(argmax_row(row, V));
   });
   return r;

@@ -30,7 +30,7 @@ float fma_loop_avx2(int64_t iters);
 float read_sum_avx2(const float* p, int64_t n);
 }  // namespace peak
 
-namespace {
+namespace peak_local {
 
 volatile float g_sink;
 
@@ -92,7 +92,7 @@ double rate(int threads, double seconds, double work_per_iter, float (*fn)(int64
   return r;
 }
 
-}  // namespace
+}  // namespace peak_local
 
 // Sequential reads of 8 MiB windows per thread, cycling through 512 MiB so no window is cached
 // (the buffer is made once per process and kept: the benchmarks run this test beside their cases).
@@ -113,17 +113,17 @@ double read_bandwidth_gbps(int threads, double seconds, std::vector<double>* bur
   static int64_t next = 0;  // where the next burst starts: later tests go on through the buffer
   const int before = ot::num_threads();
   ot::set_num_threads(threads);
-  double r = best_rate(seconds, [&] {
+  double r = peak_local::best_rate(seconds, [&] {
     int64_t base = next;
     next = (next + window * threads) % total;
-    double dt = span_s([&](int t) { g_sink = read_sum_any(buf.ptr<float>() + (base + window * t) % total, window); });
+    double dt = peak_local::span_s([&](int t) { peak_local::g_sink = peak_local::read_sum_any(buf.ptr<float>() + (base + window * t) % total, window); });
     return double(window) * 4 * threads / dt / 1e9;
   }, bursts);
   ot::set_num_threads(before);
   return r;
 }
 
-namespace {
+namespace peak_local {
 
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
@@ -226,18 +226,18 @@ void save_cache(const MachinePeak& p) {
 MachinePeak g_peak;
 bool g_have = false;
 
-}  // namespace
+}  // namespace peak_local
 
 const MachinePeak& machine_peak() {
-  if (!g_have) {
-    if (!load_cache(&g_peak)) {
+  if (!peak_local::g_have) {
+    if (!peak_local::load_cache(&peak_local::g_peak)) {
       std::fprintf(stderr, "ot: no cached peak for this CPU; measuring briefly (run `ot peak` for a full measurement)\n");
-      g_peak = measure(0.1);
-      save_cache(g_peak);
+      peak_local::g_peak = peak_local::measure(0.1);
+      peak_local::save_cache(peak_local::g_peak);
     }
-    g_have = true;
+    peak_local::g_have = true;
   }
-  return g_peak;
+  return peak_local::g_peak;
 }
 
 static double by_threads(double one, double all, int threads) {
@@ -267,7 +267,8 @@ double memory_peak_gbps(int threads) {
   return by_threads(p.mem_gbps_1t, p.mem_gbps_all, threads);
 }
 
-static RegisterCommand reg("peak", "Measure this machine's AMX bf16, AVX-512 BF16, fp32 FMA (AVX-512 or AVX2), AVX-512 VNNI int8 and memory read peaks (1 and all threads)",
+namespace peak_local {
+const RegisterCommand reg("peak", "Measure this machine's AMX bf16, AVX-512 BF16, fp32 FMA (AVX-512 or AVX2), AVX-512 VNNI int8 and memory read peaks (1 and all threads)",
                            [](Options& sub) -> Run {
   static bool json = false;
   static double seconds = 1.0;
@@ -276,9 +277,9 @@ static RegisterCommand reg("peak", "Measure this machine's AMX bf16, AVX-512 BF1
   return [] {
     // Both figures: this run's (the machine's state now) and the cached best of every run, which
     // is what the benchmarks' peak% divides by. Printing only the best hid a slow state.
-    const MachinePeak now = measure(seconds);
-    save_cache(now);
-    g_have = false;
+    const MachinePeak now = peak_local::measure(seconds);
+    peak_local::save_cache(now);
+    peak_local::g_have = false;
     const MachinePeak p = machine_peak();
     if (json) {
       nlohmann::json j = to_json(p);
@@ -294,7 +295,7 @@ static RegisterCommand reg("peak", "Measure this machine's AMX bf16, AVX-512 BF1
     };
     const bool avx512_cpu = cpu::detected_isa() >= cpu::Isa::avx512;
     const std::string all = "all (" + std::to_string(ot::num_threads()) + ")";
-    std::printf("cpu: %s (cache %s)\n", cache_key().c_str(), cache_path().c_str());
+    std::printf("cpu: %s (cache %s)\n", peak_local::cache_key().c_str(), peak_local::cache_path().c_str());
     std::printf("%-24s %18s %18s   %18s %18s\n", "", "this run: 1 thread", all.c_str(), "best cached: 1 thr", all.c_str());
     auto row = [&](const char* name, double n1, double na_, double b1, double ba, const char* unit) {
       std::printf("%-24s %18s %18s   %18s %18s\n", name, na(n1, unit).c_str(), na(na_, unit).c_str(), na(b1, unit).c_str(),
@@ -317,4 +318,5 @@ static RegisterCommand reg("peak", "Measure this machine's AMX bf16, AVX-512 BF1
   };
 });
 
+}  // namespace peak_local
 }  // namespace ot::cli

@@ -26,7 +26,7 @@
 
 namespace ot::cli {
 
-namespace {
+namespace report_local {
 
 namespace fs = std::filesystem;
 
@@ -271,5 +271,5 @@ const RegisterCommand reg("report", "Run the headline benchmarks and write a Mar
   return [o] { return run_report(*o); };
 });
 
-}  // namespace
+}  // namespace report_local
 }  // namespace ot::cli

@@ -19,7 +19,7 @@
 
 namespace ot::cli {
 
-namespace {
+namespace train_moe_local {
 
 struct TrainOptions {
   int steps = 300, layers = 2, experts = 8, topk = 2, dim = 64, inter = 128, batch = 16, seq = 64, log_every = 25;
@@ -180,6 +180,6 @@ RegisterCommand reg("train-moe", "Train a small byte-level MoE language model (f
   return [o] { return run_train(*o); };
 });
 
-}  // namespace
+}  // namespace train_moe_local
 
 }  // namespace ot::cli
