@@ -21,23 +21,26 @@ ISA_OBJ = re.compile(r"__(avx2|avx512|avx512bf16|amx)\.cpp\.o$")
 WIDE = re.compile(r"%(ymm|zmm|k[1-7]|tmm)\d*\b")
 
 
-def weak_symbols(obj):
-    out = subprocess.run(["nm", "--defined-only", str(obj)], capture_output=True, text=True, check=True).stdout
+def weak_symbols(objs):
+    """The weak symbols the objects define (one nm run for all of them)."""
+    out = subprocess.run(["nm", "--defined-only", *map(str, objs)], capture_output=True, text=True, check=True).stdout
     return {parts[2] for parts in (l.split() for l in out.splitlines()) if len(parts) == 3 and parts[1] in "WV"}
 
 
 def bodies(binary, names):
-    """The disassembly of each named function in the linked binary (objdump, one pass)."""
-    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(binary)], capture_output=True, text=True, check=True).stdout
-    found, cur = {}, None
+    """The disassembly of each named function in the linked binary: only its bytes (nm -S gives
+    where they are), not the whole binary (a 10 s objdump of libot.so for a handful of symbols)."""
+    out = subprocess.run(["nm", "-S", "--defined-only", str(binary)], capture_output=True, text=True, check=True).stdout
+    found = {}
     for line in out.splitlines():
-        m = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
-        if m:
-            cur = m.group(1) if m.group(1) in names else None
-            if cur:
-                found[cur] = []
-        elif cur and line.strip():
-            found[cur].append(line)
+        parts = line.split()
+        if len(parts) != 4 or parts[3] not in names or parts[3] in found:
+            continue
+        start, size = int(parts[0], 16), int(parts[1], 16)
+        dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f"--start-address={start:#x}",
+                              f"--stop-address={start + size:#x}", str(binary)],
+                             capture_output=True, text=True, check=True).stdout
+        found[parts[3]] = [l for l in dis.splitlines() if re.match(r"^ +[0-9a-f]+:", l)]
     return found
 
 
@@ -50,8 +53,7 @@ for binary, objdir in zip(args[0::2], args[1::2]):
     check(portable, f"{objdir}: no portable objects found")
     shared = set()
     if isa:
-        port_syms = set().union(*(weak_symbols(o) for o in portable))
-        shared = port_syms & set().union(*(weak_symbols(o) for o in isa))
+        shared = weak_symbols(portable) & weak_symbols(isa)
     found = bodies(binary, shared) if shared else {}
     bad = sorted(name for name, body in found.items() if any(WIDE.search(l) for l in body))
     check(not bad, f"{binary}: portable code links a per-ISA copy of {len(bad)} shared symbol(s): " + ", ".join(bad[:10]))
