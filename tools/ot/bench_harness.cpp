@@ -57,26 +57,28 @@ const knobs::Knob& checked_knob(const char* who, const char* flag, const std::st
 }  // namespace bench_harness_local
 
 AbSpec parse_ab(const std::string& spec) {
+  using namespace bench_harness_local;
   const auto eq = spec.find('='), comma = spec.find(',', eq == std::string::npos ? 0 : eq);
   AbSpec ab;
   bool ok = eq != std::string::npos && eq > 0 && comma != std::string::npos;
   if (ok) {
     ab.knob = spec.substr(0, eq);
-    ok = bench_harness_local::parse_int(spec.substr(eq + 1, comma - eq - 1), &ab.a) && bench_harness_local::parse_int(spec.substr(comma + 1), &ab.b);
+    ok = parse_int(spec.substr(eq + 1, comma - eq - 1), &ab.a) && parse_int(spec.substr(comma + 1), &ab.b);
   }
   OT_CHECK(ok, "ot bench", "--ab", "<knob>=<a>,<b> with integer a and b", "'", spec, "'");
-  bench_harness_local::checked_knob("ot bench", "--ab", ab.knob, {ab.a, ab.b});
+  checked_knob("ot bench", "--ab", ab.knob, {ab.a, ab.b});
   return ab;
 }
 
 void set_knob(const char* who, const std::string& spec) {
+  using namespace bench_harness_local;
   const auto eq = spec.find('=');
   std::string name;
   int64_t v = 0;
   bool ok = eq != std::string::npos && eq > 0;
-  if (ok) name = spec.substr(0, eq), ok = bench_harness_local::parse_int(spec.substr(eq + 1), &v);
+  if (ok) name = spec.substr(0, eq), ok = parse_int(spec.substr(eq + 1), &v);
   OT_CHECK(ok, who, "--knob", "NAME=VALUE with an integer value", "'", spec, "'");
-  knobs::set(bench_harness_local::checked_knob(who, "--knob", name, {v}).name(), v);
+  knobs::set(checked_knob(who, "--knob", name, {v}).name(), v);
 }
 
 void set_ab(const AbSpec& spec) { bench_harness_local::g_ab = spec; }
@@ -103,13 +105,14 @@ double time_median_ms(const std::function<void()>& fn, int repeats) {
 
 Timing time_interleaved(const std::function<void()>& fast, const std::function<void()>& ref, int repeats, int ref_repeats,
                         bool window_peak) {
+  using namespace bench_harness_local;
   Timing out;
   std::vector<double> tf, tb, tr;  // tb: side b of an A/B (tf is then side a)
   std::vector<double> bursts;      // every burst of the window's read tests
-  const bool ab = !bench_harness_local::g_ab.knob.empty();
-  const bench_harness_local::KnobRestore restore{ab ? bench_harness_local::g_ab.knob : "", ab ? knobs::get(bench_harness_local::g_ab.knob) : 0};
+  const bool ab = !g_ab.knob.empty();
+  const KnobRestore restore{ab ? g_ab.knob : "", ab ? knobs::get(g_ab.knob) : 0};
   auto side = [&](bool b) {
-    if (ab) knobs::set(bench_harness_local::g_ab.knob, b ? bench_harness_local::g_ab.b : bench_harness_local::g_ab.a);
+    if (ab) knobs::set(g_ab.knob, b ? g_ab.b : g_ab.a);
   };
   auto read_test = [&](bool rewarm) {
     out.window_tests.push_back(read_bandwidth_gbps(num_threads(), kWindowTestSeconds, &bursts));
@@ -139,8 +142,8 @@ Timing time_interleaved(const std::function<void()>& fast, const std::function<v
   if (ab) {
     std::vector<double> ratio;
     for (size_t i = 0; i < tf.size(); ++i) ratio.push_back(tb[i] / std::max(tf[i], 1e-9));
-    out.ab = {bench_harness_local::g_ab, int(ratio.size()), median(tf), median(tb), bench_harness_local::quantile(ratio, 0.5), bench_harness_local::quantile(ratio, 0.25), bench_harness_local::quantile(ratio, 0.75)};
-    bench_harness_local::g_last_ab = out.ab;
+    out.ab = {g_ab, int(ratio.size()), median(tf), median(tb), quantile(ratio, 0.5), quantile(ratio, 0.25), quantile(ratio, 0.75)};
+    g_last_ab = out.ab;
   }
   // The best of the three (the window's peak, as `ot peak` takes the best of its bursts): this VM
   // sometimes stalls a read test far below the case's own rate (1.7 and 11 GB/s beside a case
@@ -194,10 +197,11 @@ BenchExtras::Value& BenchExtras::operator[](const std::string& key) {
 }
 
 void report(const BenchOptions& opt, const BenchResult& r) {
+  using namespace bench_harness_local;
   double speedup = r.ref_ms > 0 && r.ms > 0 ? r.ref_ms / r.ms : 0;
-  const AbTiming ab = bench_harness_local::g_last_ab;
-  bench_harness_local::g_last_ab = {};
-  OT_CHECK(bench_harness_local::g_ab.knob.empty() || ab.pairs > 0, "ot bench", "--ab", "a benchmark timed by the harness's interleaved timing",
+  const AbTiming ab = g_last_ab;
+  g_last_ab = {};
+  OT_CHECK(g_ab.knob.empty() || ab.pairs > 0, "ot bench", "--ab", "a benchmark timed by the harness's interleaved timing",
            r.name, " did not alternate the knob");
   if (opt.json) {
     nlohmann::json j = nlohmann::json::object();

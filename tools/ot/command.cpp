@@ -62,17 +62,18 @@ RegisterBench::RegisterBench(const char* op, const char* description, BenchSetup
 }
 
 void build_app(CLI::App& app, int* exit_code) {
-  for (auto& c : command_local::commands()) {
+  using namespace command_local;
+  for (auto& c : commands()) {
     CLI::App* sub = app.add_subcommand(c.name, c.description);
     Options options(sub);
     auto run = std::make_shared<Run>(c.setup(options));
     sub->callback([run, exit_code] { *exit_code = (*run)(); });
   }
-  if (command_local::benches().empty()) return;
+  if (benches().empty()) return;
   CLI::App* bench = app.add_subcommand("bench", "Benchmark an operator against its reference (GFLOP/s or GB/s, peak fraction, speed-up)");
   bench->require_subcommand(1);
   static std::vector<std::unique_ptr<BenchOptions>> opts;
-  for (auto& e : command_local::benches()) {
+  for (auto& e : benches()) {
     CLI::App* sub = bench->add_subcommand(e.op, e.description);
     for (const auto& a : e.aliases) sub->alias(a);
     opts.push_back(std::make_unique<BenchOptions>());

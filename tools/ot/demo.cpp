@@ -77,24 +77,25 @@ void print_header(const DemoConfig& c, const RunContext& ctx) {
 }  // namespace demo_local
 
 int run_demo(const DemoConfig& cfg, const std::string& trace_file, RunContext& ctx) {
+  using namespace demo_local;
   const bool root = ctx.rank == 0;
-  if (root) demo_local::print_header(cfg, ctx);
+  if (root) print_header(cfg, ctx);
   const int64_t steps = cfg.run.decode_steps;
   cli::Progress bar("building weights", (cfg.verify.enabled ? 1 + cfg.verify.decode_steps : 0) + 1 + steps);
   int64_t t0 = trace::now_ns();
   Model model(cfg, cfg.verify.enabled ? cfg.verify.layers : 0, ctx.ep);
   if (ctx.attach) ctx.attach(model);
-  if (root) std::printf("  weights built and packed in %.0f ms\n", demo_local::ms_since(t0));
+  if (root) std::printf("  weights built and packed in %.0f ms\n", ms_since(t0));
 
   // Verification first (it also warms up allocators and caches for the timed run).
   Verifier verifier;
   if (cfg.verify.enabled) {
     bar.set_label("verifying against the reference");
-    Batch b = demo_local::make_batch(cfg.verify.prefill_lengths);
+    Batch b = make_batch(cfg.verify.prefill_lengths);
     model.reset_cache(2 * int64_t(b.lengths.size()));
-    std::vector<int32_t> next = model.step(demo_local::prompt_tokens(b, cfg.model.vocab, cfg.run.seed + 1 + 7919 * uint64_t(ctx.rank)), b, true, &verifier, cfg.verify.layers);
+    std::vector<int32_t> next = model.step(prompt_tokens(b, cfg.model.vocab, cfg.run.seed + 1 + 7919 * uint64_t(ctx.rank)), b, true, &verifier, cfg.verify.layers);
     bar.tick();
-    Batch d = demo_local::decode_batch(b);
+    Batch d = decode_batch(b);
     for (int64_t s = 0; s < cfg.verify.decode_steps; ++s, bar.tick()) next = model.step(next, d, false, &verifier, cfg.verify.layers);
     model.take_work();
   }
@@ -105,14 +106,14 @@ int run_demo(const DemoConfig& cfg, const std::string& trace_file, RunContext& c
   trace::set_timeline(true);
   const std::string dt = dtype_key(cfg.model.dtype);
   const int threads = num_threads();
-  Batch b = demo_local::make_batch(cfg.run.prefill_lengths);
+  Batch b = make_batch(cfg.run.prefill_lengths);
   model.reset_cache(2 * int64_t(b.lengths.size()));
   // Each rank prefills its own prompts (rank 0's are the single-process run's).
-  std::vector<int32_t> prompt = demo_local::prompt_tokens(b, cfg.model.vocab, cfg.run.seed + 7919 * uint64_t(ctx.rank));
+  std::vector<int32_t> prompt = prompt_tokens(b, cfg.model.vocab, cfg.run.seed + 7919 * uint64_t(ctx.rank));
   bar.set_label("prefill");
   int64_t p0 = trace::now_ns();
   std::vector<int32_t> next = model.step(prompt, b, true);
-  const double prefill_ms = demo_local::ms_since(p0);
+  const double prefill_ms = ms_since(p0);
   trace::record({"prefill", "phase", "", "", 0, 0, p0, trace::now_ns() - p0, 0});
   bar.tick();
   std::vector<trace::Event> ev = trace::take_events();
@@ -121,7 +122,7 @@ int run_demo(const DemoConfig& cfg, const std::string& trace_file, RunContext& c
   all.insert(all.end(), ev.begin(), ev.end());
 
   bar.set_label("decode");
-  Batch d = demo_local::decode_batch(b);
+  Batch d = decode_batch(b);
   std::vector<std::vector<int32_t>> generated(b.lengths.size());
   int64_t d0 = trace::now_ns();
   for (int64_t s = 0; s < steps; ++s) {
@@ -131,7 +132,7 @@ int run_demo(const DemoConfig& cfg, const std::string& trace_file, RunContext& c
     trace::record({"decode step " + std::to_string(s), "phase", "", "", 0, 0, s0, trace::now_ns() - s0, 0});
     bar.tick();
   }
-  const double decode_ms = demo_local::ms_since(d0);
+  const double decode_ms = ms_since(d0);
   trace::set_timeline(false);
   ev = trace::take_events();
   attach_work(ev, model.take_work());

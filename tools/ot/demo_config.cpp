@@ -116,46 +116,48 @@ double DemoConfig::tolerance() const {
 }
 
 void validate(const DemoConfig& c) {
+  using namespace demo_config_local;
   const auto& m = c.model;
-  OT_CHECK(m.gdn.value_heads % m.gdn.key_heads == 0, demo_config_local::kOp, "model.gdn.value_heads", detail::cat("a multiple of model.gdn.key_heads (", m.gdn.key_heads, ")"),
+  OT_CHECK(m.gdn.value_heads % m.gdn.key_heads == 0, kOp, "model.gdn.value_heads", detail::cat("a multiple of model.gdn.key_heads (", m.gdn.key_heads, ")"),
            m.gdn.value_heads);
-  OT_CHECK(m.moe.top_k <= m.moe.experts, demo_config_local::kOp, "model.moe.top_k", detail::cat("at most model.moe.experts (", m.moe.experts, ")"), m.moe.top_k);
+  OT_CHECK(m.moe.top_k <= m.moe.experts, kOp, "model.moe.top_k", detail::cat("at most model.moe.experts (", m.moe.experts, ")"), m.moe.top_k);
   int64_t total = 0;
   for (int64_t l : c.run.prefill_lengths) total += l;
-  OT_CHECK(total <= (int64_t(1) << 20), demo_config_local::kOp, "run.prefill_lengths", "at most 2^20 tokens in total", total);
-  OT_CHECK(m.moe.expert_weights == "float" || expert_format(m.moe).group_size >= 0, demo_config_local::kOp, "model.moe.expert_weights", "float, int8, w8a8, int4, int4-g32, int4-g64 or int4-g128",
+  OT_CHECK(total <= (int64_t(1) << 20), kOp, "run.prefill_lengths", "at most 2^20 tokens in total", total);
+  OT_CHECK(m.moe.expert_weights == "float" || expert_format(m.moe).group_size >= 0, kOp, "model.moe.expert_weights", "float, int8, w8a8, int4, int4-g32, int4-g64 or int4-g128",
            m.moe.expert_weights);
   if (m.moe.quantised()) {
     const int64_t gs = expert_format(m.moe).group_size;
-    OT_CHECK(gs == 0 || (m.hidden % gs == 0 && m.moe.intermediate % gs == 0), demo_config_local::kOp, "model.moe.expert_weights",
+    OT_CHECK(gs == 0 || (m.hidden % gs == 0 && m.moe.intermediate % gs == 0), kOp, "model.moe.expert_weights",
              detail::cat("a group size dividing model.hidden (", m.hidden, ") and model.moe.intermediate (", m.moe.intermediate, ")"),
              m.moe.expert_weights);
   }
   if (m.moe.quantised() && m.moe.quantise_shared_expert && m.moe.shared_intermediate > 0) {
     const int64_t gs = expert_format(m.moe).group_size;
-    OT_CHECK(gs == 0 || m.moe.shared_intermediate % gs == 0, demo_config_local::kOp, "model.moe.quantise_shared_expert",
+    OT_CHECK(gs == 0 || m.moe.shared_intermediate % gs == 0, kOp, "model.moe.quantise_shared_expert",
              detail::cat("a group size dividing model.moe.shared_intermediate (", m.moe.shared_intermediate, ")"), m.moe.expert_weights);
   }
-  OT_CHECK(c.verify.layers <= m.layers, demo_config_local::kOp, "verify.layers", detail::cat("at most model.layers (", m.layers, ")"), c.verify.layers);
+  OT_CHECK(c.verify.layers <= m.layers, kOp, "verify.layers", detail::cat("at most model.layers (", m.layers, ")"), c.verify.layers);
 }
 
 DemoConfig config_from_json(const nlohmann::json& j) {
+  using namespace demo_config_local;
   DemoConfig c;
-  demo_config_local::Obj top(j, "");
+  Obj top(j, "");
   {
-    demo_config_local::Obj m = top.child("model");
+    Obj m = top.child("model");
     m.integer("hidden", c.model.hidden, 8, 65536);
     m.integer("layers", c.model.layers, 1, 256);
     m.integer("vocab", c.model.vocab, 2, 1 << 20);
     m.number("rms_norm_eps", c.model.rms_norm_eps, 0, 1);
     c.model.dtype = parse_dtype(m, "dtype", c.model.dtype);
-    demo_config_local::Obj g = m.child("gdn");
+    Obj g = m.child("gdn");
     g.integer("key_heads", c.model.gdn.key_heads, 1, 256);
     g.integer("value_heads", c.model.gdn.value_heads, 1, 1024);
     g.integer("key_head_dim", c.model.gdn.key_head_dim, 1, 256);
     g.integer("value_head_dim", c.model.gdn.value_head_dim, 1, 256);
     g.finish();
-    demo_config_local::Obj e = m.child("moe");
+    Obj e = m.child("moe");
     e.integer("experts", c.model.moe.experts, 1, 4096);
     e.integer("top_k", c.model.moe.top_k, 1, 1024);
     e.integer("intermediate", c.model.moe.intermediate, 1, 1 << 17);
@@ -167,7 +169,7 @@ DemoConfig config_from_json(const nlohmann::json& j) {
     m.finish();
   }
   {
-    demo_config_local::Obj r = top.child("run");
+    Obj r = top.child("run");
     r.lengths("prefill_lengths", c.run.prefill_lengths, 1 << 20);
     r.integer("decode_steps", c.run.decode_steps, 0, 100000);
     int64_t seed = int64_t(c.run.seed);
@@ -177,12 +179,12 @@ DemoConfig config_from_json(const nlohmann::json& j) {
     r.finish();
   }
   {
-    demo_config_local::Obj v = top.child("verify");
+    Obj v = top.child("verify");
     v.boolean("enabled", c.verify.enabled);
     v.lengths("prefill_lengths", c.verify.prefill_lengths, 1 << 16);
     v.integer("decode_steps", c.verify.decode_steps, 0, 1000);
     v.integer("layers", c.verify.layers, 1, 256);
-    demo_config_local::Obj t = v.child("tolerance");
+    Obj t = v.child("tolerance");
     t.number("bf16", c.verify.tol_bf16, 0, 1);
     t.number("fp16", c.verify.tol_f16, 0, 1);
     t.number("fp32", c.verify.tol_f32, 0, 1);
@@ -195,13 +197,14 @@ DemoConfig config_from_json(const nlohmann::json& j) {
 }
 
 DemoConfig load_config(const std::string& path) {
+  using namespace demo_config_local;
   std::ifstream f(path);
-  OT_CHECK(f.good(), demo_config_local::kOp, "FILE", "a readable JSON file", path);
+  OT_CHECK(f.good(), kOp, "FILE", "a readable JSON file", path);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(f);
   } catch (const nlohmann::json::parse_error& e) {
-    throw Error(demo_config_local::kOp, "FILE", "valid JSON", detail::cat(path, ": ", e.what()));
+    throw Error(kOp, "FILE", "valid JSON", detail::cat(path, ": ", e.what()));
   }
   return config_from_json(j);
 }

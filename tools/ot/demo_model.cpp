@@ -270,24 +270,25 @@ TensorView columns(const Tensor& t, int64_t col, int64_t width) {
 // The step's activations come from the output pool (like the operators' own outputs): a fresh
 // [763, 3088] in_proj output per layer faulted in its pages inside the GEMM, a third of its time.
 void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefill, Verifier* v) {
+  using namespace demo_model_local;
   const ModelConfig& m = cfg_.model;
   const int64_t T = x.size(0), H = m.hidden, HK = m.gdn.key_heads, HV = m.gdn.value_heads, DK = m.gdn.key_head_dim,
                 DV = m.gdn.value_head_dim;
   const DType dt = m.dtype;
   Tensor xn = pooled_empty(dt, {T, H});
-  demo_model_local::checked_rms_norm(x, L.in_norm.data(), m.rms_norm_eps, xn, v, iso_);
+  checked_rms_norm(x, L.in_norm.data(), m.rms_norm_eps, xn, v, iso_);
   Tensor proj = pooled_empty(dt, {T, L.in_proj.out});
-  demo_model_local::checked_linear("in_proj", xn, L.in_proj, proj, false, v, iso_);
+  checked_linear("in_proj", xn, L.in_proj, proj, false, v, iso_);
   const int64_t cq = 0, ck = HK * DK, cv = 2 * HK * DK, cz = cv + HV * DV, cb = cz + HV * DV, ca = cb + HV;
   Tensor o;  // [T, HV, DV]
   const int64_t N = int64_t(batch.lengths.size());
   if (prefill) {
     Tensor g = Tensor::empty(DType::f32, {1, T, HV}), beta = Tensor::empty(DType::f32, {1, T, HV});
-    gdn_gates(demo_model_local::columns(proj, ca, HV), demo_model_local::columns(proj, cb, HV), L.A_log.data(), L.dt_bias.data(), g.view().reshape({T, HV}),
+    gdn_gates(columns(proj, ca, HV), columns(proj, cb, HV), L.A_log.data(), L.dt_bias.data(), g.view().reshape({T, HV}),
               beta.view().reshape({T, HV}));
     if (iso_)
       iso_->time("gdn_gates", [&] {
-        gdn_gates(demo_model_local::columns(proj, ca, HV), demo_model_local::columns(proj, cb, HV), L.A_log.data(), L.dt_bias.data(), g.view().reshape({T, HV}),
+        gdn_gates(columns(proj, ca, HV), columns(proj, cb, HV), L.A_log.data(), L.dt_bias.data(), g.view().reshape({T, HV}),
                   beta.view().reshape({T, HV}));
       });
     gdn::ChunkOptions opt;
@@ -296,7 +297,7 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
     opt.use_qk_l2norm_in_kernel = true;
     opt.output_final_state = true;
     opt.save_for_backward = false;
-    auto q = demo_model_local::heads_view(proj, cq, 1, T, HK, DK), k = demo_model_local::heads_view(proj, ck, 1, T, HK, DK), vv = demo_model_local::heads_view(proj, cv, 1, T, HV, DV);
+    auto q = heads_view(proj, cq, 1, T, HK, DK), k = heads_view(proj, ck, 1, T, HK, DK), vv = heads_view(proj, cv, 1, T, HV, DV);
     gdn::ChunkFwd r = gdn::chunk_gated_delta_rule_fwd(q, k, vv, g, beta, opt);
     work_.push_back(gdn_prefill_work(batch));
     if (iso_) iso_->time("chunk_gated_delta_rule_fwd", [&] { gdn::chunk_gated_delta_rule_fwd(q, k, vv, g, beta, opt); });
@@ -319,9 +320,9 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
     opt.A_log = L.A_log_t;
     opt.dt_bias = L.dt_bias_t;
     opt.beta_sigmoid = true;
-    auto q = demo_model_local::heads_view(proj, cq, N, 1, HK, DK), k = demo_model_local::heads_view(proj, ck, N, 1, HK, DK), vv = demo_model_local::heads_view(proj, cv, N, 1, HV, DV);
+    auto q = heads_view(proj, cq, N, 1, HK, DK), k = heads_view(proj, ck, N, 1, HK, DK), vv = heads_view(proj, cv, N, 1, HV, DV);
     // Raw gate inputs a, b: the operator applies the fused gate and sigmoid.
-    const TensorView a2 = demo_model_local::columns(proj, ca, HV), b2 = demo_model_local::columns(proj, cb, HV);
+    const TensorView a2 = columns(proj, ca, HV), b2 = columns(proj, cb, HV);
     const TensorView a3(a2.data, dt, {N, 1, HV}, {a2.stride(0), a2.stride(0), 1}), b3(b2.data, dt, {N, 1, HV}, {b2.stride(0), b2.stride(0), 1});
     Tensor before;
     if (v || iso_) before = Tensor::copy_of(cache_[size_t(l)]);
@@ -343,14 +344,14 @@ void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefi
     o = r.o;
   }
   TensorView o3 = o.view().reshape({T, HV, DV});
-  Tensor y = gated_rms_norm(o3, demo_model_local::columns(proj, cz, HV * DV), L.o_norm_heads, m.rms_norm_eps);
-  if (iso_) iso_->time("gated_rms_norm", [&] { gated_rms_norm(o3, demo_model_local::columns(proj, cz, HV * DV), L.o_norm_heads, m.rms_norm_eps); });
+  Tensor y = gated_rms_norm(o3, columns(proj, cz, HV * DV), L.o_norm_heads, m.rms_norm_eps);
+  if (iso_) iso_->time("gated_rms_norm", [&] { gated_rms_norm(o3, columns(proj, cz, HV * DV), L.o_norm_heads, m.rms_norm_eps); });
   if (v) {
     Tensor ref = Tensor::empty(dt, {T, HV * DV});
-    gated_rms_norm_ref(o3, demo_model_local::columns(proj, cz, HV * DV), L.o_norm.data(), m.rms_norm_eps, ref);
+    gated_rms_norm_ref(o3, columns(proj, cz, HV * DV), L.o_norm.data(), m.rms_norm_eps, ref);
     v->add("gated_rms_norm", normalised_error(y, ref));
   }
-  demo_model_local::checked_linear("out_proj", y, L.out_proj, x, true, v, iso_);
+  checked_linear("out_proj", y, L.out_proj, x, true, v, iso_);
 }
 
 // FLOPs: router 2THE, routed experts 6 T K H I, shared expert 6 T H Is. Bytes: the router, the
@@ -454,6 +455,7 @@ void Model::ffn_ep(Layer& L, Tensor& x, const Tensor& xn, Verifier* v) {
 }
 
 std::vector<int32_t> Model::step(const std::vector<int32_t>& tokens, const Batch& batch, bool prefill, Verifier* v, int64_t layers) {
+  using namespace demo_model_local;
   const ModelConfig& m = cfg_.model;
   const int64_t T = int64_t(tokens.size()), N = int64_t(batch.lengths.size());
   OT_CHECK(T == batch.tokens(), "ot demo", "tokens", detail::cat(batch.tokens(), " tokens"), T);
@@ -480,9 +482,9 @@ std::vector<int32_t> Model::step(const std::vector<int32_t>& tokens, const Batch
   Tensor h = Tensor::empty(m.dtype, {N, m.hidden}), hn = Tensor::empty(m.dtype, {N, m.hidden});
   gather_rows(x, last, h);
   if (iso_) iso_->time("gather_rows", [&] { gather_rows(x, last, h); });
-  demo_model_local::checked_rms_norm(h, final_norm_.ptr<float>(), m.rms_norm_eps, hn, v, iso_);
+  checked_rms_norm(h, final_norm_.ptr<float>(), m.rms_norm_eps, hn, v, iso_);
   Tensor logits = pooled_empty(DType::f32, {N, m.vocab});
-  demo_model_local::checked_linear("lm_head", hn, lm_head_, logits, false, v, iso_);
+  checked_linear("lm_head", hn, lm_head_, logits, false, v, iso_);
   std::vector<int32_t> next = argmax_rows(logits);
   if (iso_) iso_->time("argmax", [&] { argmax_rows(logits); });
   if (v) {  // the chunked argmax against std::max_element (the first largest): error 1 on any other token

@@ -123,25 +123,27 @@ Tensor gated_rms_norm(const TensorView& o, const TensorView& z, const TensorView
 
 // The plain forms (double sums, one thread): what the fast norms are verified against.
 void rms_norm_ref(const TensorView& x, const float* w, double eps, const TensorView& out) {
+  using namespace demo_ops_local;
   const int64_t T = x.size(0), H = x.size(1);
   std::vector<float> r(static_cast<size_t>(H));
   for (int64_t t = 0; t < T; ++t) {
-    demo_ops_local::load_row(x, t, r.data());
+    load_row(x, t, r.data());
     double ss = 0;
     for (int64_t i = 0; i < H; ++i) ss += double(r[size_t(i)]) * r[size_t(i)];
     const double s = 1 / std::sqrt(ss / double(H) + eps);
     for (int64_t i = 0; i < H; ++i) r[size_t(i)] = float(r[size_t(i)] * s * w[i]);
-    demo_ops_local::store_row(out, t, r.data());
+    store_row(out, t, r.data());
   }
 }
 
 void gated_rms_norm_ref(const TensorView& o, const TensorView& z, const float* w, double eps, const TensorView& out) {
+  using namespace demo_ops_local;
   const int64_t T = o.size(0), HV = o.size(1), DV = o.size(2);
   const TensorView o2 = o.reshape({T, HV * DV});
   std::vector<float> r(static_cast<size_t>(HV * DV)), zr(static_cast<size_t>(HV * DV));
   for (int64_t t = 0; t < T; ++t) {
-    demo_ops_local::load_row(o2, t, r.data());
-    demo_ops_local::load_row(z, t, zr.data());
+    load_row(o2, t, r.data());
+    load_row(z, t, zr.data());
     for (int64_t h = 0; h < HV; ++h) {
       float* rh = r.data() + h * DV;
       double ss = 0;
@@ -152,28 +154,29 @@ void gated_rms_norm_ref(const TensorView& o, const TensorView& z, const float* w
         rh[i] = float(rh[i] * s * w[i] * (zv / (1 + std::exp(-zv))));
       }
     }
-    demo_ops_local::store_row(out, t, r.data());
+    store_row(out, t, r.data());
   }
 }
 
 void gdn_gates(const TensorView& a, const TensorView& b, const float* A_log, const float* dt_bias, const TensorView& g,
                const TensorView& beta) {
+  using namespace demo_ops_local;
   trace::OpScope scope("gdn_gates");
   const int64_t T = a.size(0), HV = a.size(1);
   scope.args(a.shape_str()).flops(8.0 * T * HV).bytes(double(a.nbytes() + b.nbytes() + g.nbytes() + beta.nbytes()));
-  demo_ops_local::for_rows(T, HV, 2, [&](int64_t t, float* buf) {
+  for_rows(T, HV, 2, [&](int64_t t, float* buf) {
     float* ar = buf;
     float* br = buf + HV;
-    demo_ops_local::load_row(a, t, ar);
-    demo_ops_local::load_row(b, t, br);
+    load_row(a, t, ar);
+    load_row(b, t, br);
     for (int64_t h = 0; h < HV; ++h) {
       double u = double(ar[h]) + dt_bias[h];
       double softplus = u > 20 ? u : std::log1p(std::exp(u));
       ar[h] = float(-std::exp(double(A_log[h])) * softplus);
       br[h] = float(1 / (1 + std::exp(-double(br[h]))));
     }
-    demo_ops_local::store_row(g, t, ar);
-    demo_ops_local::store_row(beta, t, br);
+    store_row(g, t, ar);
+    store_row(beta, t, br);
   });
 }
 
@@ -218,6 +221,7 @@ static int64_t argmax_row(const float* row, int64_t V) {
 }
 
 std::vector<int32_t> argmax_rows(const TensorView& logits) {
+  using namespace demo_ops_local;
   trace::OpScope scope("argmax");
   const int64_t N = logits.size(0), V = logits.size(1);
   scope.args(logits.shape_str()).flops(double(N * V)).bytes(double(logits.nbytes()));
@@ -226,8 +230,8 @@ std::vector<int32_t> argmax_rows(const TensorView& logits) {
     for (int64_t n = 0; n < N; ++n) r[size_t(n)] = int32_t(argmax_row(logits.ptr<float>() + n * logits.stride(0), V));
     return r;
   }
-  demo_ops_local::for_rows(N, V, 1, [&](int64_t n, float* row) {
-    demo_ops_local::load_row(logits, n, row);
+  for_rows(N, V, 1, [&](int64_t n, float* row) {
+    load_row(logits, n, row);
     r[size_t(n)] = int32_t(argmax_row(row, V));
   });
   return r;

@@ -100,6 +100,7 @@ double rate(int threads, double seconds, double work_per_iter, float (*fn)(int64
 // buffer made after gigabytes of weights read at 0.6-1.4 GB/s in some processes (no guest page
 // faults; the weights beside it read at 50+ GB/s), the huge-page one did not (AMD Zen 5 VM, 2026-12-01).
 double read_bandwidth_gbps(int threads, double seconds, std::vector<double>* bursts) {
+  using namespace peak_local;
   const int64_t total = int64_t(128) << 20, window = int64_t(2) << 20;  // floats
   static const Tensor buf = [&] {
     Tensor b = Tensor::empty(DType::f32, {total});
@@ -113,10 +114,10 @@ double read_bandwidth_gbps(int threads, double seconds, std::vector<double>* bur
   static int64_t next = 0;  // where the next burst starts: later tests go on through the buffer
   const int before = ot::num_threads();
   ot::set_num_threads(threads);
-  double r = peak_local::best_rate(seconds, [&] {
+  double r = best_rate(seconds, [&] {
     int64_t base = next;
     next = (next + window * threads) % total;
-    double dt = peak_local::span_s([&](int t) { peak_local::g_sink = peak_local::read_sum_any(buf.ptr<float>() + (base + window * t) % total, window); });
+    double dt = span_s([&](int t) { g_sink = read_sum_any(buf.ptr<float>() + (base + window * t) % total, window); });
     return double(window) * 4 * threads / dt / 1e9;
   }, bursts);
   ot::set_num_threads(before);
@@ -229,15 +230,16 @@ bool g_have = false;
 }  // namespace peak_local
 
 const MachinePeak& machine_peak() {
-  if (!peak_local::g_have) {
-    if (!peak_local::load_cache(&peak_local::g_peak)) {
+  using namespace peak_local;
+  if (!g_have) {
+    if (!load_cache(&g_peak)) {
       std::fprintf(stderr, "ot: no cached peak for this CPU; measuring briefly (run `ot peak` for a full measurement)\n");
-      peak_local::g_peak = peak_local::measure(0.1);
-      peak_local::save_cache(peak_local::g_peak);
+      g_peak = measure(0.1);
+      save_cache(g_peak);
     }
-    peak_local::g_have = true;
+    g_have = true;
   }
-  return peak_local::g_peak;
+  return g_peak;
 }
 
 static double by_threads(double one, double all, int threads) {

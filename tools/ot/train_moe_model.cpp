@@ -102,47 +102,48 @@ moe::MoeFfnOptions moe_options(const ModelConfig& c) {
 }  // namespace train_moe_model_local
 
 StepStats train_step(Model& m, const std::vector<int32_t>& inputs, const std::vector<int32_t>& targets, int64_t B, int64_t S) {
+  using namespace train_moe_model_local;
   const ModelConfig& c = m.cfg;
   const int64_t T = B * S, D = c.dim, V = c.vocab, W = c.window;
   for (Param* p : m.params()) p->zero_grad();
   StepStats st;
-  Tensor x = train_moe_model_local::f32({T, D});
+  Tensor x = f32({T, D});
   for (int64_t t = 0; t < T; ++t) std::memcpy(x.ptr<float>() + t * D, m.emb.w.ptr<float>() + inputs[size_t(t)] * D, size_t(D) * 4);
-  const moe::MoeFfnOptions mo = train_moe_model_local::moe_options(c);
-  std::vector<train_moe_model_local::BlockCache> cache(m.blocks.size());
+  const moe::MoeFfnOptions mo = moe_options(c);
+  std::vector<BlockCache> cache(m.blocks.size());
   for (size_t l = 0; l < m.blocks.size(); ++l) {
     auto& b = m.blocks[l];
     auto& k = cache[l];
     k.x_in = Tensor::copy_of(x);
-    k.u = train_moe_model_local::f32({T, D});
-    k.r1 = train_moe_model_local::f32({T});
-    train_moe_model_local::rmsnorm(x.ptr<float>(), b.n1.w.ptr<float>(), k.u.ptr<float>(), k.r1.ptr<float>(), T, D);
-    k.c = train_moe_model_local::f32({T, D});  // causal depthwise conv inside each sequence
+    k.u = f32({T, D});
+    k.r1 = f32({T});
+    rmsnorm(x.ptr<float>(), b.n1.w.ptr<float>(), k.u.ptr<float>(), k.r1.ptr<float>(), T, D);
+    k.c = f32({T, D});  // causal depthwise conv inside each sequence
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < W && j <= t % S; ++j)
         for (int64_t d = 0; d < D; ++d) k.c.ptr<float>()[t * D + d] += b.conv.w.ptr<float>()[j * D + d] * k.u.ptr<float>()[(t - j) * D + d];
     gemm::matmul(MatView::of(k.c), MatView::of(b.mix.w), MutMatView::of(x), 1.f, 1.f);  // x += c W_mix
     k.x_mid = Tensor::copy_of(x);
-    k.v = train_moe_model_local::f32({T, D});
-    k.r2 = train_moe_model_local::f32({T});
-    train_moe_model_local::rmsnorm(x.ptr<float>(), b.n2.w.ptr<float>(), k.v.ptr<float>(), k.r2.ptr<float>(), T, D);
-    k.v_c = train_moe_model_local::to_dtype(k.v, c.dtype);
-    k.router_c = train_moe_model_local::to_dtype(b.router.w, c.dtype);
-    k.gate_c = train_moe_model_local::to_dtype(b.gate.w, c.dtype);
-    k.up_c = train_moe_model_local::to_dtype(b.up.w, c.dtype);
-    k.down_c = train_moe_model_local::to_dtype(b.down.w, c.dtype);
+    k.v = f32({T, D});
+    k.r2 = f32({T});
+    rmsnorm(x.ptr<float>(), b.n2.w.ptr<float>(), k.v.ptr<float>(), k.r2.ptr<float>(), T, D);
+    k.v_c = to_dtype(k.v, c.dtype);
+    k.router_c = to_dtype(b.router.w, c.dtype);
+    k.gate_c = to_dtype(b.gate.w, c.dtype);
+    k.up_c = to_dtype(b.up.w, c.dtype);
+    k.down_c = to_dtype(b.down.w, c.dtype);
     moe::MoeFfnWeights mw{k.router_c, k.gate_c, k.up_c, k.down_c, {}, {}, {}};
     auto fr = moe::moe_ffn_forward_train(k.v_c, mw, mo);
     k.saved = std::move(fr.saved);
     st.dropped += k.saved.dropped;
-    Tensor y = train_moe_model_local::to_dtype(fr.y, DType::f32);
+    Tensor y = to_dtype(fr.y, DType::f32);
     for (int64_t i = 0; i < T * D; ++i) x.ptr<float>()[i] += y.ptr<float>()[i];
   }
   // Head and loss.
-  Tensor xf = train_moe_model_local::f32({T, D}), rf = train_moe_model_local::f32({T}), logits = train_moe_model_local::f32({T, V});
-  train_moe_model_local::rmsnorm(x.ptr<float>(), m.nf.w.ptr<float>(), xf.ptr<float>(), rf.ptr<float>(), T, D);
+  Tensor xf = f32({T, D}), rf = f32({T}), logits = f32({T, V});
+  rmsnorm(x.ptr<float>(), m.nf.w.ptr<float>(), xf.ptr<float>(), rf.ptr<float>(), T, D);
   gemm::matmul(MatView::of(xf), MatView::of(m.head.w), MutMatView::of(logits));
-  Tensor dlogits = train_moe_model_local::f32({T, V});
+  Tensor dlogits = f32({T, V});
   double loss = 0;
   for (int64_t t = 0; t < T; ++t) {
     const float* z = logits.ptr<float>() + t * V;
@@ -157,27 +158,27 @@ StepStats train_step(Model& m, const std::vector<int32_t>& inputs, const std::ve
   st.loss = loss / double(T);
   // Backward.
   gemm::matmul(MatView::of(xf).t(), MatView::of(dlogits), MutMatView::of(m.head.g));
-  Tensor dxf = train_moe_model_local::f32({T, D}), dx = train_moe_model_local::f32({T, D});
+  Tensor dxf = f32({T, D}), dx = f32({T, D});
   gemm::matmul(MatView::of(dlogits), MatView::of(m.head.w).t(), MutMatView::of(dxf));
-  train_moe_model_local::rmsnorm_backward(x.ptr<float>(), m.nf.w.ptr<float>(), rf.ptr<float>(), dxf.ptr<float>(), dx.ptr<float>(), m.nf.g.ptr<float>(), T, D);
+  rmsnorm_backward(x.ptr<float>(), m.nf.w.ptr<float>(), rf.ptr<float>(), dxf.ptr<float>(), dx.ptr<float>(), m.nf.g.ptr<float>(), T, D);
   moe::MoeFfnBackwardOptions bo;
   bo.aux_loss_coeff = c.aux_coeff;
   for (size_t l = m.blocks.size(); l-- > 0;) {
     auto& b = m.blocks[l];
     auto& k = cache[l];
     moe::MoeFfnWeights mw{k.router_c, k.gate_c, k.up_c, k.down_c, {}, {}, {}};
-    Tensor dy_c = train_moe_model_local::to_dtype(dx, c.dtype);
+    Tensor dy_c = to_dtype(dx, c.dtype);
     auto g = moe::moe_ffn_backward(dy_c, k.v_c, mw, k.saved, mo, bo);
     st.aux += g.aux_loss;
     copy_into(g.d_router, b.router.g);
     copy_into(g.d_gate, b.gate.g);
     copy_into(g.d_up, b.up.g);
     copy_into(g.d_down, b.down.g);
-    Tensor dv = train_moe_model_local::to_dtype(g.dx, DType::f32);
-    train_moe_model_local::rmsnorm_backward(k.x_mid.ptr<float>(), b.n2.w.ptr<float>(), k.r2.ptr<float>(), dv.ptr<float>(), dx.ptr<float>(), b.n2.g.ptr<float>(), T, D);
+    Tensor dv = to_dtype(g.dx, DType::f32);
+    rmsnorm_backward(k.x_mid.ptr<float>(), b.n2.w.ptr<float>(), k.r2.ptr<float>(), dv.ptr<float>(), dx.ptr<float>(), b.n2.g.ptr<float>(), T, D);
     // x_mid = x_in + c W_mix: dW_mix = c^T dx, dc = dx W_mix^T.
     gemm::matmul(MatView::of(k.c).t(), MatView::of(dx), MutMatView::of(b.mix.g));
-    Tensor dc = train_moe_model_local::f32({T, D}), du = train_moe_model_local::f32({T, D});
+    Tensor dc = f32({T, D}), du = f32({T, D});
     gemm::matmul(MatView::of(dx), MatView::of(b.mix.w).t(), MutMatView::of(dc));
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < W && j <= t % S; ++j)
@@ -185,7 +186,7 @@ StepStats train_step(Model& m, const std::vector<int32_t>& inputs, const std::ve
           b.conv.g.ptr<float>()[j * D + d] += dc.ptr<float>()[t * D + d] * k.u.ptr<float>()[(t - j) * D + d];
           du.ptr<float>()[(t - j) * D + d] += b.conv.w.ptr<float>()[j * D + d] * dc.ptr<float>()[t * D + d];
         }
-    train_moe_model_local::rmsnorm_backward(k.x_in.ptr<float>(), b.n1.w.ptr<float>(), k.r1.ptr<float>(), du.ptr<float>(), dx.ptr<float>(), b.n1.g.ptr<float>(), T, D);
+    rmsnorm_backward(k.x_in.ptr<float>(), b.n1.w.ptr<float>(), k.r1.ptr<float>(), du.ptr<float>(), dx.ptr<float>(), b.n1.g.ptr<float>(), T, D);
   }
   for (int64_t t = 0; t < T; ++t)
     for (int64_t d = 0; d < D; ++d) m.emb.g.ptr<float>()[inputs[size_t(t)] * D + d] += dx.ptr<float>()[t * D + d];
