@@ -235,4 +235,5 @@ TEST(Workspace, TypedSlotsAreAlignedAndDisjoint) {
     EXPECT_NE(ws.get(b, 1), pb0);
   }
 }
+
 }  // namespace test_core

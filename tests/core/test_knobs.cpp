@@ -54,4 +54,5 @@ TEST(Knobs, LibraryKnobsAreRegisteredWithTheirDefaults) {
   }
   EXPECT_TRUE(found);
 }
+
 }  // namespace test_knobs

@@ -67,4 +67,5 @@ TEST(OutputPool, GroupedMatmulKeepsAHeldResult) {
   Tensor y3 = moe::grouped_matmul(x.view(), w.view(), gl.view(), moe::GroupListType::count);
   EXPECT_EQ(data_of(y3), p2);  // the released output is reused: no fresh pages a call
 }
+
 }  // namespace test_output_pool

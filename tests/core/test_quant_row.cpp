@@ -47,4 +47,5 @@ TEST(QuantizeRowI8, VectorFormEqualsPortableForm) {
       else EXPECT_EQ(da, db) << "n=" << n << " kind=" << kind;
     }
 }
+
 }  // namespace test_quant_row

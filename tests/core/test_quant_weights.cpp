@@ -203,4 +203,5 @@ TEST(QuantWeights, BadArgumentsNameTheArgument) {
   v4b.group_size = 32;  // the scale has K / 64 groups
   EXPECT_EQ(error_arg([&] { quant_weight_shape("op", v4b); }), "antiquant_scale");
 }
+
 }  // namespace test_quant_weights

@@ -54,4 +54,5 @@ TEST(Sizes, AllocationsAreChecked) {
   EXPECT_EQ(error_of([] { Tensor::empty(DType::f32, {3, -2}); }).expected(), "non-negative sizes");
   EXPECT_EQ(Tensor::empty(DType::f32, {0, int64_t(1) << 50}).numel(), 0);
 }
+
 }  // namespace test_sizes

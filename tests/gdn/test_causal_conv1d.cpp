@@ -235,4 +235,5 @@ TEST(CausalConv1d, BackwardFiniteDifferences) {
       }
     }
 }
+
 }  // namespace test_causal_conv1d

@@ -190,4 +190,5 @@ TEST(CausalConv1dErrors, Update) {
   expect_error([&] { gdn::causal_conv1d_update(xd, cache, w, o); }, "weight");
   EXPECT_EQ(bytes(cache), before);
 }
+
 }  // namespace test_causal_conv1d_update

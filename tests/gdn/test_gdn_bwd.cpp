@@ -422,4 +422,5 @@ TEST(GdnBwd, BadInput) {
 }
 
 }  // namespace
+
 }  // namespace test_gdn_bwd

@@ -125,4 +125,5 @@ INSTANTIATE_TEST_SUITE_P(GdnBwdRef, RefFd,
                                            std::make_tuple(2, true, false, true), std::make_tuple(2, false, true, false)));
 
 }  // namespace
+
 }  // namespace test_gdn_bwd_ref

@@ -182,4 +182,5 @@ TEST(GdnBwdStages, BadInput) {
 }
 
 }  // namespace
+
 }  // namespace test_gdn_bwd_stages

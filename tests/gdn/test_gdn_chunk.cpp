@@ -239,4 +239,5 @@ TEST(GdnChunkFwd, PooledOutputsAreNeverShared) {
   EXPECT_EQ(c.o.ptr<void>(), pa);
   EXPECT_EQ(rel_err(c.o, keep), 0.0);
 }
+
 }  // namespace test_gdn_chunk

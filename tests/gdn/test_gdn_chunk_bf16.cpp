@@ -146,4 +146,5 @@ TEST(FuzzRegressions, GdnChunkBf16ScratchMeasuredFromNullBase) {
     run_bf16({s, false, -1.f, {}, false}, 7);
   });
 }
+
 }  // namespace test_gdn_chunk_bf16

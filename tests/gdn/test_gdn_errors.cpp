@@ -97,4 +97,5 @@ TEST(GdnErrors, Slots) {
   r.state_cache = wrong;
   expect_error([&] { gdn::recurrent_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, r); }, "state_cache");
 }
+
 }  // namespace test_gdn_errors

@@ -40,4 +40,5 @@ TEST(GdnNanPolicy, StateIsNotInspected) {
   for (int64_t i = 0; i < r.final_state.numel(); ++i) any_nan |= std::isnan(ot::get_as_double(r.final_state, i));
   EXPECT_TRUE(any_nan);
 }
+
 }  // namespace test_gdn_nan_policy

@@ -183,4 +183,5 @@ TEST(GdnPrecision, GateGradientsAtNearZeroGates) {
 }
 
 }  // namespace
+
 }  // namespace test_gdn_precision

@@ -208,4 +208,5 @@ TEST(GdnRecurrent, TiledStepAtEveryIsaMatchesReference) {
     EXPECT_LT(rel_err(got.second, ref16.second), 1e-2) << ot::cpu::isa_name(cap);
   }
 }
+
 }  // namespace test_gdn_recurrent

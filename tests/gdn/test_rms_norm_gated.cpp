@@ -203,4 +203,5 @@ TEST(RmsNormGated, Errors) {
   expect_error([&] { gdn::rms_norm_gated_bwd(dy_bad, in.x, in.z, in.w, {}); }, "dy", "rms_norm_gated_bwd");
   expect_error([&] { gdn::rms_norm_gated_bwd(in.dy, in.x, in.z, in.w, rstd_bad); }, "rstd");
 }
+
 }  // namespace test_rms_norm_gated

@@ -95,4 +95,5 @@ TEST(AmxEmulated, GemmThroughTheDriver) {
         EXPECT_LE(norm_err(c, r), 2e-5) << "M " << M << " K " << K << " N " << N << (acc ? " accumulate" : "");
       }
 }
+
 }  // namespace test_amx_emulated

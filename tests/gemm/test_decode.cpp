@@ -240,4 +240,5 @@ TEST(GemmDecode, DecodeRowBlocksInsidePrefillCalls) {
   }
   set_num_threads(0);
 }
+
 }  // namespace test_decode

@@ -228,4 +228,5 @@ TEST(Gemm, BadInputsThrowBeforeWriting) {
   EXPECT_THROW(prepack(t3, BLayout::KN), Error);
   for (int64_t k = 0; k < c.numel(); ++k) ASSERT_EQ(get_as_double(c, k), 0.0);
 }
+
 }  // namespace test_gemm

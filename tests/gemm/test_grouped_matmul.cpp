@@ -532,4 +532,5 @@ TEST(PackedB, LargePackingsOnHugePageMappings) {
     EXPECT_EQ(first.bytes(), pb.bytes());
   }
 }
+
 }  // namespace test_grouped_matmul

@@ -94,4 +94,5 @@ TEST(QuantAct, ScalarFormKeepsItsContract) {
     EXPECT_EQ(peak, 32767) << "block " << blk;
   }
 }
+
 }  // namespace test_quant_act

@@ -79,4 +79,5 @@ TEST(VecMathAvx2, SiluErfGeluMatchTheScalarFormulas) {
     expect_close("gelu", x[i], g[i], gelu(xd), 1e-37 + 2e-7 * std::min(std::fabs(xd), 1e30), 1e-6);
   }
 }
+
 }  // namespace test_vec_math

@@ -127,4 +127,5 @@ TEST(MoeCombineRows, UnpermuteAndFinalizeAtEveryCap) {
       }
   }
 }
+
 }  // namespace test_combine_paths

@@ -480,4 +480,5 @@ TEST(MoeLoss, AuxZAndCapacity) {
   EXPECT_OT_ERROR(moe_aux_loss(probs, counts, 3), "k");
   EXPECT_OT_ERROR(moe_capacity(10, 2, 8, 0.0), "capacity_factor");
 }
+
 }  // namespace test_ffn

@@ -291,4 +291,5 @@ TEST(MoeFfnQuant, QuantisedSharedExpert) {
   o.shared = &fl;
   EXPECT_OT_ERROR(moe_ffn(x, router, ex, o), "shared_quant");  // both
 }
+
 }  // namespace test_ffn_quant

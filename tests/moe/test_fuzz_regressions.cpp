@@ -35,4 +35,5 @@ TEST(FuzzRegressions, UnpermutePaddedHugeRestoreRows) {
     EXPECT_OT_ERROR_MSG(moe_token_unpermute(permuted, sorted, {}, true, rows), "restore_rows", "at most 2^40 bytes");
   EXPECT_EQ(moe_token_unpermute(permuted, sorted, {}, true, 3).size(0), 3);
 }
+
 }  // namespace test_fuzz_regressions

@@ -196,4 +196,5 @@ TEST(MoeFinalOptimizerMm, MatchesReference) {
   EXPECT_OT_ERROR(moe_final_optimizer_mm(x, randn(DType::bf16, {3, 4, 2}, 1), ints({2}, {0, 1})), "expert_weight");
   EXPECT_OT_ERROR(moe_final_optimizer_mm(x, randn(DType::f32, {3, 5, 2}, 1), ints({2}, {0, 1})), "expert_weight");
 }
+
 }  // namespace test_grouped

@@ -283,4 +283,5 @@ TEST(GmmBwdErrors, BadInputNamesTheArgument) {
 }
 
 }  // namespace
+
 }  // namespace test_grouped_matmul_backward

@@ -132,4 +132,5 @@ TEST(GroupedMatmulQuant, NanActivationReachesOnlyItsRow) {
       }
     }
 }
+
 }  // namespace test_grouped_quant

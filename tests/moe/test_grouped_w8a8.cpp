@@ -171,4 +171,5 @@ TEST(GroupedMatmulW8A8, NonFiniteRowReachesOnlyItsRow) {
       }
     }
 }
+
 }  // namespace test_grouped_w8a8

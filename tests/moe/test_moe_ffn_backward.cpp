@@ -498,4 +498,5 @@ TEST(MoeFfnBackward, BadInput) {
 }
 
 }  // namespace
+
 }  // namespace test_moe_ffn_backward

@@ -73,4 +73,5 @@ TEST(NanPolicy, DynamicQuantOfANonFiniteRow) {
   for (int64_t h = 0; h < 8; ++h) EXPECT_EQ(get_as_double(r.expanded_x, h), 0.0);
   EXPECT_TRUE(std::isfinite(get_as_double(r.expanded_scale, 1)));
 }
+
 }  // namespace test_nan_policy

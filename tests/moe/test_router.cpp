@@ -229,4 +229,5 @@ TEST(MoeRouter, BadInput) {
   o.bias = {}; o.norm_type = 2;
   EXPECT_OT_ERROR(moe_gating_top_k(x, o), "norm_type");
 }
+
 }  // namespace test_router

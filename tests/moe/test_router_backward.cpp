@@ -199,4 +199,5 @@ TEST(RouterBackwardErrors, BadInputNamesTheArgument) {
 }
 
 }  // namespace
+
 }  // namespace test_router_backward

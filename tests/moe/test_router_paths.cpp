@@ -660,4 +660,5 @@ TEST(MoeRouterPaths, TokensInLanesAvx2) {
     }
   knobs::set("moe.router_t8", knobs::find("moe.router_t8").default_value());
 }
+
 }  // namespace test_router_paths

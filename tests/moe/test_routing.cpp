@@ -320,4 +320,5 @@ TEST(MoeRouting, BadInput) {
   EXPECT_OT_ERROR(moe_token_permute(x, ints({4}, {0, 1, -2, 0})), "indices");
   EXPECT_OT_ERROR(moe_token_unpermute(x, ints({3}, {0, 1, 2}), randn(DType::f32, {2, 2}, 1)), "sorted_indices");
 }
+
 }  // namespace test_routing

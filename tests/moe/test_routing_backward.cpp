@@ -238,4 +238,5 @@ TEST(RoutingBackwardErrors, BadInputNamesTheArgument) {
 }
 
 }  // namespace
+
 }  // namespace test_routing_backward

@@ -123,4 +123,5 @@ TEST(MoeRoutingBadInput, ComputeExpertTokensAndReRouting) {
   EXPECT_OT_ERROR_MSG(moe_re_routing(t, cnt, randn(DType::f32, {5}, 1)), "per_token_scales", "[A] = [6]");
   EXPECT_OT_ERROR_MSG(moe_re_routing(t, cnt, randn(DType::bf16, {6}, 1)), "per_token_scales", "fp32");
 }
+
 }  // namespace test_routing_bad_input

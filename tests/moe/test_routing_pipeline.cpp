@@ -107,4 +107,5 @@ TEST(MoeRoutingPipeline, RoutingPlanCapacityByHand) {
   EXPECT_OT_ERROR_MSG(moe_routing_plan(ids, w, 0), "num_experts", ">= 1");
   EXPECT_OT_ERROR_MSG(moe_routing_plan(Tensor::zeros(DType::i64, {4, 2}), w, 4), "topk_ids", "int32");
 }
+
 }  // namespace test_routing_pipeline

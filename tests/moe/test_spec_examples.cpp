@@ -83,4 +83,5 @@ TEST(MoeSpecExamples, InitRoutingDynamicQuant) {
   EXPECT_EQ(values(z.expanded_x), (std::vector<double>{0, 0, 0, 0}));
   EXPECT_EQ(z.expanded_scale.ptr<float>()[0], 0.f);
 }
+
 }  // namespace test_spec_examples
