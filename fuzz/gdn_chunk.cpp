@@ -107,21 +107,27 @@ OT_FUZZ_TARGET(in, ar) {
         // The l2norm's backward multiplies a row's gradient by 1/sqrt(|q|^2 + eps) (1000 at a zero
         // row): there the bf16 products' error, relative to their terms, grew 5x past the mode's
         // bound (a zero q row, DK = 1). In that mode dq and dk are held to it before the factor:
-        // both sides' rows times sqrt(|q|^2 + eps) (|k|^2 for dk).
-        auto before_norm = [&](const Tensor& gr, const fz::Buf& x) {
-          if (!gr.defined() || !(o.bf16_compute && l2) || gr.view().ndim == 0) return gr;
-          const TensorView gv = gr.view();
-          const int64_t D = gv.sizes[gv.ndim - 1];
-          Tensor r = Tensor::empty(gr.dtype(), gv.shape());
-          for (int64_t row = 0; D > 0 && row * D < gv.numel(); ++row) {
-            double ss = 1e-6;
-            for (int64_t d = 0; d < D; ++d) ss += x.get(row * D + d) * x.get(row * D + d);
-            for (int64_t d = 0; d < D; ++d) set_from_double(r.view(), row * D + d, get_as_double(gv, row * D + d) * std::sqrt(ss));
-          }
+        // both sides' rows times sqrt(|q|^2 + eps) (|k|^2 for dk), computed once per row.
+        auto row_norms = [](const fz::Buf& x, int64_t D) {
+          std::vector<double> n(size_t(D > 0 ? x.numel() / D : 0), 1e-6);
+          for (int64_t i = 0; i < int64_t(n.size()) * D; ++i) n[size_t(i / D)] += x.get(i) * x.get(i);
+          for (double& v : n) v = std::sqrt(v);
+          return n;
+        };
+        auto before_norm = [](const Tensor& gr, const std::vector<double>& norm, int64_t D) {
+          Tensor r = Tensor::empty(gr.dtype(), gr.view().shape());
+          for (int64_t i = 0; i < int64_t(norm.size()) * D; ++i)
+            set_from_double(r.view(), i, get_as_double(gr.view(), i) * norm[size_t(i / D)]);
           return r;
         };
-        near("dq", before_norm(a.dq, q), before_norm(b.dq, q));
-        near("dk", before_norm(a.dk, k), before_norm(b.dk, k));
+        if (o.bf16_compute && l2 && s.DK > 0 && a.dq.defined() && b.dq.defined() && a.dk.defined() && b.dk.defined()) {
+          const std::vector<double> nq = row_norms(q, s.DK), nk = row_norms(k, s.DK);
+          near("dq", before_norm(a.dq, nq, s.DK), before_norm(b.dq, nq, s.DK));
+          near("dk", before_norm(a.dk, nk, s.DK), before_norm(b.dk, nk, s.DK));
+        } else {
+          near("dq", a.dq, b.dq);
+          near("dk", a.dk, b.dk);
+        }
         near("dv", a.dv, b.dv);
         near("dg", a.dg, b.dg);
         near("dbeta", a.dbeta, b.dbeta);

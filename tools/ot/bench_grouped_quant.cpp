@@ -148,7 +148,7 @@ const RegisterBench reg("grouped_matmul", "Grouped matmul on bf16 vs int8 / int4
                            sub.value("--weights", *weights, "Comma list: bf16, int8, w8a8, int4-g32, int4-g64, int4-g128 (bf16 first: the ratios)");
                            const BenchOptions* opt = &o;
                            return [weights, opt]() -> int {
-                             std::vector<bench_grouped_quant_local::Format> fmts = parse_weight_formats("ot bench grouped_matmul", *weights);
+                             std::vector<Format> fmts = parse_weight_formats("ot bench grouped_matmul", *weights);
                              std::vector<Case> cases;
                              for (int64_t m : {1, 4, 8}) {
                                cases.push_back({"decode_gate_up_m" + std::to_string(m), 2048, 1536, true, m, true});

@@ -81,9 +81,9 @@ struct DemoConfig {
   double tolerance() const;  // for model.dtype
 };
 
-// Parses and validates (ot::Error with op "ot demo --config", arg = the field path).
 // The config file's name of a model dtype ("bf16", "fp16", "fp32").
 const char* dtype_key(DType t);
+// Parses and validates (ot::Error with op "ot demo --config", arg = the field path).
 DemoConfig config_from_json(const nlohmann::json& j);
 DemoConfig load_config(const std::string& path);
 nlohmann::json config_to_json(const DemoConfig& c);

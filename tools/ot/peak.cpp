@@ -279,9 +279,9 @@ const RegisterCommand reg("peak", "Measure this machine's AMX bf16, AVX-512 BF16
   return [] {
     // Both figures: this run's (the machine's state now) and the cached best of every run, which
     // is what the benchmarks' peak% divides by. Printing only the best hid a slow state.
-    const MachinePeak now = peak_local::measure(seconds);
-    peak_local::save_cache(now);
-    peak_local::g_have = false;
+    const MachinePeak now = measure(seconds);
+    save_cache(now);
+    g_have = false;
     const MachinePeak p = machine_peak();
     if (json) {
       nlohmann::json j = to_json(p);
@@ -297,7 +297,7 @@ const RegisterCommand reg("peak", "Measure this machine's AMX bf16, AVX-512 BF16
     };
     const bool avx512_cpu = cpu::detected_isa() >= cpu::Isa::avx512;
     const std::string all = "all (" + std::to_string(ot::num_threads()) + ")";
-    std::printf("cpu: %s (cache %s)\n", peak_local::cache_key().c_str(), peak_local::cache_path().c_str());
+    std::printf("cpu: %s (cache %s)\n", cache_key().c_str(), cache_path().c_str());
     std::printf("%-24s %18s %18s   %18s %18s\n", "", "this run: 1 thread", all.c_str(), "best cached: 1 thr", all.c_str());
     auto row = [&](const char* name, double n1, double na_, double b1, double ba, const char* unit) {
       std::printf("%-24s %18s %18s   %18s %18s\n", name, na(n1, unit).c_str(), na(na_, unit).c_str(), na(b1, unit).c_str(),
