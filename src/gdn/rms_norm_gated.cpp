@@ -82,6 +82,7 @@ using FwdRows = void (*)(const Cfg&, In, In, Out, float*, int64_t, int64_t, floa
 using FwdKernel = cpu::KernelEntry<FwdRows, Args>;
 bool whole_vector_groups(const Args& a) { return a.group % 16 == 0; }
 const FwdKernel kFwdKernels[] = {
+    {cpu::Isa::avx512_bf16, whole_vector_groups, fwd_rows_avx512bf16, "avx512_bf16"},
     {cpu::Isa::avx512, whole_vector_groups, fwd_rows_avx512, "avx512"},
     {cpu::Isa::avx2, nullptr, fwd_rows_avx2, "avx2"},
     {cpu::Isa::scalar, nullptr, fwd_rows_generic, "generic"},
@@ -97,6 +98,7 @@ using BwdRows = void (*)(const Cfg&, const Bwd&, int64_t, int64_t, float*, float
 using BwdKernel = cpu::KernelEntry<BwdRows, BwdPlan>;
 bool whole_vectors_dy_as_x(const BwdPlan& p) { return whole_vector_groups(p.a) && p.dy == p.x; }
 const BwdKernel kBwdKernels[] = {
+    {cpu::Isa::avx512_bf16, whole_vectors_dy_as_x, bwd_rows_avx512bf16, "avx512_bf16"},
     {cpu::Isa::avx512, whole_vectors_dy_as_x, bwd_rows_avx512, "avx512"},
     {cpu::Isa::avx2, nullptr, bwd_rows_avx2, "avx2"},
     {cpu::Isa::scalar, nullptr, bwd_rows_generic, "generic"},
