@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "conv_test_util.h"
+#include "src/core/knobs.h"
 
 namespace test_rms_norm_gated {
 using namespace conv_test;
@@ -83,16 +85,36 @@ void check(const NCase& c, uint32_t seed) {
 TEST(RmsNormGated, ShapesGroupsGateOrder) {
   uint32_t seed = 1;
   for (bool nbg : {true, false})
-    for (std::vector<int64_t> shape : {std::vector<int64_t>{5, 3, 64}, {1, 128}, {4, 192}, {130, 5}, {7, 1}, {0, 16}, {3, 0}, {200, 24}, {96}}) {
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{5, 3, 64}, {1, 128}, {4, 192}, {3, 256}, {130, 5}, {7, 1}, {0, 16}, {3, 0}, {200, 24}, {96}}) {
       NCase c;
       c.shape = shape, c.nbg = nbg;
       SCOPED_TRACE(testing::Message() << "N " << shape.back() << " nbg " << nbg);
       check(c, seed++);
-      for (int64_t g : {8, 16})  // groups of part vectors (8) and of whole AVX-512 vectors (16)
+      // Groups of part vectors (8), of whole AVX-512 vectors (16), and the 64 / 128 that it holds in registers.
+      for (int64_t g : {8, 16, 64, 128})
         if (shape.back() % g == 0 && shape.back() > g) {
           c.group = g;
           check(c, seed++);
         }
+    }
+}
+
+// The AVX-512 forward holds groups of 64 and 128 channels in registers (norm before gate, gates in
+// lockstep): the same operations as its general loop (lockstep off), so the same bits.
+TEST(RmsNormGated, RegisterGroupsEqualTheLoop) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int64_t g : {64, 128}) {
+      NCase c;
+      c.shape = {70, 512}, c.group = g, c.xdt = c.zdt = dt;
+      NIn in = make_norm(c, uint32_t(g));
+      gdn::RmsNormGatedOut held = gdn::rms_norm_gated(in.x, in.z, in.w, in.o), loop;
+      {
+        ot::knobs::ScopedKnob off("norm.gate_lockstep", 0);
+        loop = gdn::rms_norm_gated(in.x, in.z, in.w, in.o);
+      }
+      SCOPED_TRACE(testing::Message() << ot::dtype_name(dt) << " group " << g);
+      EXPECT_EQ(std::memcmp(held.y.view().data, loop.y.view().data, held.y.view().nbytes()), 0);
+      EXPECT_EQ(std::memcmp(held.rstd.view().data, loop.rstd.view().data, held.rstd.view().nbytes()), 0);
     }
 }
 
