@@ -26,6 +26,7 @@ constexpr int64_t kRowBlock = 64;  // rows per job (and per partial weight gradi
 
 struct Args {
   int64_t rows = 0, N = 0, group = 0;
+  DType x = DType::f32;  // x's (and y's) dtype
 };
 
 // v as [rows, N] with rows one stride apart and N contiguous: a view when its leading dims
@@ -53,6 +54,7 @@ Args check(const TensorView& x, const TensorView& z, const TensorView& weight, c
   OT_CHECK(z.defined() && z.shape() == x.shape(), op, "z", ::ot::detail::cat("the shape of x ", x.shape_str()), z.shape_str());
   expect_float(z.dtype, op, "z");
   a.N = x.sizes[x.ndim - 1];
+  a.x = x.dtype;
   a.rows = 1;
   for (int i = 0; i + 1 < x.ndim; ++i) a.rows *= x.sizes[i];
   OT_CHECK(weight.defined() && weight.ndim == 1 && weight.sizes[0] == a.N, op, "weight", ::ot::detail::cat("[N] with N = ", a.N),
@@ -81,8 +83,9 @@ int64_t groups_of(const Args& a) { return a.group == 0 ? 0 : a.N / a.group; }
 using FwdRows = void (*)(const Cfg&, In, In, Out, float*, int64_t, int64_t, float*);
 using FwdKernel = cpu::KernelEntry<FwdRows, Args>;
 bool whole_vector_groups(const Args& a) { return a.group % 16 == 0; }
+bool whole_vector_groups_bf16(const Args& a) { return whole_vector_groups(a) && a.x == DType::bf16; }
 const FwdKernel kFwdKernels[] = {
-    {cpu::Isa::avx512_bf16, whole_vector_groups, fwd_rows_avx512bf16, "avx512_bf16"},
+    {cpu::Isa::avx512_bf16, whole_vector_groups_bf16, fwd_rows_avx512bf16, "avx512_bf16"},
     {cpu::Isa::avx512, whole_vector_groups, fwd_rows_avx512, "avx512"},
     {cpu::Isa::avx2, nullptr, fwd_rows_avx2, "avx2"},
     {cpu::Isa::scalar, nullptr, fwd_rows_generic, "generic"},
@@ -97,8 +100,9 @@ struct BwdPlan {
 using BwdRows = void (*)(const Cfg&, const Bwd&, int64_t, int64_t, float*, float*);
 using BwdKernel = cpu::KernelEntry<BwdRows, BwdPlan>;
 bool whole_vectors_dy_as_x(const BwdPlan& p) { return whole_vector_groups(p.a) && p.dy == p.x; }
+bool whole_vectors_dy_as_x_bf16(const BwdPlan& p) { return whole_vectors_dy_as_x(p) && p.x == DType::bf16; }
 const BwdKernel kBwdKernels[] = {
-    {cpu::Isa::avx512_bf16, whole_vectors_dy_as_x, bwd_rows_avx512bf16, "avx512_bf16"},
+    {cpu::Isa::avx512_bf16, whole_vectors_dy_as_x_bf16, bwd_rows_avx512bf16, "avx512_bf16"},
     {cpu::Isa::avx512, whole_vectors_dy_as_x, bwd_rows_avx512, "avx512"},
     {cpu::Isa::avx2, nullptr, bwd_rows_avx2, "avx2"},
     {cpu::Isa::scalar, nullptr, bwd_rows_generic, "generic"},
