@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -146,6 +147,28 @@ TEST(Tensor, CopyIntoEqualsElementwiseDefinitionAcrossDtypesAndLayouts) {
         }
       }
   }
+}
+
+// Same-shape views with a strided last dim on either side (stacked torch-layout weights read as
+// [E, H, I], a transposed destination, integer dtypes): every element lands where the
+// element-by-element definition puts it, on one thread and on all (above 64K elements).
+TEST(Tensor, CopyIntoStridedLastDimsEqualTheDefinition) {
+  for (int64_t E : {int64_t(2), int64_t(9)})
+    for (DType t : {DType::f32, DType::bf16, DType::i32, DType::i64, DType::i8}) {
+      const int64_t I = 37, H = 200;
+      Tensor w = Tensor::empty(t, {E, I, H});  // torch layout: [E, I, H] rows
+      for (int64_t i = 0; i < w.numel(); ++i) set_from_double(w, i, double((i * 7919) % 113) - 56.0);
+      const TensorView src(w.view().data, t, {E, H, I}, {I * H, 1, H});  // the [E, H, I] view of it
+      Tensor packed = Tensor::empty(t, {E, H, I});
+      copy_into(src, packed);
+      Tensor back = Tensor::empty(t, {E, I, H});
+      copy_into(packed, TensorView(back.view().data, t, {E, H, I}, {I * H, 1, H}));  // a transposed destination
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t h = 0; h < H; h += 13)
+          for (int64_t i = 0; i < I; ++i)
+            ASSERT_EQ(get_as_double(packed, (e * H + h) * I + i), get_as_double(w, (e * I + i) * H + h)) << dtype_name(t) << " E " << E;
+      ASSERT_EQ(std::memcmp(back.view().data, w.view().data, w.view().nbytes()), 0) << dtype_name(t) << " E " << E;
+    }
 }
 
 TEST(Error, MessageNamesOperatorArgumentAndExpectedForm) {
