@@ -1,9 +1,13 @@
 // moe_ffn on a prepacked store (every router kind, renorm, norm_topk_prob, groups, allowed mask,
 // capacity by count or factor, shared expert, residual) against ref::moe_ffn on the unpacked
-// weights; and moe_expert_ffn into a caller-owned, guarded `out` with fuzzed gather / scatter /
-// scale rows and offsets, against plain loops here.
+// weights; moe_ffn on quantised experts (int8 / int4, per channel or groups of 32 / 64,
+// symmetric or not, weight-only or W8A8, a float or quantised shared expert) against its
+// dequantising reference; and moe_expert_ffn into a caller-owned, guarded `out` with fuzzed
+// gather / scatter / scale rows and offsets, against plain loops here.
 #include "fuzz/fuzz_util.h"
 #include "ot/moe.h"
+#include "ot/moe/quant_experts.h"
+#include "ot/quant_weights.h"
 
 using namespace ot;
 using namespace ot::moe;
@@ -78,6 +82,87 @@ void ffn(fz::Input& in, fz::Arena& ar) {
         fz::expect_close("router_logits", a.router_logits, b.router_logits, 1e-5, 1e-6);
         fz::expect_close("topk_weights", a.topk_weights, b.topk_weights, 1e-5, 1e-6);
         fz::expect_close("y", a.y, b.y, fz::rtol_of(t), 4 * fz::rtol_of(t) * max_abs(b.y.view()) + 1e-6);
+      });
+  ar.check();
+}
+
+// gate | up side by side, [E, H, 2I]: the quantised store's gate_up as its reference takes it.
+Tensor gate_up_of(const TensorView& gate, const TensorView& up) {
+  const int64_t I = gate.sizes[2];
+  Tensor cat = Tensor::empty(gate.dtype, {gate.sizes[0], gate.sizes[1], 2 * I});
+  copy_into(gate, cat.view().narrow(2, 0, I));
+  copy_into(up, cat.view().narrow(2, I, I));
+  return cat;
+}
+
+void quant_ffn(fz::Input& in, fz::Arena& ar) {
+  const DType t = in.pick({DType::f32, DType::bf16, DType::f16});
+  const WeightFormat fmt = in.flag() ? WeightFormat::int4 : WeightFormat::int8;
+  const int64_t gs = in.pick<int64_t>({0, 0, 32, 64});
+  const bool sym = in.flag();
+  const gemm::ActivationQuant aq = fmt == WeightFormat::int8 && in.byte() < 96 ? gemm::ActivationQuant::int8_per_token : gemm::ActivationQuant::none;
+  // Groups divide H (gate/up's K) and I (down's K); int4 packs two columns a byte (H even).
+  // Mostly one group a column (the packing loops dominate a run under the sanitizers' coverage).
+  const int64_t T = in.range(0, 6), E = in.range(1, 3);
+  const int64_t H = gs ? gs * (in.byte() < 32 ? 2 : 1) : 2 * in.range(1, 6), I = gs ? gs * (in.byte() < 32 ? 2 : 1) : in.range(1, 9);
+  fz::Buf& x = ar.add("x", t, {T, H});
+  for (int64_t i = 0; i < x.numel(); ++i) x.set(i, in.grid(16, -0.5, 0.5));
+  if (x.numel() > 0 && in.byte() < 3) x.set(in.range(0, x.numel() - 1), in.pick({std::nan(""), HUGE_VAL}));
+  fz::Buf& rw = ar.add("router_weight", t, {E, H});
+  for (int64_t i = 0; i < rw.numel(); ++i) rw.set(i, in.grid(16, -0.25, 0.25));
+  fz::Buf& gate = ar.values(in, "gate", t, {E, H, I}, 0, 0.125);
+  fz::Buf& up = ar.values(in, "up", t, {E, H, I}, 0, 0.125);
+  fz::Buf& down = ar.values(in, "down", t, {E, I, H}, 0, 0.125);
+  MoeFfnOptions o;
+  o.k = in.arg(1, std::min<int64_t>(E, 4));
+  o.router = RouterKind(in.range(0, 2));
+  o.norm_topk_prob = in.flag();
+  if (in.byte() < 64) o.residual = ar.values(in, "residual", t, {T, H});
+  const int shared = int(in.range(0, 3));  // 0, 1: none; 2: float; 3: quantised like the routed store
+  fz::Buf& sg = ar.values(in, "shared_gate", t, {1, H, I}, 0, 0.125);
+  fz::Buf& su = ar.values(in, "shared_up", t, {1, H, I}, 0, 0.125);
+  fz::Buf& sd = ar.values(in, "shared_down", t, {1, I, H}, 0, 0.125);
+  ar.seal();
+
+  QuantizedWeights gu, dn, sgu, sdn;
+  std::optional<QuantMoeExperts> ex, shared_q;
+  std::optional<MoeExperts> shared_f;
+  std::optional<gemm::PackedB> router;
+  try {
+    gu = quantize_weights(gate_up_of(gate, up), fmt, gs, sym);
+    dn = quantize_weights(down, fmt, gs, sym);
+    ex.emplace(QuantMoeExperts::from_quantized(gu.view(), dn.view(), aq));
+    sgu = quantize_weights(gate_up_of(sg, su), fmt, gs, sym);
+    sdn = quantize_weights(sd, fmt, gs, sym);
+    shared_q.emplace(QuantMoeExperts::from_quantized(sgu.view(), sdn.view(), aq));
+    shared_f.emplace(MoeExperts::from_stacked(sg, su, sd, WeightLayout::EHI));
+    router.emplace(gemm::prepack(rw, gemm::BLayout::NK));
+  } catch (const Error& e) {
+    fz::fail(ot::detail::cat("quantising or packing well-formed weights threw: ", e.what()));
+  }
+  MoeFfnOptions of = o;
+  if (shared == 2) of.shared = &*shared_f;
+  if (shared == 3) of.shared_quant = &*shared_q;
+  // The reference (the same options: they say which shared expert there is): the float shared
+  // expert as given, the quantised one dequantised.
+  Tensor dsg, dsu, dsd;
+  if (shared == 3) {
+    const Tensor w = dequantize_weights(sgu.view());
+    dsg = Tensor::copy_of(w.view().narrow(2, 0, I));
+    dsu = Tensor::copy_of(w.view().narrow(2, I, I));
+    dsd = dequantize_weights(sdn.view());
+  }
+  const TensorView rg = shared == 2 ? sg.view() : dsg.view(), ru = shared == 2 ? su.view() : dsu.view(), rd = shared == 2 ? sd.view() : dsd.view();
+  // W8A8: the rows' int8 rounding can differ by one code where fp32 and fp64 sums straddle an edge.
+  const double frac = aq == gemm::ActivationQuant::none ? std::max(4 * fz::rtol_of(t), 1e-3) : 2e-2;
+  fz::run_both(
+      "moe_ffn (quantised)", [&] { return moe_ffn(x, *router, *ex, of); },
+      [&] { return ref::moe_ffn(x, rw, gu.view(), dn.view(), of, rg, ru, rd, aq); },
+      [&](auto& a, auto& b) {
+        fz::expect_close("topk_ids", a.topk_ids, b.topk_ids);
+        fz::expect_close("expert_counts", a.expert_counts, b.expert_counts);
+        fz::expect_close("topk_weights", a.topk_weights, b.topk_weights, 1e-5, 1e-6);
+        fz::expect_close("y", a.y, b.y, fz::rtol_of(t), frac * max_abs(b.y.view()) + 1e-6);
       });
   ar.check();
 }
@@ -185,6 +270,8 @@ void expert_ffn(fz::Input& in, fz::Arena& ar) {
 }  // namespace
 
 OT_FUZZ_TARGET(in, ar) {
-  if (in.byte() < 160) ffn(in, ar);
+  const uint8_t mode = in.byte();
+  if (mode < 120) ffn(in, ar);
+  else if (mode < 190) quant_ffn(in, ar);
   else expert_ffn(in, ar);
 }
