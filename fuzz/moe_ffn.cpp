@@ -20,18 +20,36 @@ double max_abs(const TensorView& v) {
   return m;
 }
 
-void ffn(fz::Input& in, fz::Arena& ar) {
-  const DType t = in.pick({DType::f32, DType::bf16, DType::f16, DType::f32});
-  const int64_t T = in.range(0, 6), H = in.range(1, 8), I = in.range(1, 8), E = in.range(1, 6);
-  // Logits x . w are exact multiples of 1/256 below 1 in magnitude: ties exact, distinct scores far apart.
+// A layer's x [T, H], router weight [E, H] and stacked experts. Logits x . w are exact multiples of
+// 1/256 below 1 in magnitude: ties exact, distinct scores far apart; a NaN / Inf in x now and then
+// (the NaN policy). odd_router: the router weight is sometimes fp32 beside 16-bit x, or one column
+// too wide.
+struct Layer {
+  fz::Buf &x, &rw, &gate, &up, &down;
+};
+Layer layer(fz::Input& in, fz::Arena& ar, DType t, int64_t T, int64_t H, int64_t I, int64_t E, bool odd_router) {
   fz::Buf& x = ar.add("x", t, {T, H});
   for (int64_t i = 0; i < x.numel(); ++i) x.set(i, in.grid(16, -0.5, 0.5));
-  if (x.numel() > 0 && in.byte() < 3) x.set(in.range(0, x.numel() - 1), in.pick({std::nan(""), HUGE_VAL}));  // NaN policy
-  fz::Buf& rw = ar.add("router_weight", in.byte() < 250 ? t : DType::f32, {E, in.byte() < 250 ? H : H + 1});
+  if (x.numel() > 0 && in.byte() < 3) x.set(in.range(0, x.numel() - 1), in.pick({std::nan(""), HUGE_VAL}));
+  DType rt = t;
+  int64_t cols = H;
+  if (odd_router) {
+    if (in.byte() >= 250) rt = DType::f32;
+    if (in.byte() >= 250) cols = H + 1;
+  }
+  fz::Buf& rw = ar.add("router_weight", rt, {E, cols});
   for (int64_t i = 0; i < rw.numel(); ++i) rw.set(i, in.grid(16, -0.25, 0.25));
   fz::Buf& gate = ar.values(in, "gate", t, {E, H, I}, 0, 0.125);
   fz::Buf& up = ar.values(in, "up", t, {E, H, I}, 0, 0.125);
   fz::Buf& down = ar.values(in, "down", t, {E, I, H}, 0, 0.125);
+  return {x, rw, gate, up, down};
+}
+
+void ffn(fz::Input& in, fz::Arena& ar) {
+  const DType t = in.pick({DType::f32, DType::bf16, DType::f16, DType::f32});
+  const int64_t T = in.range(0, 6), H = in.range(1, 8), I = in.range(1, 8), E = in.range(1, 6);
+  const Layer L = layer(in, ar, t, T, H, I, E, true);
+  fz::Buf &x = L.x, &rw = L.rw, &gate = L.gate, &up = L.up, &down = L.down;
   MoeFfnOptions o;
   o.k = in.arg(1, std::min<int64_t>(E, 4));
   o.router = RouterKind(in.range(0, 2));
@@ -105,14 +123,8 @@ void quant_ffn(fz::Input& in, fz::Arena& ar) {
   // Mostly one group a column (the packing loops dominate a run under the sanitizers' coverage).
   const int64_t T = in.range(0, 6), E = in.range(1, 3);
   const int64_t H = gs ? gs * (in.byte() < 32 ? 2 : 1) : 2 * in.range(1, 6), I = gs ? gs * (in.byte() < 32 ? 2 : 1) : in.range(1, 9);
-  fz::Buf& x = ar.add("x", t, {T, H});
-  for (int64_t i = 0; i < x.numel(); ++i) x.set(i, in.grid(16, -0.5, 0.5));
-  if (x.numel() > 0 && in.byte() < 3) x.set(in.range(0, x.numel() - 1), in.pick({std::nan(""), HUGE_VAL}));
-  fz::Buf& rw = ar.add("router_weight", t, {E, H});
-  for (int64_t i = 0; i < rw.numel(); ++i) rw.set(i, in.grid(16, -0.25, 0.25));
-  fz::Buf& gate = ar.values(in, "gate", t, {E, H, I}, 0, 0.125);
-  fz::Buf& up = ar.values(in, "up", t, {E, H, I}, 0, 0.125);
-  fz::Buf& down = ar.values(in, "down", t, {E, I, H}, 0, 0.125);
+  const Layer L = layer(in, ar, t, T, H, I, E, false);
+  fz::Buf &x = L.x, &rw = L.rw, &gate = L.gate, &up = L.up, &down = L.down;
   MoeFfnOptions o;
   o.k = in.arg(1, std::min<int64_t>(E, 4));
   o.router = RouterKind(in.range(0, 2));
