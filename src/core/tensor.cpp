@@ -295,8 +295,8 @@ void copy_into(const TensorView& src, const TensorView& dst) {
   if (n == 0) return;
   const size_t ss = dtype_size(src.dtype), ds = dtype_size(dst.dtype);
   // Rows of unit stride (the whole tensor when both are contiguous, else the last dimension of two
-  // views of one shape) copy as rows, on all threads when there is enough of them; any other
-  // layout walks the elements.
+  // views of one shape) copy as rows, on all threads when there is enough of them; other views of
+  // one shape by strided tiles (copy_strided_rows); a copy between shapes walks the elements.
   int64_t row = 0;
   if (src.is_contiguous() && dst.is_contiguous()) row = std::min<int64_t>(n, 16384);
   else if (src.shape() == dst.shape() && src.strides[src.ndim - 1] == 1 && dst.strides[dst.ndim - 1] == 1) row = src.sizes[src.ndim - 1];
