@@ -144,10 +144,12 @@ void quant_ffn(fz::Input& in, fz::Arena& ar) {
     gu = quantize_weights(gate_up_of(gate, up), fmt, gs, sym);
     dn = quantize_weights(down, fmt, gs, sym);
     ex.emplace(QuantMoeExperts::from_quantized(gu.view(), dn.view(), aq));
-    sgu = quantize_weights(gate_up_of(sg, su), fmt, gs, sym);
-    sdn = quantize_weights(sd, fmt, gs, sym);
-    shared_q.emplace(QuantMoeExperts::from_quantized(sgu.view(), sdn.view(), aq));
-    shared_f.emplace(MoeExperts::from_stacked(sg, su, sd, WeightLayout::EHI));
+    if (shared == 3) {
+      sgu = quantize_weights(gate_up_of(sg, su), fmt, gs, sym);
+      sdn = quantize_weights(sd, fmt, gs, sym);
+      shared_q.emplace(QuantMoeExperts::from_quantized(sgu.view(), sdn.view(), aq));
+    }
+    if (shared == 2) shared_f.emplace(MoeExperts::from_stacked(sg, su, sd, WeightLayout::EHI));
     router.emplace(gemm::prepack(rw, gemm::BLayout::NK));
   } catch (const Error& e) {
     fz::fail(ot::detail::cat("quantising or packing well-formed weights threw: ", e.what()));
