@@ -140,24 +140,31 @@ RowResult route_row(const RouterSpec& s, GatingResult& r, int64_t row, RouterScr
   if (!s.sigmoid && std::fabs(mx) >= kExpOffsetLimit) return RowResult::scalar;
   // Pass 2: scores (softmax exps, unnormalised, 0 where masked; or sigmoids).
   const __m256 l2e = _mm256_set1_ps(kLog2e), ml = _mm256_set1_ps(mx * kLog2e);
-  float inv = 1.f;
+  // Rows the 8-tokens-in-lanes kernel also takes (no -inf lanes: no mask, whole vectors) get its
+  // exps (exp2_offset), sums and weights bit for bit, so a row's weights do not depend on which
+  // kernel routed it (a call split into tasks sends a task's last rows here); exp2_ps elsewhere
+  // (it gives masked experts an exact 0).
+  const bool lanes_bits = !al && E % 8 == 0;
+  auto exps = [&](__m256 t) { return lanes_bits ? exp2_offset(t) : exp2_ps(t); };
+  float inv = 1.f, sum = 1.f;
   if (softmax) {
     __m256 s0 = zero, s1 = zero;
     int64_t v = 0;
     for (; v + 2 <= nv; v += 2) {  // two vectors a step: no per-vector branch on the accumulator
-      const __m256 e0 = exp2_ps(_mm256_fmsub_ps(_mm256_load_ps(xa + 8 * v), l2e, ml));
-      const __m256 e1 = exp2_ps(_mm256_fmsub_ps(_mm256_load_ps(xa + 8 * v + 8), l2e, ml));
+      const __m256 e0 = exps(_mm256_fmsub_ps(_mm256_load_ps(xa + 8 * v), l2e, ml));
+      const __m256 e1 = exps(_mm256_fmsub_ps(_mm256_load_ps(xa + 8 * v + 8), l2e, ml));
       _mm256_store_ps(sc + 8 * v, e0);
       _mm256_store_ps(sc + 8 * v + 8, e1);
       s0 = _mm256_add_ps(s0, e0);
       s1 = _mm256_add_ps(s1, e1);
     }
     if (v < nv) {
-      const __m256 e = exp2_ps(_mm256_fmsub_ps(_mm256_load_ps(xa + 8 * v), l2e, ml));
+      const __m256 e = exps(_mm256_fmsub_ps(_mm256_load_ps(xa + 8 * v), l2e, ml));
       _mm256_store_ps(sc + 8 * v, e);
       s0 = _mm256_add_ps(s0, e);
     }
-    inv = 1.f / hsum(_mm256_add_ps(s0, s1));
+    sum = hsum_pairs(_mm256_add_ps(s0, s1));
+    inv = 1.f / sum;
   } else if (s.sigmoid) {
     for (int64_t v = 0; v < nv; ++v) _mm256_store_ps(sc + 8 * v, sigmoid_ps(_mm256_load_ps(xr + 8 * v)));
   }
@@ -243,12 +250,14 @@ RowResult route_row(const RouterSpec& s, GatingResult& r, int64_t row, RouterScr
   if (s.select == Select::topk_softmax) {  // softmax over the k chosen logits (kv[0] their max)
     const __m256 m0 = _mm256_set1_ps(kv[0] * kLog2e);
     __m256 e[2];
-    float sum = 0;
+    alignas(32) float ev[16];
     for (int q = 0; q < (k + 7) / 8; ++q) {
-      e[q] = _mm256_and_ps(exp2_ps(_mm256_fmsub_ps(_mm256_loadu_ps(kv + 8 * q), l2e, m0)), _mm256_castsi256_ps(simd::first_lanes(k - 8 * q)));
-      sum += hsum(e[q]);
+      e[q] = _mm256_and_ps(exps(_mm256_fmsub_ps(_mm256_loadu_ps(kv + 8 * q), l2e, m0)), _mm256_castsi256_ps(simd::first_lanes(k - 8 * q)));
+      _mm256_store_ps(ev + 8 * q, e[q]);
     }
-    const __m256 vi = _mm256_set1_ps(1.f / sum);
+    float esum = 0.f;  // in order, as the lanes kernel sums the chosen
+    for (int64_t j = 0; j < k; ++j) esum += ev[j];
+    const __m256 vi = _mm256_set1_ps(1.f / esum);
     for (int q = 0; q < (k + 7) / 8; ++q) _mm256_storeu_ps(vals + 8 * q, _mm256_mul_ps(e[q], vi));
   } else {  // the chosen scores by a gather (ids in rank order), one multiply
     __m256 y[2];
@@ -257,11 +266,11 @@ RowResult route_row(const RouterSpec& s, GatingResult& r, int64_t row, RouterScr
       y[q] = _mm256_mask_i32gather_ps(zero, sc, _mm256_load_si256(reinterpret_cast<const __m256i*>(ids + 8 * q)), m, 4);
       _mm256_storeu_ps(vals + 8 * q, y[q]);
     }
-    float mul = softmax ? inv * (s.select == Select::gating ? s.scale : 1.f) : 1.f;
+    float mul = softmax ? (s.select == Select::gating ? s.scale : 1.f) / sum : 1.f;
     if (!softmax && s.select == Select::gating) {  // sigmoid gating: the sum in the scalar row's order
-      float sum = 0;
-      for (int64_t j = 0; j < k; ++j) sum += vals[j];
-      mul = s.scale / (sum + s.eps);
+      float ssum = 0;
+      for (int64_t j = 0; j < k; ++j) ssum += vals[j];
+      mul = s.scale / (ssum + s.eps);
     }
     const __m256 vm = _mm256_set1_ps(mul);
     for (int q = 0; q < (k + 7) / 8; ++q) _mm256_storeu_ps(vals + 8 * q, _mm256_mul_ps(y[q], vm));

@@ -394,7 +394,7 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
   // chains (max -> exps -> sum; threshold -> candidates -> sort) overlap.
   __m512 cm[kRouterBlock], kv[kRouterBlock];
   __m512i ki[kRouterBlock];
-  float mx[kRouterBlock], inv[kRouterBlock];
+  float mx[kRouterBlock], inv[kRouterBlock], sum[kRouterBlock];  // softmax: 1 / the row's exp sum, the sum
   const float* xa[kRouterBlock];  // selection keys (logits, masked logits or scores)
   const float* xl[kRouterBlock];  // logits
   int ncand[kRouterBlock];
@@ -492,9 +492,10 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
     }
     if (softmax) {
       for (int i = nb; i < kRouterBlock; ++i) psum[i] = psum[0];
-      _mm512_store_ps(red, _mm512_div_ps(_mm512_set1_ps(1.f), reduce8(psum, [](__m512 a, __m512 c) { return _mm512_add_ps(a, c); })));
+      _mm512_store_ps(red, reduce8(psum, [](__m512 a, __m512 c) { return _mm512_add_ps(a, c); }));
       for (int i = 0; i < nb; ++i) {
-        inv[i] = red[reduce8_lane(i)];
+        sum[i] = red[reduce8_lane(i)];
+        inv[i] = 1.f / sum[i];
         // Without -inf lanes (mask, padding) the exps' fractional parts are NaN exactly when some
         // logit (or the row max) is not finite: the sum is the finiteness check.
         if (finite_by_sum && std::isnan(inv[i]) && !(skip >> i & 1)) { valid = false; skip |= 1u << i; }
@@ -572,13 +573,13 @@ template <int NV, bool Direct> bool route_rows(const RouterSpec& s, GatingResult
       __m512 w;
       if (s.select == Select::topk_softmax) {  // softmax over the k chosen logits (lane 0 is their max)
         __m512 e = _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_fmsub_ps(kv[i], l2e, _mm512_set1_ps(mx[i] * kLog2e))));
-        w = _mm512_mul_ps(e, _mm512_set1_ps(1.f / _mm512_reduce_add_ps(e)));
+        w = _mm512_mul_ps(e, _mm512_set1_ps(1.f / sum_in_order(e, k)));
       } else {
         __m512 y = !on_x     ? _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mk, ki[i], sc, 4)
                    : softmax ? exp2_ps(_mm512_fmsub_ps(kv[i], l2e, _mm512_set1_ps(mx[i] * kLog2e)))
                              : sigmoid_ps(kv[i]);
         y = _mm512_maskz_mov_ps(mk, y);
-        float mul = softmax ? inv[i] * (s.select == Select::gating ? s.scale : 1.f) : s.scale / (_mm512_reduce_add_ps(y) + s.eps);
+        float mul = softmax ? (s.select == Select::gating ? s.scale : 1.f) / sum[i] : s.scale / (sum_in_order(y, k) + s.eps);
         w = _mm512_mul_ps(y, _mm512_set1_ps(mul));
       }
       write_row16(s, r, row, ki[i], w, row * k + 16 <= r1 * k, jr);

@@ -61,6 +61,13 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
 }
 
+// The sum of v's lanes as the 8-tokens-in-lanes kernels' transposing hadd tree adds a row:
+// ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)).
+inline float hsum_pairs(__m256 v) {
+  const __m256 h = _mm256_hadd_ps(v, v), q = _mm256_hadd_ps(h, h);
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1)));
+}
+
 // 2^f for f in [0, 1): the AVX-512 kernels' degree-5 minimax polynomial (about 1 ulp).
 inline __m256 exp2_poly(__m256 f) {
   __m256 p = _mm256_set1_ps(1.8775747157633305e-3f);

@@ -121,6 +121,17 @@ inline bool has_vbmi2() {
   return yes;
 }
 
+// Lanes [0, k) of v summed in lane order: the order of the 16-tokens-in-lanes kernels (a vertical
+// sum over the chosen) and of the scalar row, so a row's weights do not depend on which kernel
+// routed it (a call split into tasks sends a task's last rows to the row kernel).
+inline float sum_in_order(__m512 v, int64_t k) {
+  alignas(64) float a[16];
+  _mm512_store_ps(a, v);
+  float s = 0.f;
+  for (int64_t j = 0; j < k; ++j) s += a[j];
+  return s;
+}
+
 // write_row from registers: ids (E for finished rows), weights cast to y's dtype, v1 row_idx.
 // `whole`: all 16 lanes are stored unmasked (masked stores are slow on some cores); the lanes past
 // k land in the next rows' slots, which the caller writes later.

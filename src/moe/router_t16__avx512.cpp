@@ -139,7 +139,7 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
         many_candidates_topk(x, NV, tha[i], int(k), kv, ki);
         const __mmask16 mk = lanes(k);
         __m512 e = _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_fmsub_ps(_mm512_maskz_load_ps(mk, kv), l2e, _mm512_set1_ps((softmax ? mxa[i] : kv[0]) * kLog2e))));
-        e = _mm512_mul_ps(e, _mm512_set1_ps(softmax ? sca[i] : mul / _mm512_reduce_add_ps(e)));
+        e = _mm512_mul_ps(e, _mm512_set1_ps(softmax ? sca[i] : mul / sum_in_order(e, k)));
         write_row16(s, r, rb + i, _mm512_maskz_load_epi32(mk, ki), e, false, jr);
       }
     }

@@ -223,7 +223,7 @@ bool t16_sigmoid_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t 
       const __mmask16 mk = lanes(k);
       const __m512i id = _mm512_maskz_load_epi32(mk, ki);
       const __m512 y = _mm512_maskz_mov_ps(mk, sigmoid_ps(_mm512_mask_i32gather_ps(zero, mk, id, xf + i * E, 4)));
-      write_row16(s, r, rb + i, id, _mm512_mul_ps(y, _mm512_set1_ps(s.scale / (_mm512_reduce_add_ps(y) + s.eps))), false, jr);
+      write_row16(s, r, rb + i, id, _mm512_mul_ps(y, _mm512_set1_ps(s.scale / (sum_in_order(y, k) + s.eps))), false, jr);
     }
   }
   return true;

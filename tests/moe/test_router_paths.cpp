@@ -5,6 +5,7 @@
 #include "helpers.h"
 
 #include "ot/cpu.h"
+#include "ot/parallel.h"
 #include "src/core/knobs.h"
 
 namespace test_router_paths {
@@ -137,6 +138,49 @@ TEST(MoeRouterPaths, BadRowAnywhereIsAnError) {
       o.allowed = allowed;
       EXPECT_OT_ERROR(moe_gating_top_k(ok, o), "allowed");
       EXPECT_NO_THROW(moe_gating_top_k_softmax(ok, 3, {}, allowed));
+    }
+  }
+}
+
+// Small calls run on one thread, larger ones split into tasks of 16 Ki logits: every split gives
+// the same bits (rows are independent), from one task up to several per thread.
+TEST(MoeRouterPaths, TaskSplitsGiveTheSameBits) {
+  for (cpu::Isa isa : paths()) {
+    cpu::ScopedMaxIsa cap(isa);
+    for (int64_t T : {7, 255, 256, 660, 700, 5000}) {
+      Tensor x = randn(DType::f32, {T, 64}, uint32_t(T), 2.f);
+      GatingTopKOptions sig, soft;
+      sig.k = 6; sig.norm_type = 1; sig.group_count = 4; sig.k_group = 2; sig.routed_scaling_factor = 2.5f;
+      soft.k = 6; soft.routed_scaling_factor = 2.5f;
+      auto route = [&] {
+        return std::vector<GatingResult>{moe_gating_top_k_softmax(x, 6), moe_gating_top_k_softmax_v2(x, 6, {}, 1, false),
+                                         moe_gating_top_k(x, sig), moe_gating_top_k(x, soft)};
+      };
+      set_num_threads(1);
+      const std::vector<GatingResult> one = route();
+      set_num_threads(0);
+      const std::vector<GatingResult> all = route();
+      for (size_t c = 0; c < one.size(); ++c) {
+        SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " T " + std::to_string(T) + " router " + std::to_string(c));
+        expect_same(one[c].expert_idx, all[c].expert_idx, "ids");
+        expect_same(one[c].y, all[c].y, "weights");
+      }
+      // Batch invariance: a row routed alone (the row kernels) gets the bits it gets in the batch.
+      if (T == 700) {
+        const Tensor full = x;
+        for (int64_t row : {0, 5, 339, 699}) {
+          x = Tensor::empty(DType::f32, {1, 64});
+          std::copy(full.ptr<float>() + row * 64, full.ptr<float>() + row * 64 + 64, x.ptr<float>());
+          const std::vector<GatingResult> alone = route();
+          for (size_t c = 0; c < alone.size(); ++c) {
+            SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " row " + std::to_string(row) + " alone, router " + std::to_string(c));
+            for (int64_t j = 0; j < 6; ++j) {
+              EXPECT_EQ(alone[c].expert_idx.ptr<int32_t>()[j], all[c].expert_idx.ptr<int32_t>()[row * 6 + j]);
+              EXPECT_EQ(alone[c].y.ptr<float>()[j], all[c].y.ptr<float>()[row * 6 + j]);
+            }
+          }
+        }
+      }
     }
   }
 }
