@@ -33,6 +33,15 @@ void parallel_for(int64_t n, FnRef<void(int64_t, int64_t)> fn);
 // atomic counter; fn(begin, end) per chunk. chunk <= 0 picks about 4 chunks per thread.
 void parallel_for_dynamic(int64_t n, int64_t chunk, FnRef<void(int64_t, int64_t)> fn);
 
+// A call whose work touches fewer bytes than this (read + written) runs on the calling thread:
+// starting a parallel region costs ~3-5 us on a 2-core VM, more than such work takes on one core
+// (a decode step of a small model, a norm over a few tokens).
+constexpr double kInlineWorkBytes = 64 * 1024;
+// parallel_for / parallel_for_dynamic for a call that touches `bytes` in all: inline (fn(0, n))
+// below kInlineWorkBytes.
+void parallel_for_sized(int64_t n, double bytes, FnRef<void(int64_t, int64_t)> fn);
+void parallel_for_dynamic_sized(int64_t n, int64_t chunk, double bytes, FnRef<void(int64_t, int64_t)> fn);
+
 // Every thread runs fn(thread_id, num_threads) once (for per-thread scratch set-up).
 void parallel_region(FnRef<void(int, int)> fn);
 

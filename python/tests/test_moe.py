@@ -437,6 +437,26 @@ def test_sparse_moe_block_loads_hf_and_mixtral_keys():
 
 
 @need("moe_ffn")
+def test_ops_taking_packed_objects_skip_torch_function_lookups():
+    """Ops with torch.classes arguments run with __torch_function__ off (its lookup on a ScriptObject
+    throws a C++ exception every call): the results equal the raw op's, and the switch is restored."""
+    from ops_transformer import _lib
+    assert _lib.takes_script_objects("moe_ffn") and not _lib.takes_script_objects("matmul")
+    H, E, I, K = 32, 8, 16, 2
+    blk = moe.SparseMoeBlock(H, E, I, K, norm_topk_prob=True)
+    x = torch.randn(5, H)
+    with torch.no_grad():
+        blk.repack()
+        router = moe._RouterCache().get(blk.gate.weight, torch.float32)
+        fast = moe._MOE_FFN(x, router, blk._packed, k=K, norm_topk_prob=True)
+        raw = _lib.ops.moe_ffn.default._op(x, router, blk._packed, k=K, norm_topk_prob=True)
+        for a, b in zip(fast, raw):
+            if isinstance(a, torch.Tensor):
+                assert torch.equal(a, b)
+    assert torch._C._is_torch_function_enabled()
+
+
+@need("moe_ffn")
 def test_sparse_moe_block_bf16_realistic():
     H, E, I, K = 256, 16, 128, 4
     blk = moe.SparseMoeBlock(H, E, I, K, dtype=torch.bfloat16)

@@ -62,6 +62,16 @@ void parallel_for_dynamic(int64_t n, int64_t chunk, FnRef<void(int64_t, int64_t)
   }
 }
 
+void parallel_for_sized(int64_t n, double bytes, FnRef<void(int64_t, int64_t)> fn) {
+  if (n > 0 && bytes < kInlineWorkBytes) return fn(0, n);
+  parallel_for(n, fn);
+}
+
+void parallel_for_dynamic_sized(int64_t n, int64_t chunk, double bytes, FnRef<void(int64_t, int64_t)> fn) {
+  if (n > 0 && bytes < kInlineWorkBytes) return fn(0, n);
+  parallel_for_dynamic(n, chunk, fn);
+}
+
 void parallel_region(FnRef<void(int, int)> fn) {
   if (num_threads() == 1 || omp_in_parallel()) { fn(0, 1); return; }
 #pragma omp parallel num_threads(num_threads())

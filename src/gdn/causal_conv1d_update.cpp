@@ -98,7 +98,9 @@ Tensor causal_conv1d_update(const TensorView& x_in, const TensorView& conv_state
   const bool slab = conv_state.strides[2] == 1 && conv_state.strides[1] == Wm;
   Tensor keep;
   const TensorView xc = x.strides[2] == 1 || D <= 1 ? x : (keep = Tensor::copy_of(x)).view();
-  parallel_for(B * pw.blocks, [&](int64_t j0, int64_t j1) {
+  // The state read and written, x in and y out (a decode step's few KiB: on the calling thread).
+  const double call_bytes = double(B * D) * double(2 * Wm * dtype_size(conv_state.dtype) + 2 * S * dtype_size(x.dtype));
+  parallel_for_sized(B * pw.blocks, call_bytes, [&](int64_t j0, int64_t j1) {
     alignas(64) float zeros[kBlock] = {}, cw[kBlock * (kMaxWidth - 1)], init[kBlock * (kMaxWidth - 1)], fin[kBlock * (kMaxWidth - 1)];
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t b = j / pw.blocks, blk = j % pw.blocks, c0 = blk * kBlock;

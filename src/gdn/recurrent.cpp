@@ -183,7 +183,9 @@ RecurrentOut recurrent_gated_delta_rule(const TensorView& q, const TensorView& k
 
   // Scratch per thread: state (fp32, or fp64 for the reference), q, k, v, o, tmp; kept across
   // calls (a decode step is ~0.1 ms: fresh pages per call would cost a visible part of it).
-  parallel_for_dynamic(N * HV, 0, [&](int64_t i0, int64_t i1) {
+  // (A small model's step, a few states of KiBs, on the calling thread.)
+  const double call_bytes = state_bytes + double(q.nbytes() + k.nbytes() + 2 * v.nbytes());
+  parallel_for_dynamic_sized(N * HV, 0, call_bytes, [&](int64_t i0, int64_t i1) {
     static thread_local std::vector<double> scratch;
     if (scratch.size() < size_t(SS + 5 * 256 / 2 + 8)) scratch.assign(size_t(SS + 5 * 256 / 2 + 8), 0.0);
     double* Sd = scratch.data();

@@ -132,7 +132,8 @@ RmsNormGatedOut rms_norm_gated(const TensorView& x_in, const TensorView& z_in, c
   const Cfg c{a.N, a.group, o.eps, o.norm_before_gate, w.data()};
   float* rstd = r.rstd.ptr<float>();
   const int64_t blocks = (a.rows + kRowBlock - 1) / kRowBlock;
-  parallel_for(blocks, [&](int64_t b0, int64_t b1) {
+  const double call_bytes = double(x.nbytes() + z.nbytes() + y.nbytes());  // (a decode step's few tokens: one thread)
+  parallel_for_sized(blocks, call_bytes, [&](int64_t b0, int64_t b1) {
     std::vector<float> buf(size_t(fwd_scratch(a.N)), 0.f);
     const int64_t r0 = b0 * kRowBlock, r1 = std::min(a.rows, b1 * kRowBlock);
     kernel.fn(c, in_of(x), in_of(z), out_of(y), rstd, r0, r1, buf.data());
@@ -171,7 +172,7 @@ RmsNormGatedGrads rms_norm_gated_bwd(const TensorView& dy_in, const TensorView& 
   const int64_t blocks = (a.rows + kRowBlock - 1) / kRowBlock;
   std::vector<float> partial(size_t(blocks * a.N), 0.f);
   const Bwd b{in_of(dy), in_of(x), in_of(z), out_of(dx), out_of(dz), rstd.defined() ? rstd.ptr<float>() : nullptr};
-  parallel_for(blocks, [&](int64_t b0, int64_t b1) {
+  parallel_for_sized(blocks, double(dy.nbytes() + x.nbytes() + z.nbytes() + dx.nbytes() + dz.nbytes()), [&](int64_t b0, int64_t b1) {
     std::vector<float> buf(size_t(bwd_scratch(a.N)), 0.f);
     for (int64_t k = b0; k < b1; ++k) {
       const int64_t r0 = k * kRowBlock, r1 = std::min(a.rows, r0 + kRowBlock);

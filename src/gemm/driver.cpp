@@ -282,6 +282,7 @@ struct Schedule {
   std::vector<int64_t> first;   // first unit of each job
   std::vector<int64_t> zstart;  // race-free: zmm columns of real output before block ob
   bool race_free = false, same = true, fine = false;
+  bool tiny = false;  // small enough for the calling thread alone (see plan)
   uint64_t call = 0;
 
   void plan(const Job* js, int64_t n, bool rf) {
@@ -290,7 +291,15 @@ struct Schedule {
     first.assign(size_t(count) + 1, 0);
     const int T = num_threads();
     int64_t rows = 0;
-    for (int64_t j = 0; j < count; ++j) rows += jobs[j].M;
+    double flops = 0, bbytes = 0;
+    for (int64_t j = 0; j < count; ++j) {
+      rows += jobs[j].M;
+      flops += 2.0 * double(jobs[j].M) * double(jobs[j].b.N) * double(jobs[j].b.K);
+      bbytes += double(jobs[j].b.Kp) * double(jobs[j].b.N) * double(layout_elt(jobs[j].b.layout));
+    }
+    // Waking the other threads costs ~3-5 us: a call below ~1 MFLOP and 256 KiB of weights (a
+    // router's logits, a small model's decode step) is faster on the calling thread alone.
+    tiny = flops <= 1e6 && bbytes <= 256.0 * 1024;
     const int drows = decode_rows();
     const bool prefill = rows > kDecodeRows * count;  // more rows per job on average than a decode-sized block
     // Output blocks per unit: a job's whole row block when that still gives >= 32 units per thread
@@ -414,6 +423,10 @@ void run_jobs(const Job* jobs, int64_t count, bool race_free) {
   s.plan(jobs, count, race_free);
   if (s.total == 0) return;
   std::atomic<int64_t> next{0};
+  if (s.tiny) {
+    s.run(0, 1, next, [](int64_t) {});
+    return;
+  }
   if (!race_free) {
     parallel_for_dynamic(s.total, 1, [&](int64_t b, int64_t e) {
       for (int64_t u = b; u < e; ++u) s.unit(u);
@@ -439,6 +452,11 @@ void run_job_chain(const Job* first, const Job* second, int64_t count, bool race
   for (int64_t j = 0; j < count; ++j) left[j].store(s1.plans[size_t(j)].units, std::memory_order_relaxed);
   if (s1.total + s2.total == 0) return;
   std::atomic<int64_t> next1{0}, next2{0};
+  if (s1.tiny && s2.tiny) {
+    s1.run(0, 1, next1, [](int64_t) {});
+    s2.run(0, 1, next2, [](int64_t) {});
+    return;
+  }
   parallel_region([&](int tid, int nthreads) {
     // Stage 1: dynamic units; each finished unit counts down its job (release: its output is written).
     for (int64_t u; (u = next1.fetch_add(1, std::memory_order_relaxed)) < s1.total;) {

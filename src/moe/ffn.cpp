@@ -287,12 +287,13 @@ MoeFfnResult run_ffn(const FfnPlan& p, const TensorView& x_in, const gemm::Packe
   TensorView acc = x.dtype == DType::f32 ? r.y.view() : TensorView(scratch(1, size_t(p.T * p.H) * 4), DType::f32, {p.T, p.H});
   float* accp = acc.ptr<float>();
   if (o.residual.defined()) copy_into(o.residual, acc);
-  else parallel_for(p.T, [&](int64_t t0, int64_t t1) { std::memset(accp + t0 * p.H, 0, size_t((t1 - t0) * p.H) * 4); });
+  else parallel_for_sized(p.T, double(p.T * p.H) * 4, [&](int64_t t0, int64_t t1) { std::memset(accp + t0 * p.H, 0, size_t((t1 - t0) * p.H) * 4); });
   ex.run(x, plan.rows(), acc, o.shared && p.T > 0 ? o.shared : nullptr);
   if (x.dtype != DType::f32) {
     char* y = static_cast<char*>(r.y.view().data);
     const size_t ys = dtype_size(x.dtype);
-    parallel_for(p.T, [&](int64_t t0, int64_t t1) { convert_from_f32(accp + t0 * p.H, y + size_t(t0 * p.H) * ys, x.dtype, (t1 - t0) * p.H); });
+    parallel_for_sized(p.T, double(p.T * p.H) * double(4 + ys),
+                       [&](int64_t t0, int64_t t1) { convert_from_f32(accp + t0 * p.H, y + size_t(t0 * p.H) * ys, x.dtype, (t1 - t0) * p.H); });
   }
   return r;
 }

@@ -217,6 +217,33 @@ TEST(Parallel, StaticAndDynamicCoverEveryItemOnce) {
   }
 }
 
+// Sized forms: small work runs as one call on the calling thread; larger work is split like the
+// plain forms (every item once, in a parallel region when there are threads).
+TEST(Parallel, SizedFormsRunSmallWorkInline) {
+  set_num_threads(2);
+  for (double bytes : {0.0, kInlineWorkBytes - 1, kInlineWorkBytes, 1e8}) {
+    const int64_t n = 1000;
+    std::vector<std::atomic<int>> hit(static_cast<size_t>(n));
+    std::atomic<int> calls{0}, in_region{0};
+    auto body = [&](int64_t b, int64_t e) {
+      calls += 1;
+      in_region += in_parallel_region();
+      for (int64_t i = b; i < e; ++i) hit[size_t(i)]++;
+    };
+    parallel_for_sized(n, bytes, body);
+    parallel_for_dynamic_sized(n, 10, bytes, body);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hit[size_t(i)].load(), 2) << i;
+    if (bytes < kInlineWorkBytes) {
+      EXPECT_EQ(calls.load(), 2) << bytes;
+      EXPECT_EQ(in_region.load(), 0) << bytes;
+    } else {
+      EXPECT_GT(calls.load(), 2) << bytes;
+      EXPECT_GT(in_region.load(), 0) << bytes;
+    }
+  }
+  set_num_threads(0);
+}
+
 // Operator scopes opened inside a parallel region (nested engine calls of one thread) are folded
 // into the enclosing operator's event: one event per top-level call, none per thread.
 TEST(Trace, ScopesInsideParallelRegionsAreQuiet) {
