@@ -29,6 +29,20 @@ PackedWeightHolder::PackedWeightHolder(const at::Tensor& w, const std::string& l
   });
 }
 
+Tensor linear_packed(const Tensor& x, const c10::intrusive_ptr<PackedWeightHolder>& w) {
+  const char* op = "linear_packed";
+  OT_CHECK(w.defined(), op, "weight", "a PackedWeight", "None");
+  auto vx = view(x, op, "x");
+  OT_CHECK(vx.ndim == 2, op, "x", "a 2-D tensor [M, K]", vx.shape_str());
+  OT_CHECK(is_float(vx.dtype), op, "x", "float32, bfloat16 or float16", dtype_name(vx.dtype));
+  OT_CHECK(vx.sizes[1] == w->K(), op, "x", "[M, K] with the weight's K = " + std::to_string(w->K()), vx.shape_str());
+  OT_CHECK(vx.strides[1] == 1 || vx.sizes[1] <= 1, op, "x", "rows with unit column stride", "strided");
+  Tensor y = empty({vx.sizes[0], w->N()}, x.scalar_type());
+  auto vy = view(y, op, "y");
+  gemm::gemm(vx.sizes[0], {vx.data, vx.dtype, vx.sizes[0] > 1 ? vx.strides[0] : vx.sizes[1]}, w->b, {vy.data, vy.dtype, w->N()});
+  return y;
+}
+
 // torch_npu act_type codes (+ 6 = swiglu, this library's addition) -> engine epilogue.
 gemm::Act act_of(int64_t act_type, const char* op) {
   switch (act_type) {

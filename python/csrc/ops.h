@@ -31,6 +31,8 @@ std::tuple<int64_t, bool> isa_state();
 #ifdef OT_HAVE_MOE
 // moe_ops.cpp (torch_npu names without the npu_ prefix)
 struct PackedWeightHolder;
+// y = x @ W^T on a weight packed once (x [M, K] in the weight's dtype family; y in x's dtype).
+Tensor linear_packed(const Tensor& x, const c10::intrusive_ptr<PackedWeightHolder>& w);
 struct MoeExpertsHolder;
 std::tuple<Tensor, Tensor, Tensor> moe_gating_top_k_softmax(const Tensor& x, const OptTensor& finished, int64_t k,
                                                             const OptTensor& allowed);

@@ -23,6 +23,7 @@ TORCH_LIBRARY(ops_transformer, m) {
       .def(torch::init<at::Tensor, std::string>())
       .def("K", &PackedWeightHolder::K)
       .def("N", &PackedWeightHolder::N);
+  m.def("linear_packed(Tensor x, __torch__.torch.classes.ops_transformer.PackedWeight weight) -> Tensor", OT_OP(linear_packed));
 #ifdef OT_HAVE_MOE
   // ---- MoE (torch_npu: npu_moe_* without the npu_ prefix)
   m.class_<MoeExpertsHolder>("MoeExperts")

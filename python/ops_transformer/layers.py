@@ -16,10 +16,12 @@ conv_state_indices[b], int32, negative = padded row). rms_norm_gated: y = rmsnor
 (norm_before_gate, fla's FusedRMSNormGated and HF Qwen3NextRMSNormGated) or rmsnorm(x * silu(z)) *
 weight, over groups of group_size values of the last dim; statistics in fp32, y in x's dtype.
 fp32, bf16 and fp16 tensors; gradients flow through causal_conv1d_fn and rms_norm_gated."""
+import weakref
+
 import torch
 import torch.nn as nn
 
-from ._lib import ops
+from ._lib import fast_op, ops
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update", "rms_norm_gated", "RMSNormGated", "linear", "Linear",
            "use_library_linear"]
@@ -136,11 +138,31 @@ def linear(x, weight):
     return _Linear.apply(x2, weight).reshape(*x.shape[:-1], weight.shape[0])
 
 
+_LINEAR_PACKED = fast_op("linear_packed")
+# Linear module -> (weight key, its PackedWeight): outside the module, so copies and pickles of a
+# module never meet the torch.classes object; freed with the module.
+_PACKED_LINEARS = weakref.WeakKeyDictionary()
+
+
 class Linear(nn.Linear):
-    """nn.Linear (same parameters and state_dict) whose product runs on the library's matmul."""
+    """nn.Linear (same parameters and state_dict) whose product runs on the library's matmul. Without
+    a backward, a few rows (decode) run on the weight packed once and kept until it changes (its
+    data pointer, version counter or dtype; a second copy of the weight while it lives), not on
+    torch's GEMV."""
 
     def forward(self, x):
-        y = linear(x, self.weight)
+        x2 = x.reshape(-1, x.shape[-1])
+        w = self.weight
+        if (_LINEAR_PACKED is not None and 0 < x2.shape[0] <= 16 and x.dtype == w.dtype and x2.stride(-1) == 1
+                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+            key = (w.data_ptr(), w._version, w.dtype)
+            cache = _PACKED_LINEARS.get(self)
+            if cache is None or cache[0] != key:
+                cache = (key, torch.classes.ops_transformer.PackedWeight(w.detach(), "torch"))
+                _PACKED_LINEARS[self] = cache
+            y = _LINEAR_PACKED(x2, cache[1]).reshape(*x.shape[:-1], w.shape[0])
+        else:
+            y = linear(x, w)
         return y if self.bias is None else y + self.bias
 
 

@@ -188,3 +188,28 @@ def test_rms_norm_gated_bad_inputs():
         layers.rms_norm_gated(x, torch.randn(4, 15), torch.ones(16))
     with pytest.raises(RuntimeError, match="group_size"):
         layers.rms_norm_gated(x, x, torch.ones(16), group_size=5)
+
+
+@need("linear_packed")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_decode_rows_on_the_packed_weight(dtype):
+    """Few rows without a backward run on a weight packed once; an in-place change of the weight
+    (an optimizer step, load_state_dict) repacks it; training rows keep the differentiable path."""
+    torch.manual_seed(0)
+    m = layers.Linear(96, 80, bias=True).to(dtype)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    with torch.no_grad():
+        for rows in (1, 3, 16, 17):
+            x = torch.randn(rows, 96).to(dtype)
+            assert rel_err(m(x), F.linear(x, m.weight, m.bias)) < tol
+        packed = layers._PACKED_LINEARS[m][1]
+        m.weight.mul_(-2.0)
+        x = torch.randn(2, 1, 96).to(dtype)
+        y = m(x)
+        assert y.shape == (2, 1, 80) and rel_err(y, F.linear(x, m.weight, m.bias)) < tol
+        assert layers._PACKED_LINEARS[m][1] is not packed
+    x = torch.randn(4, 96).to(dtype).requires_grad_()
+    m(x).float().sum().backward()
+    assert x.grad is not None and m.weight.grad is not None
+    with pytest.raises(RuntimeError, match="x"):
+        torch.ops.ops_transformer.linear_packed(torch.randn(2, 95), layers._PACKED_LINEARS[m][1])
