@@ -10,6 +10,7 @@
 
 #include "src/core/cvt_avx512.h"
 #include "src/core/kernel_inline.h"
+#include "src/gemm/vec_math_avx512.h"
 #include "src/moe/router_plan.h"
 
 namespace ot::moe::impl::rsimd {
@@ -35,20 +36,9 @@ inline __m512 load16(const void* base, DType t, int64_t i, __mmask16 m) {
 
 constexpr float kLog2e = 1.44269504088896341f;
 
-// 2^t: f = t - floor(t) in [0, 1) by one vreduceps, a degree-5 minimax polynomial (relative error
-// 1.5e-7 over the fp32 range, about 1 ulp) and vscalefps, which floors t itself (no separate
-// round and subtract: 8 ops a vector, was 10). -inf gives 0 (f = 0), NaN gives NaN, 0 below the
-// fp32 range. Every expert's exp is on the router's critical path; the tests' fp32 tolerance is 1e-5.
-inline __m512 exp2_ps(__m512 t) {
-  const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 p = _mm512_set1_ps(1.8775747157633305e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.989345282316208e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.582631379365921e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24015362560749054f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931530833244324f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999999403953552f));
-  return _mm512_scalef_ps(p, t);
-}
+// 2^t (gemm::vm::exp2: vreduceps, a degree-5 polynomial, vscalefps; about 1 ulp). Every expert's
+// exp is on the router's critical path; the tests' fp32 tolerance is 1e-5.
+OT_KERNEL_INLINE inline __m512 exp2_ps(__m512 t) { return gemm::vm::exp2(t); }
 
 // The softmax exps take 2^(x log2 e - m) with m = fl(max log2 e): the max's own exp is 2^d, d the
 // rounding error of m, a factor common to the row that cancels in the normalisation while it stays
