@@ -91,3 +91,18 @@ def test_train_smoke(tmp_path):
     assert rep["max_loss_diff"] < 1e-4 and len(rep["losses"]["library"]) == 4
     assert rep["generate"]["twin_text_equal"] and len(rep["generate"]["text"]) > 0
     assert (tmp_path / "loss.png").stat().st_size > 0 and (tmp_path / "report.md").exists()
+
+
+def test_kv_cache_appends_in_place_and_grows():
+    """The attention KV cache writes each step's rows into buffers grown by doubling: the views
+    equal the concatenation of every step's keys and values, across growths."""
+    from ops_transformer.models.hybrid import _append_kv
+    cache, ks, vs, past = {}, [], [], 0
+    for T in (40, 30, 1, 1, 70):
+        k, v = torch.randn(2, 3, T, 4), torch.randn(2, 3, T, 4)
+        ks.append(k), vs.append(v)
+        got_k, got_v = _append_kv(cache, k, v, past)
+        past += T
+        assert torch.equal(got_k, torch.cat(ks, 2)) and torch.equal(got_v, torch.cat(vs, 2))
+        assert cache["k"].shape[2] == past
+    assert cache["_kv"][0].shape[2] >= past

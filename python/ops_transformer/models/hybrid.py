@@ -75,6 +75,25 @@ def _rope(x, pos, theta):
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
+def _append_kv(cache, k, v, past):
+    """Writes the new keys / values at positions past.. of the cache's buffers (grown by doubling)
+    and returns views of all positions so far; cache["k"] / cache["v"] are those views. A step
+    copies only its own rows (a torch.cat of the whole cache each step was a quarter of a decode
+    token's time at a thousand positions)."""
+    B, H, T, D = k.shape
+    n = past + T
+    buf = cache.get("_kv")
+    if buf is None or buf[0].shape[2] < n:
+        cap = max(n, 64, 2 * (buf[0].shape[2] if buf is not None else 0))
+        grown = tuple(torch.empty(B, H, cap, D, dtype=k.dtype) for _ in range(2))
+        if past:
+            grown[0][:, :, :past], grown[1][:, :, :past] = cache["k"], cache["v"]
+        buf = cache["_kv"] = grown
+    buf[0][:, :, past:n], buf[1][:, :, past:n] = k, v
+    cache["k"], cache["v"] = buf[0][:, :, :n], buf[1][:, :, :n]
+    return cache["k"], cache["v"]
+
+
 class Attention(nn.Module):
     """Causal multi-head attention with RoPE; cache is a dict holding 'k', 'v' [B, H, S, D] (KV cache)."""
 
@@ -94,10 +113,8 @@ class Attention(nn.Module):
         past = 0 if cache is None or "k" not in cache else cache["k"].shape[2]
         pos = torch.arange(past, past + T)
         q, k = _rope(q, pos, self.theta), _rope(k, pos, self.theta)
-        if past:
-            k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
         if cache is not None:
-            cache["k"], cache["v"] = k, v
+            k, v = _append_kv(cache, k, v, past)
         s = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
         if T > 1:  # query t (absolute past + t) sees keys 0..past + t
             mask = torch.ones(T, past + T, dtype=torch.bool).triu(past + 1)
