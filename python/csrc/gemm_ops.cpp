@@ -4,6 +4,7 @@
 #include "ops.h"
 #include "ot/cpu.h"
 #include "ot/gemm.h"
+#include "ot/parallel.h"
 
 namespace ot::py {
 
@@ -27,6 +28,31 @@ PackedWeightHolder::PackedWeightHolder(const at::Tensor& w, const std::string& l
     b = gemm::prepack(view(w, "PackedWeight", "weight"), layout == "torch" ? gemm::BLayout::NK : gemm::BLayout::KN);
     return 0;
   });
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  const char* op = "bmm";
+  auto va = view(a, op, "a"), vb = view(b, op, "b");
+  OT_CHECK(va.ndim == 3, op, "a", "a 3-D tensor [B, M, K]", va.shape_str());
+  OT_CHECK(vb.ndim == 3 && vb.sizes[0] == va.sizes[0] && vb.sizes[1] == va.sizes[2], op, "b",
+           "[B, K, N] with a's B = " + std::to_string(va.sizes[0]) + " and K = " + std::to_string(va.sizes[2]), vb.shape_str());
+  OT_CHECK(is_float(va.dtype) && vb.dtype == va.dtype, op, "b", std::string("a's dtype ") + dtype_name(va.dtype) + " (float32, bfloat16 or float16)",
+           dtype_name(vb.dtype));
+  const int64_t B = va.sizes[0], M = va.sizes[1], N = vb.sizes[2];
+  Tensor c = empty({B, M, N}, a.scalar_type());
+  auto vc = view(c, op, "c");
+  auto mat = [](const TensorView& v, int64_t i) {
+    return gemm::MatView{static_cast<const char*>(v.data) + size_t(i * v.strides[0]) * dtype_size(v.dtype), v.dtype, v.sizes[1], v.sizes[2],
+                         v.strides[1], v.strides[2]};
+  };
+  // One product a task (each on its thread alone: the products of attention heads are small).
+  parallel_for(B, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      gemm::MutMatView ci{static_cast<char*>(vc.data) + size_t(i * M * N) * dtype_size(vc.dtype), vc.dtype, M, N, N, 1};
+      gemm::matmul(mat(va, i), mat(vb, i), ci, 1.f, 0.f);
+    }
+  });
+  return c;
 }
 
 Tensor linear_packed(const Tensor& x, const c10::intrusive_ptr<PackedWeightHolder>& w) {

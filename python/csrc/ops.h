@@ -24,6 +24,9 @@ using OptTensor = c10::optional<at::Tensor>;
 // gemm_ops.cpp
 gemm::Act act_of(int64_t act_type, const char* op);
 Tensor matmul(const Tensor& a, const Tensor& b, double alpha, c10::optional<c10::ScalarType> out_dtype);
+// c[i] = a[i] @ b[i] (a [B, M, K], b [B, K, N], strided; c in a's dtype): the products split over
+// the batch, one thread each.
+Tensor bmm(const Tensor& a, const Tensor& b);
 void set_max_isa(int64_t isa);
 void set_force_ref(bool on);
 std::tuple<int64_t, bool> isa_state();

@@ -15,6 +15,7 @@ TORCH_LIBRARY(ops_transformer, m) {
   using namespace ot::py;
   // ---- matrix engine and run-time controls
   m.def("matmul(Tensor a, Tensor b, *, float alpha=1.0, ScalarType? out_dtype=None) -> Tensor", OT_OP(matmul));
+  m.def("bmm(Tensor a, Tensor b) -> Tensor", OT_OP(bmm));
   m.def("set_max_isa(int isa) -> ()", OT_OP(set_max_isa));
   m.def("set_force_ref(bool on) -> ()", OT_OP(set_force_ref));
   m.def("isa_state() -> (int, bool)", OT_OP(isa_state));

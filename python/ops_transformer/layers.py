@@ -24,7 +24,7 @@ import torch.nn as nn
 from ._lib import fast_op, ops
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update", "rms_norm_gated", "RMSNormGated", "linear", "Linear",
-           "use_library_linear"]
+           "use_library_linear", "bmm"]
 
 
 def _cu(cu_seqlens):
@@ -136,6 +136,38 @@ def linear(x, weight):
     if x2.shape[0] == 0 or few_rows or x.dtype != weight.dtype:
         return torch.nn.functional.linear(x, weight)
     return _Linear.apply(x2, weight).reshape(*x.shape[:-1], weight.shape[0])
+
+
+class _Bmm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return _BMM(a, b)
+
+    @staticmethod
+    def backward(ctx, dc):
+        a, b = ctx.saved_tensors
+        da = _BMM(dc, b.transpose(1, 2)) if ctx.needs_input_grad[0] else None
+        db = _BMM(a.transpose(1, 2), dc) if ctx.needs_input_grad[1] else None
+        return da, db
+
+
+_BMM = fast_op("bmm")
+
+
+def bmm(a, b):
+    """a [..., M, K] @ b [..., K, N] over the leading dims on the library's matmul (a product per
+    thread, fp32 accumulation, transposes as strides); differentiable. torch.matmul where the op is
+    missing or the dtypes differ."""
+    if _BMM is None or a.dtype != b.dtype or a.shape[:-2] != b.shape[:-2] or a.dim() < 3:
+        return torch.matmul(a, b)
+    lead = a.shape[:-2]
+    a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        c = _Bmm.apply(a3, b3)
+    else:
+        c = _BMM(a3, b3)
+    return c.reshape(*lead, a.shape[-2], b.shape[-1])
 
 
 _LINEAR_PACKED = fast_op("linear_packed")

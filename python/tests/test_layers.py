@@ -213,3 +213,23 @@ def test_linear_decode_rows_on_the_packed_weight(dtype):
     assert x.grad is not None and m.weight.grad is not None
     with pytest.raises(RuntimeError, match="x"):
         torch.ops.ops_transformer.linear_packed(torch.randn(2, 95), layers._PACKED_LINEARS[m][1])
+
+
+@need("bmm")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bmm_matches_torch_with_gradients(dtype):
+    """layers.bmm over leading dims, strided operands (a transposed view), values and both gradients
+    against torch.matmul in fp32; mismatched batch sizes are an error naming b."""
+    torch.manual_seed(0)
+    a = torch.randn(2, 3, 33, 17).to(dtype).requires_grad_()
+    bt = torch.randn(2, 3, 29, 17).to(dtype).requires_grad_()
+    c = layers.bmm(a, bt.transpose(-1, -2))
+    ref = a.detach().float() @ bt.detach().float().transpose(-1, -2)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert c.dtype == dtype and c.shape == (2, 3, 33, 29) and rel_err(c, ref) < tol
+    g = torch.randn(c.shape)
+    c.backward(g.to(dtype))
+    assert rel_err(a.grad, g @ bt.detach().float()) < tol
+    assert rel_err(bt.grad, (a.detach().float().transpose(-1, -2) @ g).transpose(-1, -2)) < tol
+    with pytest.raises(RuntimeError, match="b"):
+        torch.ops.ops_transformer.bmm(torch.randn(2, 4, 5), torch.randn(3, 5, 6))

@@ -97,9 +97,14 @@ def _append_kv(cache, k, v, past):
 class Attention(nn.Module):
     """Causal multi-head attention with RoPE; cache is a dict holding 'k', 'v' [B, H, S, D] (KV cache)."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, impl="torch"):
         super().__init__()
         H, D = cfg.num_attention_heads, cfg.head_dim
+        if impl == "ot":  # the heads' products on the library's engine (the twin: torch.matmul)
+            from ..layers import bmm
+            self._matmul = bmm
+        else:
+            self._matmul = torch.matmul
         self.heads, self.head_dim, self.theta = H, D, cfg.rope_theta
         self.q_proj = nn.Linear(cfg.hidden_size, H * D, bias=False)
         self.k_proj = nn.Linear(cfg.hidden_size, H * D, bias=False)
@@ -115,11 +120,11 @@ class Attention(nn.Module):
         q, k = _rope(q, pos, self.theta), _rope(k, pos, self.theta)
         if cache is not None:
             k, v = _append_kv(cache, k, v, past)
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        s = self._matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
         if T > 1:  # query t (absolute past + t) sees keys 0..past + t
             mask = torch.ones(T, past + T, dtype=torch.bool).triu(past + 1)
             s = s.masked_fill(mask, float("-inf"))
-        o = torch.softmax(s.float(), -1).to(v.dtype) @ v
+        o = self._matmul(torch.softmax(s.float(), -1).to(v.dtype), v)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -145,7 +150,7 @@ class _Layer(nn.Module):
         else:
             from .hybrid_torch import GatedDeltaNet, SparseMoeBlock
         if self.is_attention:
-            self.self_attn = Attention(cfg)
+            self.self_attn = Attention(cfg, impl)
         else:
             self.linear_attn = GatedDeltaNet(
                 cfg.hidden_size, cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
