@@ -12,6 +12,7 @@
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "src/core/kernel_list.h"
+#include "src/core/row_view.h"
 #include "src/gdn/gdn_internal.h"
 #include "src/gdn/rms_norm_gated_kernels.h"
 #include "src/ref/gdn_layer_ref.h"
@@ -19,6 +20,7 @@
 namespace ot::gdn {
 using namespace detail;
 using namespace detail::norm;
+using ::ot::detail::as_rows;
 
 namespace {
 
@@ -28,24 +30,6 @@ struct Args {
   int64_t rows = 0, N = 0, group = 0;
   DType x = DType::f32;  // x's (and y's) dtype
 };
-
-// v as [rows, N] with rows one stride apart and N contiguous: a view when its leading dims
-// collapse, else a contiguous copy kept in `keep`.
-TensorView as_rows(const TensorView& v, int64_t rows, int64_t N, Tensor& keep) {
-  bool ok = v.last_dim_contiguous();
-  int64_t st = N, expect = -1;  // expect: the stride the next outer non-unit dim must have
-  for (int i = v.ndim - 2; i >= 0 && ok; --i) {
-    if (v.sizes[i] == 1) continue;
-    if (expect < 0) st = v.strides[i];
-    else ok = v.strides[i] == expect;
-    expect = v.strides[i] * v.sizes[i];
-  }
-  if (!ok) {
-    keep = Tensor::copy_of(v);
-    return TensorView(keep.view().data, v.dtype, {rows, N});
-  }
-  return TensorView(v.data, v.dtype, {rows, N}, {st, 1});
-}
 
 Args check(const TensorView& x, const TensorView& z, const TensorView& weight, const RmsNormGatedOptions& o, const char* op) {
   Args a;
@@ -67,13 +51,6 @@ Args check(const TensorView& x, const TensorView& z, const TensorView& weight, c
   return a;
 }
 
-std::vector<float> weight_f32(const TensorView& w) {
-  std::vector<float> v(size_t(w.sizes[0]));
-  if (w.strides[0] == 1) convert_to_f32(w.data, w.dtype, v.data(), w.sizes[0]);  // vector widening: per element it was 1/3 of a decode call
-  else
-    for (int64_t i = 0; i < w.sizes[0]; ++i) v[size_t(i)] = float(get_as_double(w, i));
-  return v;
-}
 In in_of(const TensorView& v) { return {v.data, v.dtype, v.strides[0]}; }
 Out out_of(const TensorView& v) { return {v.data, v.dtype, v.strides[0]}; }
 TensorView rows_view(const Tensor& t, int64_t rows, int64_t N) { return TensorView(t.view().data, t.dtype(), {rows, N}); }
@@ -128,7 +105,7 @@ RmsNormGatedOut rms_norm_gated(const TensorView& x_in, const TensorView& z_in, c
     ref::rms_norm_gated(x, z, weight, o.eps, o.norm_before_gate, a.group, y, r.rstd);
     return r;
   }
-  const std::vector<float> w = weight_f32(weight);
+  const std::vector<float> w = ::ot::detail::vector_f32(weight);
   const Cfg c{a.N, a.group, o.eps, o.norm_before_gate, w.data()};
   float* rstd = r.rstd.ptr<float>();
   const int64_t blocks = (a.rows + kRowBlock - 1) / kRowBlock;
@@ -167,7 +144,7 @@ RmsNormGatedGrads rms_norm_gated_bwd(const TensorView& dy_in, const TensorView& 
     ref::rms_norm_gated_bwd(dy, x, z, weight, o.eps, o.norm_before_gate, a.group, dx, dz, g.dweight);
     return g;
   }
-  const std::vector<float> w = weight_f32(weight);
+  const std::vector<float> w = ::ot::detail::vector_f32(weight);
   const Cfg c{a.N, a.group, o.eps, o.norm_before_gate, w.data()};
   const int64_t blocks = (a.rows + kRowBlock - 1) / kRowBlock;
   std::vector<float> partial(size_t(blocks * a.N), 0.f);

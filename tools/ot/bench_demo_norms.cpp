@@ -1,6 +1,8 @@
 // `ot bench demo_norms`: the demo's two norms at its default shapes (hidden 1024; 8 value heads of
 // 128; prefill 763 tokens, decode 6), bf16, in GB/s of the bytes each call reads and writes, against
-// the memory peak. The reference is the plain form (double sums, one thread) the demo verifies with.
+// the memory peak. The reference is the plain form (double sums, one thread) the demo verifies with;
+// for add_rms_norm and rms_norm_bwd (the training step's forms, at the prefill shape) the library's
+// fp64 reference (OT_FORCE_REF).
 #include <functional>
 #include <random>
 #include <string>
@@ -8,6 +10,8 @@
 
 #include "bench_harness.h"
 #include "demo_ops.h"
+#include "ot/cpu.h"
+#include "ot/norm.h"
 #include "ot/parallel.h"
 
 namespace ot::cli {
@@ -33,8 +37,17 @@ int run_norms(const BenchOptions& opt) {
     for (int64_t i = 0; i < HV * DV; ++i) wh.ptr<float>()[i] = wd.ptr<float>()[i % DV];
     keep.insert(keep.end(), {x, y, w, o, z, wd, wh});
     const double act = double(T * H * 2);
-    cases.push_back({"rms_norm-T" + t, "[" + t + ", 1024]", 2 * act, [=] { demo::rms_norm(x, w.ptr<float>(), 1e-6, y); },
+    cases.push_back({"rms_norm-T" + t, "[" + t + ", 1024]", 2 * act, [=] { demo::rms_norm(x, w.ptr<float>(), 1e-6); },
                      [=] { demo::rms_norm_ref(x, w.ptr<float>(), 1e-6, y); }});
+    if (T > 16) {
+      Tensor x2 = uniform_tensor(rng, DType::bf16, {T, H}, -1, 1), dy = uniform_tensor(rng, DType::bf16, {T, H}, -1, 1);
+      Tensor rstd = ot::rms_norm(x, w, 1e-6f).rstd;
+      keep.insert(keep.end(), {x2, dy, rstd});
+      auto forced = [](std::function<void()> f) { return [f] { cpu::ScopedForceRef r(true); f(); }; };
+      std::function<void()> add = [=] { ot::add_rms_norm(x, x2, w, 1e-6f); }, bwd = [=] { ot::rms_norm_bwd(dy, x, w, rstd, 1e-6f); };
+      cases.push_back({"add_rms_norm-T" + t, "[" + t + ", 1024]", 4 * act, add, forced(add)});
+      cases.push_back({"rms_norm_bwd-T" + t, "[" + t + ", 1024]", 3 * act, bwd, forced(bwd)});
+    }
     cases.push_back({"gated_rms_norm-T" + t, "[" + t + ", 8, 128]", 3 * act, [=] { demo::gated_rms_norm(o, z, wh, 1e-6); },
                      [=] { demo::gated_rms_norm_ref(o, z, wd.ptr<float>(), 1e-6, y); }});
   }

@@ -241,15 +241,16 @@ void checked_linear(const char* name, const TensorView& x, const Linear& w, cons
   if (iso && !accumulate) iso->time(name, [&] { linear(name, x, w, out); });
 }
 
-// out = rms_norm(x), checked against the plain form when verifying.
-void checked_rms_norm(const TensorView& x, const float* w, double eps, const TensorView& out, Verifier* v, Isolation* iso) {
-  rms_norm(x, w, eps, out);
-  if (iso) iso->time("rms_norm", [&] { rms_norm(x, w, eps, out); });
+// rms_norm(x), checked against the plain form when verifying.
+Tensor checked_rms_norm(const TensorView& x, const float* w, double eps, Verifier* v, Isolation* iso) {
+  Tensor out = rms_norm(x, w, eps);
+  if (iso) iso->time("rms_norm", [&] { rms_norm(x, w, eps); });
   if (v) {
-    Tensor ref = Tensor::empty(out.dtype, out.shape());
+    Tensor ref = Tensor::empty(out.dtype(), out.shape());
     rms_norm_ref(x, w, eps, ref);
     v->add("rms_norm", normalised_error(out, ref));
   }
+  return out;
 }
 
 // Columns [col, col + width) of a [T, P] tensor as a [T, width] view.
@@ -272,11 +273,10 @@ TensorView columns(const Tensor& t, int64_t col, int64_t width) {
 void Model::mixer(Layer& L, int64_t l, Tensor& x, const Batch& batch, bool prefill, Verifier* v) {
   using namespace demo_model_local;
   const ModelConfig& m = cfg_.model;
-  const int64_t T = x.size(0), H = m.hidden, HK = m.gdn.key_heads, HV = m.gdn.value_heads, DK = m.gdn.key_head_dim,
+  const int64_t T = x.size(0), HK = m.gdn.key_heads, HV = m.gdn.value_heads, DK = m.gdn.key_head_dim,
                 DV = m.gdn.value_head_dim;
   const DType dt = m.dtype;
-  Tensor xn = pooled_empty(dt, {T, H});
-  checked_rms_norm(x, L.in_norm.data(), m.rms_norm_eps, xn, v, iso_);
+  Tensor xn = checked_rms_norm(x, L.in_norm.data(), m.rms_norm_eps, v, iso_);
   Tensor proj = pooled_empty(dt, {T, L.in_proj.out});
   checked_linear("in_proj", xn, L.in_proj, proj, false, v, iso_);
   const int64_t cq = 0, ck = HK * DK, cv = 2 * HK * DK, cz = cv + HV * DV, cb = cz + HV * DV, ca = cb + HV;
@@ -370,9 +370,8 @@ static Work moe_work(const ModelConfig& m, const moe::MoeFfnResult& r, int64_t T
 
 void Model::ffn(Layer& L, Tensor& x, Verifier* v) {
   const ModelConfig& m = cfg_.model;
-  const int64_t T = x.size(0), H = m.hidden;
-  Tensor xn = pooled_empty(m.dtype, {T, H});
-  demo_model_local::checked_rms_norm(x, L.post_norm.data(), m.rms_norm_eps, xn, v, iso_);
+  const int64_t T = x.size(0);
+  Tensor xn = demo_model_local::checked_rms_norm(x, L.post_norm.data(), m.rms_norm_eps, v, iso_);
   if (use_ep_) return ffn_ep(L, x, xn, v);
   moe::MoeFfnOptions opt;
   opt.k = m.moe.top_k;
@@ -479,10 +478,10 @@ std::vector<int32_t> Model::step(const std::vector<int32_t>& tokens, const Batch
   std::vector<int64_t> last;
   int64_t end = 0;
   for (int64_t n = 0; n < N; ++n) last.push_back((end += batch.lengths[size_t(n)]) - 1);
-  Tensor h = Tensor::empty(m.dtype, {N, m.hidden}), hn = Tensor::empty(m.dtype, {N, m.hidden});
+  Tensor h = Tensor::empty(m.dtype, {N, m.hidden});
   gather_rows(x, last, h);
   if (iso_) iso_->time("gather_rows", [&] { gather_rows(x, last, h); });
-  checked_rms_norm(h, final_norm_.ptr<float>(), m.rms_norm_eps, hn, v, iso_);
+  Tensor hn = checked_rms_norm(h, final_norm_.ptr<float>(), m.rms_norm_eps, v, iso_);
   Tensor logits = pooled_empty(DType::f32, {N, m.vocab});
   checked_linear("lm_head", hn, lm_head_, logits, false, v, iso_);
   std::vector<int32_t> next = argmax_rows(logits);

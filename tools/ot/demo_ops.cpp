@@ -6,10 +6,10 @@
 #include <cstring>
 #include <string>
 
-#include "demo_norm.h"
 #include "ot/cpu.h"
 #include "ot/error.h"
 #include "ot/gdn_layer.h"
+#include "ot/norm.h"
 #include "ot/numeric.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
@@ -95,19 +95,8 @@ void embedding(const TensorView& table, const std::vector<int32_t>& ids, const T
                 static_cast<const char*>(table.data) + size_t(ids[t]) * row_bytes, row_bytes);
 }
 
-void rms_norm(const TensorView& x, const float* w, double eps, const TensorView& out) {
-  trace::OpScope scope("rms_norm");
-  const int64_t T = x.size(0), H = x.size(1);
-  scope.args(x.shape_str()).flops(4.0 * T * H).bytes(double(x.nbytes() + out.nbytes()));
-  const bool avx512 = cpu::has(cpu::Isa::avx512), avx2 = cpu::has(cpu::Isa::avx2);
-  auto rows = [&](int64_t t0, int64_t t1) {
-    if (avx512) norm::rms_rows_avx512(x, w, float(eps), out, t0, t1);
-    else if (avx2) norm::rms_rows_avx2(x, w, float(eps), out, t0, t1);
-    else norm::rms_rows_generic(x, w, float(eps), out, t0, t1);
-  };
-  // Small inputs (decode) on the calling thread: waking the pool costs more than the work.
-  if (T * H < (int64_t(1) << 16)) rows(0, T);
-  else parallel_for(T, rows);
+Tensor rms_norm(const TensorView& x, const float* w, double eps) {
+  return ot::rms_norm(x, TensorView(const_cast<float*>(w), DType::f32, {x.size(1)}), float(eps)).y;
 }
 
 Tensor gated_rms_norm(const TensorView& o, const TensorView& z, const TensorView& w, double eps) {

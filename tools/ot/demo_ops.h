@@ -32,8 +32,8 @@ void rms_norm_ref(const TensorView& x, const float* w, double eps, const TensorV
 void gated_rms_norm_ref(const TensorView& o, const TensorView& z, const float* w, double eps, const TensorView& out);
 // out[t] = table[ids[t]].
 void embedding(const TensorView& table, const std::vector<int32_t>& ids, const TensorView& out);
-// out = x / sqrt(mean(x^2) + eps) * w   (w [H] fp32).
-void rms_norm(const TensorView& x, const float* w, double eps, const TensorView& out);
+// x / sqrt(mean(x^2) + eps) * w in x's dtype (w [H] fp32). Runs ot::rms_norm.
+Tensor rms_norm(const TensorView& x, const float* w, double eps);
 // Per value head: w * rmsnorm(o) * silu(z) -> [T, HV*DV] in o's dtype; o [T, HV, DV], z [T, HV*DV],
 // w fp32 [HV*DV] (the head's [DV] weight repeated per head). Runs gdn::rms_norm_gated.
 Tensor gated_rms_norm(const TensorView& o, const TensorView& z, const TensorView& w, double eps);
