@@ -224,6 +224,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> prepare_wy_repr_bwd(const Tensor& k, 
                                                                const Tensor& dw, const Tensor& du, const Tensor& g_cumsum,
                                                                const OptTensor& cu_seqlens, c10::string_view layout);
 
+#ifdef OT_HAVE_NORM
+// norm_ops.cpp
+std::tuple<Tensor, Tensor> rms_norm(const Tensor& x, const Tensor& gamma, double epsilon);
+std::tuple<Tensor, Tensor, Tensor> add_rms_norm(const Tensor& x1, const Tensor& x2, const Tensor& gamma, double epsilon);
+std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const OptTensor& rstd, double epsilon,
+                                             const OptTensor& dx_extra);
+#endif
 #ifdef OT_HAVE_GDN_LAYER
 // gdn_layer_ops.cpp (causal-conv1d / fla names)
 std::tuple<Tensor, OptTensor> causal_conv1d_fn(const Tensor& x, const Tensor& weight, const OptTensor& bias,

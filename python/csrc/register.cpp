@@ -227,6 +227,13 @@ TORCH_LIBRARY(ops_transformer, m) {
   m.def("prepare_wy_repr_bwd(Tensor k, Tensor v, Tensor beta, Tensor A, Tensor dw, Tensor du, Tensor g_cumsum, "
         "Tensor? cu_seqlens=None, *, str layout=\"BTHD\") -> (Tensor dk, Tensor dv, Tensor dbeta, Tensor dg)", OT_OP(prepare_wy_repr_bwd));
 #endif
+#ifdef OT_HAVE_NORM
+  // ---- RMSNorm (torch_npu's npu_rms_norm / npu_add_rms_norm): x [..., N], gamma [N]; rstd fp32 [rows]
+  m.def("rms_norm(Tensor x, Tensor gamma, float epsilon=1e-6) -> (Tensor y, Tensor rstd)", OT_OP(rms_norm));
+  m.def("add_rms_norm(Tensor x1, Tensor x2, Tensor gamma, float epsilon=1e-6) -> (Tensor y, Tensor rstd, Tensor x)", OT_OP(add_rms_norm));
+  m.def("rms_norm_backward(Tensor dy, Tensor x, Tensor gamma, Tensor? rstd=None, float epsilon=1e-6, Tensor? dx_extra=None) "
+        "-> (Tensor dx, Tensor dgamma)", OT_OP(rms_norm_backward));
+#endif
 #ifdef OT_HAVE_GDN_LAYER
   // ---- the GDN layer around its core: short causal conv (x [B, T, D] channels-last, weight [D, W],
   // states [N, D, W-1]) and the gated RMSNorm

@@ -6,6 +6,9 @@ causal-conv1d package and fla; x channels-last as in fla):
     y = causal_conv1d_update(x, conv_state, weight, bias=None, activation="silu", conv_state_indices=None)
     y = rms_norm_gated(x, z, weight, eps=1e-6, norm_before_gate=True, group_size=None)
     RMSNormGated(hidden_size, eps=1e-6, norm_before_gate=True, group_size=None)   # module
+    y = rms_norm(x, weight, eps=1e-6)                  # weight * x / sqrt(mean(x^2) + eps)
+    y, x_sum = add_rms_norm(x, residual, weight, eps=1e-6)   # x_sum = x + residual, y = rms_norm(x_sum)
+    RMSNorm(hidden_size, eps=1e-6); norm(x) or norm(x, residual) -> (y, x_sum)   # module
     y = linear(x, weight)          # x @ weight^T on the library's matrix engine (nn.Linear without bias)
     Linear(in, out, bias=False); use_library_linear(module)   # nn.Linear on it / swap a model's Linears
 
@@ -15,7 +18,10 @@ state cache [num_slots, D, W-1] in place (x [B, D] or [B, S, D]; row b uses slot
 conv_state_indices[b], int32, negative = padded row). rms_norm_gated: y = rmsnorm(x) * weight * silu(z)
 (norm_before_gate, fla's FusedRMSNormGated and HF Qwen3NextRMSNormGated) or rmsnorm(x * silu(z)) *
 weight, over groups of group_size values of the last dim; statistics in fp32, y in x's dtype.
-fp32, bf16 and fp16 tensors; gradients flow through causal_conv1d_fn and rms_norm_gated."""
+rms_norm / add_rms_norm: torch_npu's npu_rms_norm / npu_add_rms_norm (HF's RMSNorm with its
+statistics in fp32), y in x's dtype; x_sum rounded to x's dtype, then normalised: the same bits as
+x + residual followed by rms_norm. fp32, bf16 and fp16 tensors; gradients flow through
+causal_conv1d_fn, rms_norm_gated, rms_norm and add_rms_norm."""
 import weakref
 
 import torch
@@ -23,8 +29,8 @@ import torch.nn as nn
 
 from ._lib import fast_op, ops
 
-__all__ = ["causal_conv1d_fn", "causal_conv1d_update", "rms_norm_gated", "RMSNormGated", "linear", "Linear",
-           "use_library_linear", "bmm"]
+__all__ = ["causal_conv1d_fn", "causal_conv1d_update", "rms_norm_gated", "RMSNormGated", "rms_norm", "add_rms_norm",
+           "RMSNorm", "linear", "Linear", "use_library_linear", "bmm"]
 
 
 def _cu(cu_seqlens):
@@ -110,6 +116,73 @@ class RMSNormGated(nn.Module):
 
     def forward(self, x, z):
         return rms_norm_gated(x, z, self.weight, self.eps, self.norm_before_gate, self.group_size)
+
+
+_RMS_NORM, _ADD_RMS_NORM, _RMS_NORM_BWD = fast_op("rms_norm"), fast_op("add_rms_norm"), fast_op("rms_norm_backward")
+
+
+class _RmsNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        y, rstd = _RMS_NORM(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.eps = eps
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = _RMS_NORM_BWD(dy, x, weight, rstd, ctx.eps, None)
+        return dx, dw.to(weight.dtype), None
+
+
+class _AddRmsNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps):
+        y, rstd, x_sum = _ADD_RMS_NORM(x, residual, weight, eps)
+        ctx.save_for_backward(x_sum, weight, rstd)
+        ctx.eps = eps
+        return y, x_sum
+
+    @staticmethod
+    def backward(ctx, dy, dx_sum):
+        x_sum, weight, rstd = ctx.saved_tensors
+        dx, dw = _RMS_NORM_BWD(dy, x_sum, weight, rstd, ctx.eps, dx_sum)  # x_sum's other uses added in the kernel
+        return dx, dx, dw.to(weight.dtype), None
+
+
+def _needs_grad(*ts):
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+
+
+def rms_norm(x, weight, eps=1e-6):
+    """weight * x / sqrt(mean(x^2, -1) + eps), statistics in fp32, y in x's dtype; differentiable."""
+    if _needs_grad(x, weight):
+        return _RmsNorm.apply(x, weight, float(eps))
+    return _RMS_NORM(x, weight, float(eps))[0]
+
+
+def add_rms_norm(x, residual, weight, eps=1e-6):
+    """(rms_norm(x + residual), x + residual) in one pass (x + residual rounded to x's dtype first)."""
+    if _needs_grad(x, residual, weight):
+        return _AddRmsNorm.apply(x, residual, weight, float(eps))
+    y, _, x_sum = _ADD_RMS_NORM(x, residual, weight, float(eps))
+    return y, x_sum
+
+
+class RMSNorm(nn.Module):
+    """HF-style RMSNorm (parameter `weight`, ones at init) on rms_norm; forward(x, residual) returns
+    (rms_norm(x + residual), x + residual) by add_rms_norm."""
+
+    def __init__(self, hidden_size, eps=1e-6, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x, residual=None):
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class _Linear(torch.autograd.Function):

@@ -10,9 +10,10 @@
 Layer i is [pre-RMSNorm -> token mixer -> residual, pre-RMSNorm -> SparseMoeBlock -> residual]; the
 mixer is full causal attention with RoPE on every `full_attention_interval`-th layer (3, 7, ... as in
 Qwen3-Next / Qwen3.5) and a GatedDeltaNet (Qwen3.5 projections) elsewhere. One class for both
-implementations, so the parameter names are one set. Attention and RMSNorm are plain torch in both
-(written once here); the GDN layer, the MoE block and the
-projections (the library's matmul, ops_transformer.layers.Linear) differ."""
+implementations, so the parameter names are one set. Attention is plain torch in both (written once
+here, its products on the library's bmm for impl="ot"); the GDN layer, the MoE block, the norms (the
+library's add_rms_norm: each residual add fused into the norm that follows it, as vLLM passes the
+residual) and the projections (the library's matmul, ops_transformer.layers.Linear) differ."""
 import math
 from dataclasses import asdict, dataclass
 
@@ -52,17 +53,28 @@ class HybridConfig:
 
 
 class RMSNorm(nn.Module):
-    """weight * x / sqrt(mean(x^2) + eps), statistics in fp32."""
+    """weight * x / sqrt(mean(x^2) + eps), statistics in fp32 (the plain-torch twin's; the library
+    model runs ops_transformer.layers.RMSNorm). forward(x, residual) = (norm(x + residual), x + residual)."""
 
     def __init__(self, dim, eps=1e-6):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        if residual is not None:
+            x = x + residual
+            return self(x), x
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
+
+
+def _norm_class(impl):
+    if impl == "ot":
+        from ..layers import RMSNorm as LibraryRMSNorm
+        return LibraryRMSNorm
+    return RMSNorm
 
 
 def _rope(x, pos, theta):
@@ -141,8 +153,9 @@ def moe_aux_loss(router_logits, top_k):
 class _Layer(nn.Module):
     def __init__(self, cfg, i, impl):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        norm = _norm_class(impl)
+        self.input_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
         self.is_attention = cfg.is_attention(i)
         if impl == "ot":
             from ..gdn import GatedDeltaNet
@@ -158,12 +171,17 @@ class _Layer(nn.Module):
         self.mlp = SparseMoeBlock(cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.top_k,
                                   cfg.norm_topk_prob)
 
-    def forward(self, x, cache):
-        h = self.input_layernorm(x)
-        h = self.self_attn(h, cache) if self.is_attention else self.linear_attn(h, cache)
-        x = x + h
-        h, logits = self.mlp(self.post_attention_layernorm(x))
-        return x + h, logits
+    def forward(self, x, pending, cache):
+        """x: the residual stream, pending: the previous layer's MoE output not yet added to it (None
+        at the first layer). Returns (stream, this layer's MoE output, router logits)."""
+        if pending is None:
+            n = self.input_layernorm(x)
+        else:
+            n, x = self.input_layernorm(pending, x)
+        h = self.self_attn(n, cache) if self.is_attention else self.linear_attn(n, cache)
+        n, x = self.post_attention_layernorm(h, x)
+        h, logits = self.mlp(n)
+        return x, h, logits
 
 
 class HybridCache:
@@ -184,7 +202,7 @@ class HybridLM(nn.Module):
         self.cfg, self.impl = cfg, impl
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(_Layer(cfg, i, impl) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = _norm_class(impl)(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if impl == "ot":  # every projection on the library's matrix engine (the MoE experts run fused)
             from ..layers import use_library_linear
@@ -217,10 +235,10 @@ class HybridLM(nn.Module):
     def forward(self, input_ids, cache=None):
         """input_ids [B, T] int64 -> (logits [B, T, vocab], aux: mean Switch loss over layers)."""
         x = self.embed_tokens(input_ids)
-        aux = []
+        aux, pending = [], None
         for i, layer in enumerate(self.layers):
-            x, logits = layer(x, None if cache is None else cache.layers[i])
+            x, pending, logits = layer(x, pending, None if cache is None else cache.layers[i])
             if cache is None:
                 aux.append(moe_aux_loss(logits, self.cfg.top_k))
-        logits = self.lm_head(self.norm(x))
+        logits = self.lm_head(self.norm(x) if pending is None else self.norm(pending, x)[0])
         return logits, (torch.stack(aux).mean() if aux else torch.zeros(()))
