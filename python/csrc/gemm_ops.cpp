@@ -5,6 +5,7 @@
 #include "ot/cpu.h"
 #include "ot/gemm.h"
 #include "ot/parallel.h"
+#include "src/core/row_view.h"
 
 namespace ot::py {
 
@@ -59,13 +60,18 @@ Tensor linear_packed(const Tensor& x, const c10::intrusive_ptr<PackedWeightHolde
   const char* op = "linear_packed";
   OT_CHECK(w.defined(), op, "weight", "a PackedWeight", "None");
   auto vx = view(x, op, "x");
-  OT_CHECK(vx.ndim == 2, op, "x", "a 2-D tensor [M, K]", vx.shape_str());
+  OT_CHECK(vx.ndim >= 1, op, "x", "[..., K]", vx.shape_str());
   OT_CHECK(is_float(vx.dtype), op, "x", "float32, bfloat16 or float16", dtype_name(vx.dtype));
-  OT_CHECK(vx.sizes[1] == w->K(), op, "x", "[M, K] with the weight's K = " + std::to_string(w->K()), vx.shape_str());
-  OT_CHECK(vx.strides[1] == 1 || vx.sizes[1] <= 1, op, "x", "rows with unit column stride", "strided");
-  Tensor y = empty({vx.sizes[0], w->N()}, x.scalar_type());
+  const int64_t K = vx.sizes[vx.ndim - 1], M = detail::leading_rows(vx);
+  OT_CHECK(K == w->K(), op, "x", "[..., K] with the weight's K = " + std::to_string(w->K()), vx.shape_str());
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = w->N();
+  Tensor y = empty(shape, x.scalar_type());
+  if (M == 0) return y;
+  ot::Tensor keep;  // [..., K] as rows one stride apart (a copy only when the leading dims do not collapse)
+  const TensorView rows = detail::as_rows(vx, M, K, keep);
   auto vy = view(y, op, "y");
-  gemm::gemm(vx.sizes[0], {vx.data, vx.dtype, vx.sizes[0] > 1 ? vx.strides[0] : vx.sizes[1]}, w->b, {vy.data, vy.dtype, w->N()});
+  gemm::gemm(M, {rows.data, rows.dtype, M > 1 ? rows.strides[0] : K}, w->b, {vy.data, vy.dtype, w->N()});
   return y;
 }
 

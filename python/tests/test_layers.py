@@ -208,6 +208,11 @@ def test_linear_decode_rows_on_the_packed_weight(dtype):
         y = m(x)
         assert y.shape == (2, 1, 80) and rel_err(y, F.linear(x, m.weight, m.bias)) < tol
         assert layers._PACKED_LINEARS[m][1] is not packed
+        # the op takes [..., K] with any row strides: a column slice, a transposed stack, no rows
+        wide = torch.randn(3, 2, 200).to(dtype)
+        for x in (wide[..., 7:103], wide[..., :96].transpose(0, 1), torch.randn(0, 96).to(dtype)):
+            y = torch.ops.ops_transformer.linear_packed(x, layers._PACKED_LINEARS[m][1])
+            assert y.shape == (*x.shape[:-1], 80) and rel_err(y, F.linear(x, m.weight)) < tol
     x = torch.randn(4, 96).to(dtype).requires_grad_()
     m(x).float().sum().backward()
     assert x.grad is not None and m.weight.grad is not None
