@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ._lib import fast_op, has_op, ops
-from .layers import causal_conv1d_fn, causal_conv1d_update, rms_norm_gated
+from .layers import Linear, causal_conv1d_fn, causal_conv1d_update, linear_group, rms_norm_gated
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "recurrent_gated_delta_rule",
            "GatedDeltaNet", "GatedDeltaNetCache", "HAS_BACKWARD"]
@@ -122,6 +122,13 @@ class GatedDeltaNetCache:
         return self.recurrent_state is None
 
 
+def _one_product(linears):
+    for p in linears:
+        if type(p) is not Linear or p.bias is not None:
+            return False
+    return True
+
+
 class GatedDeltaNet(nn.Module):
     """Qwen3-Next / Qwen3.5 linear-attention layer (HF Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet):
     in-projections -> causal depthwise conv1d + SiLU -> beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)
@@ -175,8 +182,12 @@ class GatedDeltaNet(nn.Module):
             b, a = torch.split(ba, [G, G], dim=3)
             mixed = torch.cat([q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)], dim=-1)
             return mixed, z.reshape(B, T, HV, dv), b.reshape(B, T, HV), a.reshape(B, T, HV)
-        return (self.in_proj_qkv(x), self.in_proj_z(x).view(B, T, HV, dv),
-                self.in_proj_b(x), self.in_proj_a(x))
+        projs = (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        if _one_product(projs):  # one product on the library's engine
+            qkv, z, b, a = linear_group(x, projs)
+        else:
+            qkv, z, b, a = (p(x) for p in projs)
+        return qkv, z.view(B, T, HV, dv), b, a
 
     def _conv(self, mixed, cache):
         """Causal depthwise conv + SiLU over time; mixed [B, T, C]. Fills or advances cache.conv_state

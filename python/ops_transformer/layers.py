@@ -11,6 +11,7 @@ causal-conv1d package and fla; x channels-last as in fla):
     RMSNorm(hidden_size, eps=1e-6); norm(x) or norm(x, residual) -> (y, x_sum)   # module
     y = linear(x, weight)          # x @ weight^T on the library's matrix engine (nn.Linear without bias)
     Linear(in, out, bias=False); use_library_linear(module)   # nn.Linear on it / swap a model's Linears
+    outs = linear_group(x, [lin1, lin2, ...])   # several bias-free Linears of one input in one product
 
 x [B, T, D] (varlen: B = 1 and cu_seqlens [N+1] int32/int64 on the CPU); weight [D, W] or nn.Conv1d's
 [D, 1, W] (W in 2..8); states [N, D, W-1], oldest input first. causal_conv1d_update advances a conv
@@ -30,7 +31,7 @@ import torch.nn as nn
 from ._lib import fast_op, ops
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update", "rms_norm_gated", "RMSNormGated", "rms_norm", "add_rms_norm",
-           "RMSNorm", "linear", "Linear", "use_library_linear", "bmm"]
+           "RMSNorm", "linear", "Linear", "linear_group", "use_library_linear", "bmm"]
 
 
 def _cu(cu_seqlens):
@@ -269,6 +270,30 @@ class Linear(nn.Linear):
         else:
             y = linear(x, w)
         return y if self.bias is None else y + self.bias
+
+
+# First Linear of a group -> (weight keys, PackedWeight of the group's concatenated weights).
+_PACKED_GROUPS = weakref.WeakKeyDictionary()
+
+
+def linear_group(x, linears):
+    """The outputs of several bias-free Linears of one input as one product: x @ cat(weights)^T,
+    split back by output (a decode step's four GDN in-projections: one call, not four). Without a
+    backward, few rows run on the concatenation packed once (repacked when any weight changes);
+    otherwise the product is differentiable and each weight gets its slice of the gradient."""
+    ws = [m.weight for m in linears]
+    sizes = [w.shape[0] for w in ws]
+    if (_LINEAR_PACKED is not None and 0 < x.numel() <= 16 * ws[0].shape[1] and x.dtype == ws[0].dtype
+            and not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in ws)))):
+        key = tuple((w.data_ptr(), w._version, w.dtype) for w in ws)
+        cache = _PACKED_GROUPS.get(linears[0])
+        if cache is None or cache[0] != key:
+            cache = (key, torch.classes.ops_transformer.PackedWeight(torch.cat([w.detach() for w in ws]), "torch"))
+            _PACKED_GROUPS[linears[0]] = cache
+        y = _LINEAR_PACKED(x, cache[1])
+    else:
+        y = linear(x, torch.cat(ws))
+    return y.split(sizes, -1)
 
 
 def use_library_linear(module):

@@ -238,3 +238,26 @@ def test_bmm_matches_torch_with_gradients(dtype):
     assert rel_err(bt.grad, (a.detach().float().transpose(-1, -2) @ g).transpose(-1, -2)) < tol
     with pytest.raises(RuntimeError, match="b"):
         torch.ops.ops_transformer.bmm(torch.randn(2, 4, 5), torch.randn(3, 5, 6))
+
+
+@need("linear_packed")
+def test_linear_group_is_the_separate_linears():
+    """One product for several bias-free Linears: the same outputs (decode rows on the packed
+    concatenation, repacked when a weight changes) and each weight's gradient from its slice."""
+    torch.manual_seed(3)
+    lins = [layers.Linear(48, n, bias=False) for n in (40, 16, 3)]
+    with torch.no_grad():
+        x = torch.randn(2, 1, 48)
+        for got, lin in zip(layers.linear_group(x, lins), lins):
+            assert got.shape == (2, 1, lin.out_features) and rel_err(got, F.linear(x, lin.weight)) < 1e-5
+        lins[2].weight.mul_(3.0)
+        assert rel_err(layers.linear_group(x, lins)[2], F.linear(x, lins[2].weight)) < 1e-5
+    x = torch.randn(5, 48, requires_grad=True)
+    sum((o * (i + 1)).sum() for i, o in enumerate(layers.linear_group(x, lins))).backward()
+    grads = [lin.weight.grad.clone() for lin in lins] + [x.grad.clone()]
+    for lin in lins:
+        lin.weight.grad = None
+    x.grad = None
+    sum((F.linear(x, lin.weight) * (i + 1)).sum() for i, lin in enumerate(lins)).backward()
+    for got, want in zip(grads, [lin.weight.grad for lin in lins] + [x.grad]):
+        assert rel_err(got, want) < 1e-5
