@@ -3,11 +3,13 @@
 //   causal_conv1d_fn / causal_conv1d_bwd: the short depthwise causal convolution over time (+ SiLU)
 //     of the q, k, v projections, fixed-length or packed varlen (cu_seqlens), with conv states;
 //   causal_conv1d_update: its decode step on a conv state cache (slots picked per row);
-//   rms_norm_gated / rms_norm_gated_bwd: the output norm y = rmsnorm(o) * weight * silu(z).
+//   rms_norm_gated / rms_norm_gated_bwd: the output norm y = rmsnorm(o) * weight * silu(z);
+//   gated_delta_net_decode: one decode step of the whole layer (projections to projections).
 // Inputs fp32 / bf16 / fp16 with any strides; compute in fp32; outputs contiguous in x's dtype.
 #pragma once
 #include <cstdint>
 
+#include "ot/gemm.h"
 #include "ot/tensor.h"
 
 namespace ot::gdn {
@@ -82,5 +84,26 @@ struct RmsNormGatedGrads {
 };
 RmsNormGatedGrads rms_norm_gated_bwd(const TensorView& dy, const TensorView& x, const TensorView& z, const TensorView& weight,
                                      const TensorView& rstd, const RmsNormGatedOptions& o = {});
+
+// ---- one decode step of the whole layer (Qwen3.5 GatedDeltaNet) ------------------------------
+// B sequences, one token each, x [B, H]:
+//   proj = x in_proj^T, in_proj the rows [q k v | z | b | a] ([2 HK DK + HV DV | HV DV | HV | HV], H)
+//   [q k v] = causal_conv1d_update([q k v], conv_state, conv_weight) with SiLU (conv_state
+//            [B, C, W-1], C = 2 HK DK + HV DV, updated in place)
+//   o = the recurrent step on state [B, HV, DK, DV] (fp32, updated in place): q, k l2-normalised,
+//       g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b), scale 1 / sqrt(DK)
+//   y = rms_norm_gated(o, z, norm_weight) out_proj^T ([H, HV DV])
+// The same operators as the layer run one by one (the same bits), without a caller round trip
+// between them. x in in_proj's dtype; y [B, H] in x's dtype.
+struct GdnDecodeLayer {
+  const gemm::PackedB* in_proj = nullptr;
+  const gemm::PackedB* out_proj = nullptr;
+  TensorView conv_weight;     // [C, W]
+  TensorView A_log, dt_bias;  // [HV] fp32
+  TensorView norm_weight;     // [DV]
+  int64_t HK = 0, HV = 0, DK = 0, DV = 0;
+  float eps = 1e-6f;          // the gated norm's
+};
+Tensor gated_delta_net_decode(const TensorView& x, const GdnDecodeLayer& layer, const TensorView& conv_state, const TensorView& state);
 
 }  // namespace ot::gdn

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "bridge.h"
+#include "holders.h"
 #include "ops.h"
 #include "ot/gdn_layer.h"
 
@@ -82,6 +83,31 @@ std::tuple<Tensor, Tensor, Tensor> rms_norm_gated_bwd(const Tensor& dy, const Te
   auto g = gdn::rms_norm_gated_bwd(view(dy, op, "dy"), view(x, op, "x"), view(z, op, "z"), view(weight, op, "weight"),
                                    view(rstd, op, "rstd"), norm_options(eps, norm_before_gate, group_size));
   return {wrap(g.dx), wrap(g.dz), wrap(g.dweight)};
+}
+
+}  // namespace ot::py
+
+namespace ot::py {
+
+Tensor gated_delta_net_decode(const Tensor& x, const c10::intrusive_ptr<PackedWeightHolder>& in_proj,
+                              const c10::intrusive_ptr<PackedWeightHolder>& out_proj, const Tensor& conv_weight, const Tensor& A_log,
+                              const Tensor& dt_bias, const Tensor& norm_weight, const Tensor& conv_state, const Tensor& state,
+                              int64_t num_k_heads, int64_t num_v_heads, int64_t head_k_dim, int64_t head_v_dim, double eps) {
+  const char* op = "gated_delta_net_decode";
+  OT_CHECK(in_proj.defined() && out_proj.defined(), op, "in_proj", "PackedWeights", "None");
+  OT_CHECK(x.dim() == 2 || (x.dim() == 3 && x.size(1) == 1), op, "x", "[B, H] or [B, 1, H]", view(x, op, "x").shape_str());
+  gdn::GdnDecodeLayer L;
+  L.in_proj = &in_proj->b;
+  L.out_proj = &out_proj->b;
+  L.conv_weight = view(conv_weight.dim() == 3 ? conv_weight.select(1, 0) : conv_weight, op, "conv_weight");
+  L.A_log = view(A_log, op, "A_log");
+  L.dt_bias = view(dt_bias, op, "dt_bias");
+  L.norm_weight = view(norm_weight, op, "norm_weight");
+  L.HK = num_k_heads, L.HV = num_v_heads, L.DK = head_k_dim, L.DV = head_v_dim;
+  L.eps = float(eps);
+  const Tensor x2 = x.dim() == 3 ? x.select(1, 0) : x;
+  Tensor y = wrap(gdn::gated_delta_net_decode(view(x2, op, "x"), L, view(conv_state, op, "conv_state"), view(state, op, "state")));
+  return x.dim() == 3 ? y.unsqueeze(1) : y;
 }
 
 }  // namespace ot::py

@@ -247,6 +247,10 @@ std::tuple<Tensor, Tensor> rms_norm_gated(const Tensor& x, const Tensor& z, cons
                                           int64_t group_size);
 std::tuple<Tensor, Tensor, Tensor> rms_norm_gated_bwd(const Tensor& dy, const Tensor& x, const Tensor& z, const Tensor& weight,
                                                       const OptTensor& rstd, double eps, bool norm_before_gate, int64_t group_size);
+Tensor gated_delta_net_decode(const Tensor& x, const c10::intrusive_ptr<PackedWeightHolder>& in_proj,
+                              const c10::intrusive_ptr<PackedWeightHolder>& out_proj, const Tensor& conv_weight, const Tensor& A_log,
+                              const Tensor& dt_bias, const Tensor& norm_weight, const Tensor& conv_state, const Tensor& state,
+                              int64_t num_k_heads, int64_t num_v_heads, int64_t head_k_dim, int64_t head_v_dim, double eps);
 #endif
 
 // bench_ops.cpp

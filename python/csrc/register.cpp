@@ -249,5 +249,10 @@ TORCH_LIBRARY(ops_transformer, m) {
         "-> (Tensor y, Tensor rstd)", OT_OP(rms_norm_gated));
   m.def("rms_norm_gated_bwd(Tensor dy, Tensor x, Tensor z, Tensor weight, Tensor? rstd=None, float eps=1e-6, "
         "bool norm_before_gate=True, int group_size=0) -> (Tensor dx, Tensor dz, Tensor dweight)", OT_OP(rms_norm_gated_bwd));
+  // the whole layer's decode step (Qwen3.5 projections: in_proj = [qkv | z | b | a] packed once)
+  m.def("gated_delta_net_decode(Tensor x, __torch__.torch.classes.ops_transformer.PackedWeight in_proj, "
+        "__torch__.torch.classes.ops_transformer.PackedWeight out_proj, Tensor conv_weight, Tensor A_log, Tensor dt_bias, "
+        "Tensor norm_weight, Tensor(a!) conv_state, Tensor(b!) state, int num_k_heads, int num_v_heads, int head_k_dim, "
+        "int head_v_dim, float eps=1e-6) -> Tensor", OT_OP(gated_delta_net_decode));
 #endif
 }

@@ -16,7 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ._lib import fast_op, has_op, ops
-from .layers import Linear, causal_conv1d_fn, causal_conv1d_update, linear_group, rms_norm_gated
+from .layers import (Linear, causal_conv1d_fn, causal_conv1d_update, linear_group, packed_group, packed_weight,
+                     rms_norm_gated)
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "recurrent_gated_delta_rule",
            "GatedDeltaNet", "GatedDeltaNetCache", "HAS_BACKWARD"]
@@ -24,6 +25,7 @@ __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "recurr
 HAS_BACKWARD = has_op("chunk_gated_delta_rule_bwd")
 _FUSED_RECURRENT = fast_op("fused_recurrent_gated_delta_rule")
 _RECURRENT = fast_op("recurrent_gated_delta_rule")
+_DECODE = fast_op("gated_delta_net_decode")
 
 
 def _as_tensor_cu(cu_seqlens):
@@ -204,9 +206,29 @@ class GatedDeltaNet(nn.Module):
             cache.conv_state = final
         return y
 
+    def _decode_fused(self, x, cache):
+        """The decode step as one library call (gated_delta_net_decode), or None where it does not
+        apply: Qwen3.5 projections on library Linears without bias, no backward, one token a
+        sequence, the cache's states in the forms the op updates in place."""
+        if _DECODE is None or self.variant != "qwen3_5" or x.shape[1] != 1 or torch.is_grad_enabled():
+            return None
+        projs = (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        conv_state, state = cache.conv_state, cache.recurrent_state
+        if (not _one_product(projs + (self.out_proj,)) or x.dtype != self.out_proj.weight.dtype
+                or state.dtype != torch.float32 or not state.is_contiguous() or not conv_state.is_contiguous()
+                or conv_state.dtype not in (x.dtype, torch.float32)):
+            return None
+        return _DECODE(x, packed_group(projs), packed_weight(self.out_proj), self.conv1d.weight, self.A_log.float(),
+                       self.dt_bias.float(), self.norm.weight, conv_state, state, self.num_k_heads, self.num_v_heads,
+                       self.head_k_dim, self.head_v_dim, self.norm.eps)
+
     def forward(self, hidden_states, cache=None):
         B, T, _ = hidden_states.shape
         HK, HV, dk, dv = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
+        if cache is not None and not cache.empty:
+            y = self._decode_fused(hidden_states, cache)
+            if y is not None:
+                return y
         mixed, z, b, a = self._project(hidden_states)
         decode = cache is not None and not cache.empty
         mixed = self._conv(mixed, cache)

@@ -261,12 +261,7 @@ class Linear(nn.Linear):
         # (no reshape around the op: it takes [..., K]; each reshape was 2 us of a 12 us call)
         if (_LINEAR_PACKED is not None and 0 < x.numel() <= 16 * w.shape[1] and x.dtype == w.dtype
                 and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
-            key = (w.data_ptr(), w._version, w.dtype)
-            cache = _PACKED_LINEARS.get(self)
-            if cache is None or cache[0] != key:
-                cache = (key, torch.classes.ops_transformer.PackedWeight(w.detach(), "torch"))
-                _PACKED_LINEARS[self] = cache
-            y = _LINEAR_PACKED(x, cache[1])
+            y = _LINEAR_PACKED(x, packed_weight(self))
         else:
             y = linear(x, w)
         return y if self.bias is None else y + self.bias
@@ -274,6 +269,29 @@ class Linear(nn.Linear):
 
 # First Linear of a group -> (weight keys, PackedWeight of the group's concatenated weights).
 _PACKED_GROUPS = weakref.WeakKeyDictionary()
+
+
+def packed_weight(linear):
+    """The PackedWeight of a Linear's weight (no-grad use), packed once and again when it changes
+    (its data pointer, version counter or dtype)."""
+    w = linear.weight
+    key = (w.data_ptr(), w._version, w.dtype)
+    cache = _PACKED_LINEARS.get(linear)
+    if cache is None or cache[0] != key:
+        cache = (key, torch.classes.ops_transformer.PackedWeight(w.detach(), "torch"))
+        _PACKED_LINEARS[linear] = cache
+    return cache[1]
+
+
+def packed_group(linears):
+    """The PackedWeight of several Linears' weights concatenated by rows (linear_group's), cached
+    as packed_weight."""
+    key = tuple((m.weight.data_ptr(), m.weight._version, m.weight.dtype) for m in linears)
+    cache = _PACKED_GROUPS.get(linears[0])
+    if cache is None or cache[0] != key:
+        cache = (key, torch.classes.ops_transformer.PackedWeight(torch.cat([m.weight.detach() for m in linears]), "torch"))
+        _PACKED_GROUPS[linears[0]] = cache
+    return cache[1]
 
 
 def linear_group(x, linears):
@@ -285,12 +303,7 @@ def linear_group(x, linears):
     sizes = [w.shape[0] for w in ws]
     if (_LINEAR_PACKED is not None and 0 < x.numel() <= 16 * ws[0].shape[1] and x.dtype == ws[0].dtype
             and not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in ws)))):
-        key = tuple((w.data_ptr(), w._version, w.dtype) for w in ws)
-        cache = _PACKED_GROUPS.get(linears[0])
-        if cache is None or cache[0] != key:
-            cache = (key, torch.classes.ops_transformer.PackedWeight(torch.cat([w.detach() for w in ws]), "torch"))
-            _PACKED_GROUPS[linears[0]] = cache
-        y = _LINEAR_PACKED(x, cache[1])
+        y = _LINEAR_PACKED(x, packed_group(linears))
     else:
         y = linear(x, torch.cat(ws))
     return y.split(sizes, -1)

@@ -320,3 +320,31 @@ def test_layer_bf16():
     x = torch.randn(1, 40, 64).bfloat16()
     with torch.no_grad():
         assert rel_err(layer(x), hf_gated_delta_net(layer, x)) < 3e-2
+
+
+@pytest.mark.skipif(not ot.has_op("gated_delta_net_decode"), reason="operator not landed yet: gated_delta_net_decode")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_decode_step_is_the_layer_op_by_op(monkeypatch, dtype):
+    """On library Linears a decode step is one gated_delta_net_decode call (states updated in place):
+    the outputs and states of the op-by-op path."""
+    from ops_transformer.layers import use_library_linear
+    layer = use_library_linear(make_layer("qwen3_5", dtype))
+    x = torch.randn(2, 12, 64).to(dtype)
+    calls = []
+    fused_op = gdn._DECODE
+    monkeypatch.setattr(gdn, "_DECODE", lambda *a: calls.append(1) or fused_op(*a))
+
+    def run():
+        cache = gdn.GatedDeltaNetCache()
+        outs = [layer(x[:, :9], cache)] + [layer(x[:, t:t + 1], cache) for t in range(9, 12)]
+        return torch.cat(outs, 1), cache
+
+    with torch.no_grad():
+        fused, cf = run()
+        assert len(calls) == 3
+        monkeypatch.setattr(gdn, "_DECODE", None)
+        plain, cp = run()
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert rel_err(fused, plain) < tol
+    assert rel_err(cf.recurrent_state, cp.recurrent_state) < 1e-6
+    assert rel_err(cf.conv_state, cp.conv_state) < 1e-6
