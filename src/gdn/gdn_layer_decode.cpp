@@ -1,6 +1,8 @@
 // gated_delta_net_decode (ot/gdn_layer.h): the decode step of the whole GDN layer as the calls the
 // layer makes one by one (in-projection, conv update, recurrent step with fused gates, gated norm,
 // out-projection) on views of one projection buffer: no copies between them but z's rows.
+#include <cmath>
+#include <utility>
 #include <vector>
 
 #include "ot/error.h"
@@ -30,6 +32,22 @@ Tensor gated_delta_net_decode(const TensorView& x, const GdnDecodeLayer& L, cons
   const int64_t B = x.sizes[0];
   OT_CHECK(state.defined() && state.dtype == DType::f32 && state.ndim == 4 && state.sizes[0] == B && state.is_contiguous(), op, "state",
            ::ot::detail::cat("contiguous fp32 [", B, ", ", HV, ", ", DK, ", ", DV, "]"), state.defined() ? state.shape_str() : "undefined");
+  // Everything the steps check that could fail after the conv update has written conv_state.
+  OT_CHECK(L.conv_weight.defined() && L.conv_weight.ndim == 2 && L.conv_weight.sizes[0] == C, op, "conv_weight",
+           ::ot::detail::cat("[", C, ", W]"), L.conv_weight.defined() ? L.conv_weight.shape_str() : "undefined");
+  const int64_t W = L.conv_weight.sizes[1];
+  OT_CHECK(conv_state.defined() && conv_state.ndim == 3 && conv_state.sizes[0] == B && conv_state.sizes[1] == C && conv_state.sizes[2] == W - 1,
+           op, "conv_state", ::ot::detail::cat("[", B, ", ", C, ", ", W - 1, "]"), conv_state.defined() ? conv_state.shape_str() : "undefined");
+  for (auto [v, name] : {std::pair{&L.A_log, "A_log"}, {&L.dt_bias, "dt_bias"}})
+    OT_CHECK(v->defined() && v->dtype == DType::f32 && v->numel() == HV && v->is_contiguous(), op, name,
+             ::ot::detail::cat("contiguous fp32 [", HV, "]"), v->defined() ? v->shape_str() : "undefined");
+  OT_CHECK(L.norm_weight.defined() && L.norm_weight.ndim == 1 && L.norm_weight.sizes[0] == DV, op, "norm_weight",
+           ::ot::detail::cat("[", DV, "]"), L.norm_weight.defined() ? L.norm_weight.shape_str() : "undefined");
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < H; ++i) {
+      const double v = get_as_double(x, b * H + i);
+      OT_CHECK(std::isfinite(v), op, "x", "finite values", ::ot::detail::cat("a non-finite value in row ", b));
+    }
   const DType dt = x.dtype;
   Tensor y = pooled_empty(dt, {B, H});
   if (B == 0) return y;
