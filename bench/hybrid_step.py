@@ -26,7 +26,7 @@ def main():
     torch.set_num_threads(a.threads)
     cfg = HybridConfig()
     model = HybridLM(cfg, impl=a.impl)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = model.optimizer(1e-3)
     ids = torch.randint(0, cfg.vocab_size, (8, 129))
 
     def step():
@@ -34,7 +34,7 @@ def main():
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         (ce + 0.01 * aux).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        model.clip_grad_norm_(1.0)
         opt.step()
 
     for _ in range(3):

@@ -231,6 +231,12 @@ std::tuple<Tensor, Tensor, Tensor> add_rms_norm(const Tensor& x1, const Tensor& 
 std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const OptTensor& rstd, double epsilon,
                                              const OptTensor& dx_extra);
 #endif
+#ifdef OT_HAVE_OPTIM
+// optim_ops.cpp
+void adamw_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq, double lr, double beta1,
+                double beta2, double eps, double weight_decay, int64_t step, double grad_scale);
+double multi_tensor_l2_norm(at::TensorList tensors);
+#endif
 #ifdef OT_HAVE_GDN_LAYER
 // gdn_layer_ops.cpp (causal-conv1d / fla names)
 std::tuple<Tensor, OptTensor> causal_conv1d_fn(const Tensor& x, const Tensor& weight, const OptTensor& bias,

@@ -234,6 +234,12 @@ TORCH_LIBRARY(ops_transformer, m) {
   m.def("rms_norm_backward(Tensor dy, Tensor x, Tensor gamma, Tensor? rstd=None, float epsilon=1e-6, Tensor? dx_extra=None) "
         "-> (Tensor dx, Tensor dgamma)", OT_OP(rms_norm_backward));
 #endif
+#ifdef OT_HAVE_OPTIM
+  // ---- multi-tensor optimizer steps (ops_transformer.optim)
+  m.def("adamw_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avg, Tensor(c!)[] exp_avg_sq, float lr, "
+        "float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale=1.0) -> ()", OT_OP(adamw_step));
+  m.def("multi_tensor_l2_norm(Tensor[] tensors) -> float", OT_OP(multi_tensor_l2_norm));
+#endif
 #ifdef OT_HAVE_GDN_LAYER
   // ---- the GDN layer around its core: short causal conv (x [B, T, D] channels-last, weight [D, W],
   // states [N, D, W-1]) and the gated RMSNorm

@@ -16,4 +16,4 @@ except ImportError:  # the source tree on PYTHONPATH: no generated _version.py
 from .functional import *  # noqa: F401,F403
 from . import functional  # noqa: F401
 from .control import force_ref, max_isa, ISA  # noqa: F401
-from . import ep, gdn, layers, moe  # noqa: F401
+from . import ep, gdn, layers, moe, optim  # noqa: F401

@@ -109,7 +109,7 @@ def lr_at(step, steps, lr):
 def train(model, data, steps, total_steps, args, label):
     """Trains in place on the first `steps` of the run's batches; returns the per-step losses (nats,
     cross-entropy only) and the tokens/s of the steps after the first 3 (warm-up)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+    opt = model.optimizer(args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     data_b = batches(data, steps, args.batch, args.seq, args.seed + 1)
     losses, bar, tokens = [], Bar(label, steps), args.batch * args.seq
     t_start = None
@@ -123,7 +123,7 @@ def train(model, data, steps, total_steps, args, label):
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         (ce + args.aux * aux).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        model.clip_grad_norm_(1.0)
         opt.step()
         losses.append(ce.item())
         el = time.perf_counter() - t_start if t_start is not None else 0.0

@@ -225,6 +225,23 @@ class HybridLM(nn.Module):
                 p.copy_(torch.empty(p.shape).normal_(0, self.cfg.initializer_range, generator=gen))
         return self
 
+    def optimizer(self, lr, betas=(0.9, 0.999), weight_decay=1e-2):
+        """AdamW over the parameters: the library's one-call step (ops_transformer.optim) for
+        impl="ot", torch.optim.AdamW for the twin (the same update)."""
+        if self.impl == "ot":
+            from ..optim import AdamW
+        else:
+            AdamW = torch.optim.AdamW
+        return AdamW(self.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+
+    def clip_grad_norm_(self, max_norm):
+        """torch.nn.utils.clip_grad_norm_ (the library's one-call norm for impl="ot")."""
+        if self.impl == "ot":
+            from ..optim import clip_grad_norm_
+        else:
+            clip_grad_norm_ = torch.nn.utils.clip_grad_norm_
+        return clip_grad_norm_(self.parameters(), max_norm)
+
     def new_cache(self):
         if self.impl == "ot":
             from ..gdn import GatedDeltaNetCache
