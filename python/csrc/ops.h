@@ -237,6 +237,11 @@ void adamw_step(at::TensorList params, at::TensorList grads, at::TensorList exp_
                 double beta2, double eps, double weight_decay, int64_t step, double grad_scale);
 double multi_tensor_l2_norm(at::TensorList tensors);
 #endif
+#ifdef OT_HAVE_ROTARY
+// rotary_ops.cpp
+Tensor rotary_mul(const Tensor& x, const Tensor& cos, const Tensor& sin);
+Tensor rotary_mul_backward(const Tensor& dy, const Tensor& cos, const Tensor& sin);
+#endif
 #ifdef OT_HAVE_GDN_LAYER
 // gdn_layer_ops.cpp (causal-conv1d / fla names)
 std::tuple<Tensor, OptTensor> causal_conv1d_fn(const Tensor& x, const Tensor& weight, const OptTensor& bias,

@@ -240,6 +240,11 @@ TORCH_LIBRARY(ops_transformer, m) {
         "float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale=1.0) -> ()", OT_OP(adamw_step));
   m.def("multi_tensor_l2_norm(Tensor[] tensors) -> float", OT_OP(multi_tensor_l2_norm));
 #endif
+#ifdef OT_HAVE_ROTARY
+  // ---- rotary embedding, rotate-half form (torch_npu's npu_rotary_mul): x [..., T, D], cos / sin [T, D]
+  m.def("rotary_mul(Tensor x, Tensor cos, Tensor sin) -> Tensor", OT_OP(rotary_mul));
+  m.def("rotary_mul_backward(Tensor dy, Tensor cos, Tensor sin) -> Tensor", OT_OP(rotary_mul_backward));
+#endif
 #ifdef OT_HAVE_GDN_LAYER
   // ---- the GDN layer around its core: short causal conv (x [B, T, D] channels-last, weight [D, W],
   // states [N, D, W-1]) and the gated RMSNorm

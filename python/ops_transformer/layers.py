@@ -9,6 +9,7 @@ causal-conv1d package and fla; x channels-last as in fla):
     y = rms_norm(x, weight, eps=1e-6)                  # weight * x / sqrt(mean(x^2) + eps)
     y, x_sum = add_rms_norm(x, residual, weight, eps=1e-6)   # x_sum = x + residual, y = rms_norm(x_sum)
     RMSNorm(hidden_size, eps=1e-6); norm(x) or norm(x, residual) -> (y, x_sum)   # module
+    y = rotary_mul(x, cos, sin)    # x * cos + rotate_half(x) * sin (torch_npu's npu_rotary_mul)
     y = linear(x, weight)          # x @ weight^T on the library's matrix engine (nn.Linear without bias)
     Linear(in, out, bias=False); use_library_linear(module)   # nn.Linear on it / swap a model's Linears
     outs = linear_group(x, [lin1, lin2, ...])   # several bias-free Linears of one input in one product
@@ -31,7 +32,7 @@ import torch.nn as nn
 from ._lib import fast_op, ops
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update", "rms_norm_gated", "RMSNormGated", "rms_norm", "add_rms_norm",
-           "RMSNorm", "linear", "Linear", "linear_group", "use_library_linear", "bmm"]
+           "RMSNorm", "rotary_mul", "linear", "Linear", "linear_group", "use_library_linear", "bmm"]
 
 
 def _cu(cu_seqlens):
@@ -184,6 +185,29 @@ class RMSNorm(nn.Module):
         if residual is None:
             return rms_norm(x, self.weight, self.eps)
         return add_rms_norm(x, residual, self.weight, self.eps)
+
+
+_ROTARY, _ROTARY_BWD = fast_op("rotary_mul"), fast_op("rotary_mul_backward")
+
+
+class _RotaryMul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _ROTARY(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, dy):
+        cos, sin = ctx.saved_tensors
+        return _ROTARY_BWD(dy, cos, sin), None, None
+
+
+def rotary_mul(x, cos, sin):
+    """x * cos + rotate_half(x) * sin (HF's apply_rotary_pos_emb for one tensor), x [..., T, D],
+    cos / sin [T, D]; differentiable in x."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _RotaryMul.apply(x, cos, sin)
+    return _ROTARY(x, cos, sin)
 
 
 class _Linear(torch.autograd.Function):

@@ -261,3 +261,26 @@ def test_linear_group_is_the_separate_linears():
     sum((F.linear(x, lin.weight) * (i + 1)).sum() for i, lin in enumerate(lins)).backward()
     for got, want in zip(grads, [lin.weight.grad for lin in lins] + [x.grad]):
         assert rel_err(got, want) < 1e-5
+
+
+@need("rotary_mul", "rotary_mul_backward")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_mul_matches_hf_rotate_half(dtype):
+    """x * cos + rotate_half(x) * sin on a transposed [B, H, T, D] view, and dx = the rotation back."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 16).transpose(1, 2).to(dtype).requires_grad_()  # [B, H=3, T=5, D] strided
+    ang = torch.rand(5, 8) * 6
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    y = layers.rotary_mul(x, cos, sin)
+    dy = torch.randn_like(y)
+    (y.float() * dy.float()).sum().backward()
+    xr = x.detach().double().requires_grad_()
+    yr = xr * cos.double() + torch.cat([-xr[..., 8:], xr[..., :8]], -1) * sin.double()
+    (yr * dy.double()).sum().backward()
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert y.dtype == dtype and y.shape == x.shape and rel_err(y, yr) < tol
+    assert rel_err(x.grad, xr.grad) < tol
+    with pytest.raises(RuntimeError, match="'cos'"):
+        layers.rotary_mul(x.detach(), cos[:4], sin)
+    with pytest.raises(RuntimeError, match="'x'"):
+        layers.rotary_mul(torch.randn(2, 5, 15), cos[:, :15], sin[:, :15])

@@ -112,24 +112,41 @@ class Attention(nn.Module):
     def __init__(self, cfg, impl="torch"):
         super().__init__()
         H, D = cfg.num_attention_heads, cfg.head_dim
-        if impl == "ot":  # the heads' products on the library's engine (the twin: torch.matmul)
-            from ..layers import bmm
-            self._matmul = bmm
+        if impl == "ot":  # the heads' products and RoPE on the library (the twin: torch.matmul, _rope)
+            from ..layers import bmm, rotary_mul
+            self._matmul, self._rotary = bmm, rotary_mul
         else:
-            self._matmul = torch.matmul
+            self._matmul, self._rotary = torch.matmul, None
+        self._tables = None  # (cos, sin) [positions, D] fp32 for the library's rotary_mul, grown by doubling
         self.heads, self.head_dim, self.theta = H, D, cfg.rope_theta
         self.q_proj = nn.Linear(cfg.hidden_size, H * D, bias=False)
         self.k_proj = nn.Linear(cfg.hidden_size, H * D, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, H * D, bias=False)
         self.o_proj = nn.Linear(H * D, cfg.hidden_size, bias=False)
 
+    def _rope_tables(self, past, T, dtype):
+        """cos, sin [T, D] at positions past.. (the values _rope computes: the same formula per position)."""
+        n = past + T
+        if self._tables is None or self._tables[0].shape[0] < n:
+            cap = max(n, 256, 2 * (self._tables[0].shape[0] if self._tables is not None else 0))
+            d = self.head_dim
+            inv = 1.0 / self.theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+            ang = torch.arange(cap).float()[:, None] * inv[None, :]
+            self._tables = (torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1))
+        cos, sin = self._tables
+        return cos[past:n].to(dtype), sin[past:n].to(dtype)
+
     def forward(self, x, cache=None):
         B, T, _ = x.shape
         shape = (B, T, self.heads, self.head_dim)
         q, k, v = (p(x).view(shape).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
         past = 0 if cache is None or "k" not in cache else cache["k"].shape[2]
-        pos = torch.arange(past, past + T)
-        q, k = _rope(q, pos, self.theta), _rope(k, pos, self.theta)
+        if self._rotary is not None:
+            cos, sin = self._rope_tables(past, T, q.dtype)
+            q, k = self._rotary(q, cos, sin), self._rotary(k, cos, sin)
+        else:
+            pos = torch.arange(past, past + T)
+            q, k = _rope(q, pos, self.theta), _rope(k, pos, self.theta)
         if cache is not None:
             k, v = _append_kv(cache, k, v, past)
         s = self._matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
