@@ -242,6 +242,12 @@ double multi_tensor_l2_norm(at::TensorList tensors);
 Tensor rotary_mul(const Tensor& x, const Tensor& cos, const Tensor& sin);
 Tensor rotary_mul_backward(const Tensor& dy, const Tensor& cos, const Tensor& sin);
 #endif
+#ifdef OT_HAVE_ATTENTION
+// attention_ops.cpp
+std::tuple<Tensor, Tensor> causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale);
+std::tuple<Tensor, Tensor, Tensor> causal_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                                             const Tensor& o, const Tensor& lse, double scale);
+#endif
 #ifdef OT_HAVE_GDN_LAYER
 // gdn_layer_ops.cpp (causal-conv1d / fla names)
 std::tuple<Tensor, OptTensor> causal_conv1d_fn(const Tensor& x, const Tensor& weight, const OptTensor& bias,

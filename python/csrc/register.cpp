@@ -245,6 +245,12 @@ TORCH_LIBRARY(ops_transformer, m) {
   m.def("rotary_mul(Tensor x, Tensor cos, Tensor sin) -> Tensor", OT_OP(rotary_mul));
   m.def("rotary_mul_backward(Tensor dy, Tensor cos, Tensor sin) -> Tensor", OT_OP(rotary_mul_backward));
 #endif
+#ifdef OT_HAVE_ATTENTION
+  // ---- causal attention, q [B, H, T, D], k / v [B, H, S, D] (queries = the last T positions)
+  m.def("causal_attention(Tensor q, Tensor k, Tensor v, float scale) -> (Tensor o, Tensor lse)", OT_OP(causal_attention));
+  m.def("causal_attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, float scale) "
+        "-> (Tensor dq, Tensor dk, Tensor dv)", OT_OP(causal_attention_backward));
+#endif
 #ifdef OT_HAVE_GDN_LAYER
   // ---- the GDN layer around its core: short causal conv (x [B, T, D] channels-last, weight [D, W],
   // states [N, D, W-1]) and the gated RMSNorm

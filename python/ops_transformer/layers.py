@@ -10,6 +10,7 @@ causal-conv1d package and fla; x channels-last as in fla):
     y, x_sum = add_rms_norm(x, residual, weight, eps=1e-6)   # x_sum = x + residual, y = rms_norm(x_sum)
     RMSNorm(hidden_size, eps=1e-6); norm(x) or norm(x, residual) -> (y, x_sum)   # module
     y = rotary_mul(x, cos, sin)    # x * cos + rotate_half(x) * sin (torch_npu's npu_rotary_mul)
+    o = causal_attention(q, k, v, scale)   # causal softmax attention, scores never in memory
     y = linear(x, weight)          # x @ weight^T on the library's matrix engine (nn.Linear without bias)
     Linear(in, out, bias=False); use_library_linear(module)   # nn.Linear on it / swap a model's Linears
     outs = linear_group(x, [lin1, lin2, ...])   # several bias-free Linears of one input in one product
@@ -32,7 +33,7 @@ import torch.nn as nn
 from ._lib import fast_op, ops
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update", "rms_norm_gated", "RMSNormGated", "rms_norm", "add_rms_norm",
-           "RMSNorm", "rotary_mul", "linear", "Linear", "linear_group", "use_library_linear", "bmm"]
+           "RMSNorm", "rotary_mul", "causal_attention", "linear", "Linear", "linear_group", "use_library_linear", "bmm"]
 
 
 def _cu(cu_seqlens):
@@ -208,6 +209,33 @@ def rotary_mul(x, cos, sin):
     if torch.is_grad_enabled() and x.requires_grad:
         return _RotaryMul.apply(x, cos, sin)
     return _ROTARY(x, cos, sin)
+
+
+_ATTN, _ATTN_BWD = fast_op("causal_attention"), fast_op("causal_attention_backward")
+
+
+class _CausalAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        o, lse = _ATTN(q, k, v, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.scale = scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _ATTN_BWD(do, q, k, v, o, lse, ctx.scale)
+        return dq, dk, dv, None
+
+
+def causal_attention(q, k, v, scale):
+    """softmax(scale q k^T, causal) v for q [B, H, T, D], k / v [B, H, S, D], the queries being the
+    last T of the S positions (a decode step, a prefill onto a KV cache); differentiable. The score
+    matrix stays in the library's per-thread scratch."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _CausalAttention.apply(q, k, v, float(scale))
+    return _ATTN(q, k, v, float(scale))[0]
 
 
 class _Linear(torch.autograd.Function):

@@ -10,8 +10,8 @@
 Layer i is [pre-RMSNorm -> token mixer -> residual, pre-RMSNorm -> SparseMoeBlock -> residual]; the
 mixer is full causal attention with RoPE on every `full_attention_interval`-th layer (3, 7, ... as in
 Qwen3-Next / Qwen3.5) and a GatedDeltaNet (Qwen3.5 projections) elsewhere. One class for both
-implementations, so the parameter names are one set. Attention is plain torch in both (written once
-here, its products on the library's bmm for impl="ot"); the GDN layer, the MoE block, the norms (the
+implementations, so the parameter names are one set. Attention is written once here: plain torch
+for the twin, RoPE (`rotary_mul`) and the fused `causal_attention` for impl="ot"; the GDN layer, the MoE block, the norms (the
 library's add_rms_norm: each residual add fused into the norm that follows it, as vLLM passes the
 residual) and the projections (the library's matmul, ops_transformer.layers.Linear) differ."""
 import math
@@ -112,11 +112,11 @@ class Attention(nn.Module):
     def __init__(self, cfg, impl="torch"):
         super().__init__()
         H, D = cfg.num_attention_heads, cfg.head_dim
-        if impl == "ot":  # the heads' products and RoPE on the library (the twin: torch.matmul, _rope)
-            from ..layers import bmm, rotary_mul
-            self._matmul, self._rotary = bmm, rotary_mul
+        if impl == "ot":  # RoPE and the fused causal attention on the library (the twin: _rope, torch ops)
+            from ..layers import causal_attention, rotary_mul
+            self._attention, self._rotary = causal_attention, rotary_mul
         else:
-            self._matmul, self._rotary = torch.matmul, None
+            self._attention, self._rotary = None, None
         self._tables = None  # (cos, sin) [positions, D] fp32 for the library's rotary_mul, grown by doubling
         self.heads, self.head_dim, self.theta = H, D, cfg.rope_theta
         self.q_proj = nn.Linear(cfg.hidden_size, H * D, bias=False)
@@ -149,11 +149,14 @@ class Attention(nn.Module):
             q, k = _rope(q, pos, self.theta), _rope(k, pos, self.theta)
         if cache is not None:
             k, v = _append_kv(cache, k, v, past)
-        s = self._matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
-        if T > 1:  # query t (absolute past + t) sees keys 0..past + t
-            mask = torch.ones(T, past + T, dtype=torch.bool).triu(past + 1)
-            s = s.masked_fill(mask, float("-inf"))
-        o = self._matmul(torch.softmax(s.float(), -1).to(v.dtype), v)
+        if self._attention is not None:
+            o = self._attention(q, k, v, 1.0 / math.sqrt(self.head_dim))
+        else:
+            s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+            if T > 1:  # query t (absolute past + t) sees keys 0..past + t
+                mask = torch.ones(T, past + T, dtype=torch.bool).triu(past + 1)
+                s = s.masked_fill(mask, float("-inf"))
+            o = torch.matmul(torch.softmax(s.float(), -1).to(v.dtype), v)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
 
 
