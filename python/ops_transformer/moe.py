@@ -499,10 +499,52 @@ class _RouterCache:
         return self.packed
 
 
+class _StackedExperts(torch.autograd.Function):
+    """The experts' weights [E, ...] as one tensor without a copy when they are consecutive slices
+    of one buffer (share_expert_storage); gradients go back as the slices of the stacked one."""
+
+    @staticmethod
+    def forward(ctx, *ws):
+        w0 = ws[0]
+        return w0.detach().as_strided((len(ws),) + tuple(w0.shape), (w0.numel(),) + tuple(w0.stride()))
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.unbind(0)
+
+
+def _consecutive(ws):
+    w0 = ws[0]
+    step = w0.numel() * w0.element_size()
+    return w0.is_contiguous() and all(
+        w.dtype == w0.dtype and w.shape == w0.shape and w.is_contiguous() and w.data_ptr() == w0.data_ptr() + i * step
+        for i, w in enumerate(ws))
+
+
+def _stack(ws, dtype):
+    if ws[0].dtype == dtype and _consecutive(ws):
+        return _StackedExperts.apply(*ws)
+    return torch.stack([w.to(dtype) for w in ws])  # (a copy: the gradients flow back through it)
+
+
+def share_expert_storage(experts, names=("gate_proj", "up_proj", "down_proj")):
+    """Re-homes each named Linear weight of the experts into one [E, out, in] buffer (values, names
+    and state_dict unchanged; each weight stays its own Parameter, a slice of the buffer), so the
+    training path reads the stacked experts in place instead of copying them every step. Moving a
+    module to another dtype or device gives the weights separate storage again (the copy path)."""
+    with torch.no_grad():
+        for name in names:
+            lins = [getattr(e, name) for e in experts]
+            buf = torch.stack([m.weight.detach() for m in lins])
+            for i, m in enumerate(lins):
+                m.weight = nn.Parameter(buf[i], requires_grad=m.weight.requires_grad)
+    return experts
+
+
 def _train_step(x, router_w, weights, dtype, **kw):
-    """The differentiable layer on the modules' own parameters: stacked (a copy per call, so the
-    gradients flow back to every expert's Linear weights), cast to the compute dtype."""
-    st = [torch.stack([w.to(dtype) for w in ws]) for ws in weights]
+    """The differentiable layer on the modules' own parameters, cast to the compute dtype: stacked
+    in place where they share one buffer, else copied (the gradients reach every expert either way)."""
+    st = [_stack(list(ws), dtype) for ws in weights]
     return moe_ffn(x, router_w.to(dtype), tuple(st), **kw)
 
 
@@ -624,7 +666,7 @@ class SparseMoeBlock(nn.Module):
         self.weights, self.group_size = _quant_args("SparseMoeBlock", weights, group_size)
         self.symmetric = symmetric
         self.gate = nn.Linear(hidden_size, num_experts, bias=False, dtype=dtype)
-        self.experts = nn.ModuleList(_MLP(hidden_size, intermediate_size, dtype) for _ in range(num_experts))
+        self.experts = share_expert_storage(nn.ModuleList(_MLP(hidden_size, intermediate_size, dtype) for _ in range(num_experts)))
         self._packed = None
         self._router = _RouterCache()
         self._register_load_state_dict_pre_hook(lambda *a, **k: self.repack(lazy=True))

@@ -225,3 +225,27 @@ def test_backward_bad_inputs_name_the_argument():
         ot.ops.moe_token_permute_backward(torch.randn(8, 6), torch.arange(8), 2)
     with pytest.raises(RuntimeError, match="expert_idx"):     # id out of range
         ot.ops.moe_gating_top_k_softmax_backward(torch.randn(4, 2), torch.randn(4, 4), torch.full((4, 2), 7, dtype=i32))
+
+
+def test_shared_expert_storage_reads_the_experts_in_place():
+    """SparseMoeBlock keeps each projection's expert weights in one buffer: the training step reads
+    them stacked without a copy, and its gradients equal those of the copying path."""
+    from ops_transformer import moe as moe_mod
+    torch.manual_seed(4)
+    block = moe_mod.SparseMoeBlock(32, 4, 24, 2)
+    ws = [e.gate_proj.weight for e in block.experts]
+    assert moe_mod._consecutive(ws)
+    x = torch.randn(10, 32, requires_grad=True)
+    dy = torch.randn(10, 32)
+    (block(x)[0] * dy).sum().backward()
+    shared = [p.grad.clone() for p in block.parameters()] + [x.grad.clone()]
+    for e in block.experts:  # separate storages: the stack copies
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            lin = getattr(e, name)
+            lin.weight = torch.nn.Parameter(lin.weight.detach().clone())
+    assert not moe_mod._consecutive([e.gate_proj.weight for e in block.experts])
+    block.zero_grad(set_to_none=True)
+    x.grad = None
+    (block(x)[0] * dy).sum().backward()
+    for got, want in zip(shared, [p.grad for p in block.parameters()] + [x.grad]):
+        assert torch.equal(got, want)
