@@ -3,6 +3,8 @@
 // backward also against fp64 central differences of the reference's loss; bad arguments.
 #include <gtest/gtest.h>
 
+#include "core_test_util.h"
+
 #include <cmath>
 #include <random>
 #include <string>
@@ -13,17 +15,10 @@
 
 namespace test_attention {
 using namespace ot;
+using core_test::expect_error;
+using core_test::uniform;
 
 namespace {
-Tensor uniform(std::mt19937& rng, DType dt, std::vector<int64_t> shape, float lo, float hi) {
-  Tensor f = Tensor::empty(DType::f32, shape);
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (int64_t i = 0; i < f.numel(); ++i) f.ptr<float>()[i] = u(rng);
-  if (dt == DType::f32) return f;
-  Tensor t = Tensor::empty(dt, shape);
-  copy_into(f.view(), t.view());
-  return t;
-}
 double rel(const TensorView& a, const TensorView& b) {
   double n = 0, d = 0;
   for (int64_t i = 0; i < a.numel(); ++i) {
@@ -97,14 +92,6 @@ TEST(CausalAttention, ReferenceBackwardFiniteDifferences) {
 TEST(CausalAttention, Errors) {
   Tensor q = Tensor::zeros(DType::f32, {1, 2, 3, 4}), k = Tensor::zeros(DType::f32, {1, 2, 2, 4}), v = Tensor::zeros(DType::f32, {1, 2, 3, 4});
   Tensor kb = Tensor::zeros(DType::bf16, {1, 2, 3, 4}), lse = Tensor::zeros(DType::f32, {1, 2, 2});
-  auto expect_error = [](auto fn, const char* arg) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error for " << arg;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << e.what();
-    }
-  };
   expect_error([&] { causal_attention(q, k, v, 1.f); }, "'k'");  // S < T
   expect_error([&] { causal_attention(q, kb, v, 1.f); }, "'k'");
   expect_error([&] { causal_attention(q, v, v, 0.f); }, "'scale'");

@@ -3,6 +3,8 @@
 // arguments that leave every tensor as it was.
 #include <gtest/gtest.h>
 
+#include "core_test_util.h"
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -14,6 +16,8 @@
 
 namespace test_optim {
 using namespace ot;
+using core_test::expect_error;
+using core_test::uniform;
 
 namespace {
 
@@ -103,14 +107,6 @@ TEST(Optim, BadArgumentsWriteNothing) {
   std::vector<TensorView> g = s.views(s.g);
   Tensor wrong = Tensor::zeros(DType::f32, {8});
   g[1] = wrong.view();
-  auto expect_error = [&](auto fn, const char* arg) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error for " << arg;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << e.what();
-    }
-  };
   expect_error([&] { optim::adamw_step(s.views(s.p), g, s.views(s.m), s.views(s.v), c); }, "grads");
   c.beta2 = 1.f;
   expect_error([&] { optim::adamw_step(s.views(s.p), s.views(s.g), s.views(s.m), s.views(s.v), c); }, "betas");

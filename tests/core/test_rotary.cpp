@@ -2,6 +2,8 @@
 // [B, H, T, D] view, T = 1 and D = 2; the backward undoes the forward (a rotation); bad arguments.
 #include <gtest/gtest.h>
 
+#include "core_test_util.h"
+
 #include <cmath>
 #include <random>
 #include <string>
@@ -12,17 +14,10 @@
 
 namespace test_rotary {
 using namespace ot;
+using core_test::expect_error;
+using core_test::uniform;
 
 namespace {
-Tensor uniform(std::mt19937& rng, DType dt, std::vector<int64_t> shape, float lo, float hi) {
-  Tensor f = Tensor::empty(DType::f32, shape);
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (int64_t i = 0; i < f.numel(); ++i) f.ptr<float>()[i] = u(rng);
-  if (dt == DType::f32) return f;
-  Tensor t = Tensor::empty(dt, shape);
-  copy_into(f.view(), t.view());
-  return t;
-}
 double max_abs_diff(const TensorView& a, const TensorView& b) {
   double w = 0;
   for (int64_t i = 0; i < a.numel(); ++i) w = std::max(w, std::fabs(get_as_double(a, i) - get_as_double(b, i)));
@@ -58,14 +53,6 @@ TEST(Rotary, MatchesTheReferenceAndInverts) {
 TEST(Rotary, Errors) {
   Tensor x = Tensor::zeros(DType::f32, {2, 4, 6}), c = Tensor::zeros(DType::f32, {4, 6}), odd = Tensor::zeros(DType::f32, {2, 4, 5});
   Tensor c_bad = Tensor::zeros(DType::f32, {3, 6}), xi = Tensor::zeros(DType::i32, {2, 4, 6});
-  auto expect_error = [](auto fn, const char* arg) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error for " << arg;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << e.what();
-    }
-  };
   expect_error([&] { rotary_mul(x, c_bad, c); }, "'cos'");
   expect_error([&] { rotary_mul(x, c, c_bad); }, "'sin'");
   expect_error([&] { rotary_mul(odd, Tensor::zeros(DType::f32, {4, 5}), Tensor::zeros(DType::f32, {4, 5})); }, "'x'");
