@@ -9,6 +9,7 @@
 #include "ot/cpu.h"
 #include "ot/moe_bwd.h"
 #include "ot/numeric.h"
+#include "ot/output_pool.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "src/moe/bwd_common.h"
@@ -72,7 +73,7 @@ GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorVie
   if (opt.act != gemm::Act::none) {
     TensorView z = opt.pre_act;
     if (!z.defined()) {  // recompute z = x @ W + b per group, fp32 as in the forward's accumulator
-      z_hold = Tensor::empty(DType::f32, {M, N});
+      z_hold = pooled_empty(DType::f32, {M, N});
       z = z_hold;
       bwd::for_each_span(p.spans, distinct, [&](const bwd::Span& s) {
         gemm::matmul(bwd::rows_of(x, s.offset, s.count), gemm::MatView::of(w.select(0, s.group)), bwd::mut_rows_of(z, s.offset, s.count));
@@ -84,7 +85,7 @@ GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorVie
         }
       });
     }
-    dz_hold = Tensor::empty(dy.dtype, {M, N});
+    dz_hold = pooled_empty(dy.dtype, {M, N});
     dz = dz_hold;
     bwd::parallel_rows(M, N * 8, [&](int64_t m0, int64_t m1) {
       bwd::act_backward_rows(opt.act, m0, m1, N, z.data, z.dtype, z.strides[0], dy.data, dy.dtype, dy.strides[0], dz.data, dz.dtype, N);
@@ -94,10 +95,10 @@ GroupedMatmulGrads grouped_matmul_backward(const TensorView& dy, const TensorVie
   GroupedMatmulGrads r;
   auto row_ptr = [](const TensorView& v, int64_t r) { return static_cast<const char*>(v.data) + r * v.strides[0] * int64_t(dtype_size(v.dtype)); };
   if (opt.need_dx) {
-    r.dx = Tensor::empty(x.dtype, {M, K});
+    r.dx = pooled_empty(x.dtype, {M, K});
     if (w.strides[2] == 1) {
       // NT on W [K, N] as stored (rows k, N contiguous): dx = dz W^T, fp32 then x's dtype.
-      Tensor dxf = x.dtype == DType::f32 ? r.dx : Tensor::empty(DType::f32, {M, K});
+      Tensor dxf = x.dtype == DType::f32 ? r.dx : pooled_empty(DType::f32, {M, K});
       std::vector<gemm::NtJob> jobs;
       for (const auto& s : p.spans) {
         gemm::NtJob j;

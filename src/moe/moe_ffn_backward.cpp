@@ -114,9 +114,9 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
   scope.flops(2.0 * 2.0 * (3.0 * A * H * I + 3.0 * T * H * d.Is + T * H * E));
 
   MoeFfnGrads g;
-  g.d_gate = given ? bo.d_gate_out : Tensor::empty(gdt, {E, H, I});
-  g.d_up = given ? bo.d_up_out : Tensor::empty(gdt, {E, H, I});
-  g.d_down = given ? bo.d_down_out : Tensor::empty(gdt, {E, I, H});
+  g.d_gate = given ? bo.d_gate_out : pooled_empty(gdt, {E, H, I});
+  g.d_up = given ? bo.d_up_out : pooled_empty(gdt, {E, H, I});
+  g.d_down = given ? bo.d_down_out : pooled_empty(gdt, {E, I, H});
   // Fresh gradients (2.4 GB fp32 at qwen3 T512) fault in once per page as the TN stores reach
   // them: 2 MiB pages take 1/512 of the faults (cpu-clock: 4 KiB faults were ~30 % of the backward
   // on the AMD EPYC AVX2-only VM, 2026-12-02).
@@ -181,7 +181,7 @@ MoeFfnGrads moe_ffn_backward(const TensorView& dy, const TensorView& x, const Mo
         if (i >= 0) accumulate_f32(dxs + int64_t(i) * H, DType::f32, 1.f, dxa + t * H, H);
       }
   });
-  g.dx = Tensor::empty(x.dtype, {T, H});
+  g.dx = pooled_empty(x.dtype, {T, H});
   convert_from_f32(dxa, g.dx.view().data, x.dtype, T * H);
   return g;
 }

@@ -7,6 +7,7 @@
 #include "ot/moe.h"
 #include "ot/moe_bwd.h"
 #include "ot/numeric.h"
+#include "ot/output_pool.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
 #include "src/moe/bwd_common.h"
@@ -148,7 +149,7 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
   // in fp32), then the shared expert straight into
   // the fp32 accumulator, then each token's weighted rows.
   const int64_t A = int64_t(s.plan.token.size());
-  s.z = Tensor::empty(x.dtype, {A, 2 * I});
+  s.z = pooled_empty(x.dtype, {A, 2 * I});
   float* o_rows = static_cast<float*>(bwd::scratch(1, size_t(A * H) * 4));
   bwd::FfnRowsForward f;
   bwd::set_routed_rows(f, x, w, s.plan, I);
@@ -177,7 +178,7 @@ MoeFfnTrainResult moe_ffn_forward_train(const TensorView& x, const MoeFfnWeights
         if (i >= 0) accumulate_f32(o_rows + int64_t(i) * H, DType::f32, s.plan.weight[size_t(i)], acc + t * H, H);
       }
   });
-  r.y = Tensor::empty(x.dtype, {T, H});
+  r.y = pooled_empty(x.dtype, {T, H});
   convert_from_f32(acc, r.y.view().data, x.dtype, T * H);
   return r;
 }
