@@ -16,7 +16,9 @@
 #include "ot/output_pool.h"
 #include "ot/parallel.h"
 #include "ot/trace.h"
+#include "src/attn/softmax_rows.h"
 #include "src/core/elem_at.h"
+#include "src/core/kernel_list.h"
 
 namespace ot {
 namespace {
@@ -68,28 +70,11 @@ gemm::MutMatView mut(float* p, int64_t rows, int64_t cols, int64_t ld = 0) { ret
 // products skip the masked upper part of the scores (prefill: ~40% of the work at T = S = 128).
 constexpr int64_t kQueryBlock = 32;
 
-// P = softmax of the scaled, masked scores, in place (T rows of width S, ld apart); query t sees
-// keys 0 .. off + t. lse (when given) gets each row's log-sum-exp; with lse_in the row is
-// exp(s - lse) (the backward).
-void softmax_rows(float* P, int64_t T, int64_t S, int64_t ld, int64_t off, float* lse, const float* lse_in) {
-  for (int64_t t = 0; t < T; ++t) {
-    float* p = P + t * ld;
-    const int64_t n = off + t + 1;  // keys seen
-    if (lse_in) {
-      const float l = lse_in[t];
-      for (int64_t j = 0; j < n; ++j) p[j] = std::exp(p[j] - l);
-    } else {
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < n; ++j) m = std::max(m, p[j]);
-      float sum = 0.f;
-      for (int64_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - m));
-      const float inv = 1.f / sum;
-      for (int64_t j = 0; j < n; ++j) p[j] *= inv;
-      if (lse) lse[t] = m + std::log(sum);
-    }
-    std::fill(p + n, p + S, 0.f);
-  }
-}
+const cpu::KernelEntry<attn::SoftmaxRows, cpu::AnyPlan> kSoftmaxKernels[] = {
+    {cpu::Isa::avx512, nullptr, attn::softmax_rows_avx512, "avx512"},
+    {cpu::Isa::avx2, nullptr, attn::softmax_rows_avx2, "avx2"},
+    {cpu::Isa::scalar, nullptr, attn::softmax_rows_generic, "generic"},
+};
 
 float* scratch(std::vector<float>& buf, size_t n) {
   if (buf.size() < n) buf.resize(n);
@@ -117,6 +102,7 @@ AttentionOut causal_attention(const TensorView& q, const TensorView& k, const Te
   }
   const int64_t off = d.S - d.T;
   const double bytes = 2.0 * double(q.nbytes() + k.nbytes() + v.nbytes());
+  const attn::SoftmaxRows softmax = cpu::select_kernel(op, kSoftmaxKernels).fn;
   parallel_for_sized(d.B * d.H, bytes, [&](int64_t i0, int64_t i1) {
     thread_local std::vector<float> buf;
     float* Q = scratch(buf, size_t(d.T * d.D + 2 * d.S * d.D + d.T * d.S + d.T * d.D));
@@ -130,7 +116,7 @@ AttentionOut causal_attention(const TensorView& q, const TensorView& k, const Te
         const int64_t m = std::min(kQueryBlock, d.T - t0), n = off + t0 + m;  // rows, keys seen
         float* Pb = P + t0 * d.S;
         gemm::matmul(mat(Q + t0 * d.D, m, d.D), mat(K, n, d.D).t(), mut(Pb, m, n, d.S), scale, 0.f);
-        softmax_rows(Pb, m, n, d.S, off + t0, r.lse.ptr<float>() + i * d.T + t0, nullptr);
+        softmax(Pb, m, n, d.S, off + t0, r.lse.ptr<float>() + i * d.T + t0, nullptr);
         gemm::matmul(mat(Pb, m, n, d.S), mat(V, n, d.D), mut(O + t0 * d.D, m, d.D), 1.f, 0.f);
       }
       store_head(O, r.o, b, h, d.H, d.T, d.D);
@@ -167,6 +153,7 @@ AttentionGrads causal_attention_backward(const TensorView& dout, const TensorVie
   }
   const int64_t off = d.S - d.T, T = d.T, S = d.S, D = d.D;
   const double bytes = 3.0 * double(q.nbytes() + k.nbytes() + v.nbytes() + o.nbytes());
+  const attn::SoftmaxRows softmax = cpu::select_kernel(op, kSoftmaxKernels).fn;
   parallel_for_sized(d.B * d.H, bytes, [&](int64_t i0, int64_t i1) {
     thread_local std::vector<float> buf;
     float* Q = scratch(buf, size_t(3 * T * D + 2 * S * D + 2 * T * S + T + T * D + 2 * S * D));
@@ -189,7 +176,7 @@ AttentionGrads causal_attention_backward(const TensorView& dout, const TensorVie
         const int64_t m = std::min(kQueryBlock, T - t0), n = off + t0 + m;
         float *Pb = P + t0 * S, *dSb = dS + t0 * S;
         gemm::matmul(mat(Q + t0 * D, m, D), mat(K, n, D).t(), mut(Pb, m, n, S), scale, 0.f);
-        softmax_rows(Pb, m, n, S, off + t0, nullptr, lse.ptr<float>() + i * T + t0);
+        softmax(Pb, m, n, S, off + t0, nullptr, lse.ptr<float>() + i * T + t0);
         gemm::matmul(mat(dO + t0 * D, m, D), mat(V, n, D).t(), mut(dSb, m, n, S), 1.f, 0.f);  // dP
         for (int64_t t = 0; t < m; ++t)
           for (int64_t j = 0; j < n; ++j) dSb[t * S + j] = Pb[t * S + j] * (dSb[t * S + j] - Di[t0 + t]);
