@@ -19,26 +19,8 @@ namespace bench_gdn_layer_local {
 
 constexpr int64_t kConvDim = 2 * 16 * 128 + 32 * 128, kW = 4, kHV = 32, kDV = 128;
 
-struct Case {
-  std::string name, shape;
-  double bytes;
-  std::function<void()> fast;
-};
-
-void run_cases(const BenchOptions& opt, const std::vector<Case>& cases) {
-  for (const Case& c : cases) {
-    if (!opt.selected(c.name)) continue;
-    auto ref = [&c] {
-      cpu::ScopedForceRef on(true);
-      c.fast();
-    };
-    Timing t = time_interleaved(c.fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref),
-                                opt.repeats > 0 ? opt.repeats : 20, opt.no_ref ? 0 : 1, true);
-    BenchResult r = bandwidth_result(c.name, c.shape, "bf16", num_threads(), c.bytes, t, c.fast);
-    r.extra["bytes"] = c.bytes;
-    report(opt, r);
-  }
-}
+using Case = RefCase;
+const auto run_cases = run_ref_cases;
 
 // Prefill (T tokens, one sequence, with an initial state and the final state out) and its backward.
 int run_conv(const BenchOptions& opt) {
@@ -51,8 +33,8 @@ int run_conv(const BenchOptions& opt) {
   o.return_final_states = true;
   const double act = double(T * D * 2);
   const std::string sh = "[1, 1024, 8192] W4";
-  run_cases(opt, {{"qwen35-T1024-fwd", sh, 2 * act, [&] { gdn::causal_conv1d_fn(x, w, o); }},
-                  {"qwen35-T1024-bwd", sh, 3 * act, [&] { gdn::causal_conv1d_bwd(x, w, dy, o); }}});
+  run_cases(opt, {{"qwen35-T1024-fwd", sh, "bf16", 2 * act, false, [&] { gdn::causal_conv1d_fn(x, w, o); }},
+                  {"qwen35-T1024-bwd", sh, "bf16", 3 * act, false, [&] { gdn::causal_conv1d_bwd(x, w, dy, o); }}});
   return 0;
 }
 
@@ -68,7 +50,7 @@ int run_update(const BenchOptions& opt) {
     for (int64_t b = 0; b < B; ++b) idx.ptr<int32_t>()[b] = int32_t(2 * b);
     keep.insert(keep.end(), {x, w, cache, idx});
     const double bytes = double(B * D * 2 * 2) + 2.0 * double(B * D * (kW - 1) * 2);
-    cases.push_back({"qwen35-decode-B" + std::to_string(B), "[" + std::to_string(B) + ", 8192] W4 slots", bytes, [x, w, cache, idx] {
+    cases.push_back({"qwen35-decode-B" + std::to_string(B), "[" + std::to_string(B) + ", 8192] W4 slots", "bf16", bytes, false, [x, w, cache, idx] {
                        gdn::CausalConv1dUpdateOptions uo;
                        uo.conv_state_indices = idx;
                        gdn::causal_conv1d_update(x, cache, w, uo);
@@ -87,8 +69,8 @@ int run_norm(const BenchOptions& opt) {
   gdn::RmsNormGatedOut f = gdn::rms_norm_gated(x, z, w);
   const double act = double(T * kHV * kDV * 2), stat = double(T * kHV * 4);
   const std::string sh = "[1024, 32, 128]";
-  run_cases(opt, {{"qwen35-T1024-fwd", sh, 3 * act + stat, [&] { gdn::rms_norm_gated(x, z, w); }},
-                  {"qwen35-T1024-bwd", sh, 5 * act + stat, [&] { gdn::rms_norm_gated_bwd(dy, x, z, w, f.rstd); }}});
+  run_cases(opt, {{"qwen35-T1024-fwd", sh, "bf16", 3 * act + stat, false, [&] { gdn::rms_norm_gated(x, z, w); }},
+                  {"qwen35-T1024-bwd", sh, "bf16", 5 * act + stat, false, [&] { gdn::rms_norm_gated_bwd(dy, x, z, w, f.rstd); }}});
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "ot/cpu.h"
 #include "ot/error.h"
 #include "ot/numeric.h"
 #include "ot/parallel.h"
@@ -278,6 +279,31 @@ std::string kernel_of_call(const std::function<void()>& fn) {
   std::vector<trace::Event> ev = trace::take_events();
   trace::set_timeline(false);
   return ev.empty() ? "?" : ev.back().kernel;  // scopes end inner first: the last is the operator's
+}
+
+void run_ref_cases(const BenchOptions& opt, const std::vector<RefCase>& cases) {
+  for (const RefCase& c : cases) {
+    if (!opt.selected(c.name)) continue;
+    auto ref = [&c] {
+      cpu::ScopedForceRef on(true);
+      c.fast();
+    };
+    Timing t = time_interleaved(c.fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref),
+                                opt.repeats > 0 ? opt.repeats : 20, opt.no_ref ? 0 : 1, !c.flops);
+    BenchResult r;
+    if (c.flops) {
+      r.name = c.name, r.shape = c.shape, r.dtype = c.dtype, r.threads = num_threads();
+      r.ms = t.fast_ms, r.ref_ms = t.ref_ms;
+      r.gflops = c.work / (t.fast_ms * 1e6);
+      const double peak = matrix_peak_gflops("fp32", r.threads);
+      r.peak_fraction = peak > 0 ? r.gflops / peak : 0;
+      r.kernel = kernel_of_call(c.fast);
+    } else {
+      r = bandwidth_result(c.name, c.shape, c.dtype, num_threads(), c.work, t, c.fast);
+      r.extra["bytes"] = c.work;
+    }
+    report(opt, r);
+  }
 }
 
 }  // namespace ot::cli

@@ -106,6 +106,17 @@ void set_bandwidth(BenchResult& r, double gbps, const Timing& t);
 // set_bandwidth, and the kernel that one call of fast reports.
 BenchResult bandwidth_result(const std::string& name, const std::string& shape, const std::string& dtype, int threads, double bytes,
                              const Timing& t, const std::function<void()>& fast);
+// A case timed against the operator's fp64 path (OT_FORCE_REF, once a round): GFLOP/s of `work`
+// FLOPs against the fp32 matrix peak when `flops`, else GB/s of `work` bytes (the read window
+// measured beside it). run_ref_cases times and reports the selected ones (20 repetitions unless
+// --repeats says otherwise).
+struct RefCase {
+  std::string name, shape, dtype;
+  double work = 0;
+  bool flops = false;
+  std::function<void()> fast;
+};
+void run_ref_cases(const BenchOptions& opt, const std::vector<RefCase>& cases);
 // Prints a table row (with a header before the first row) or a JSON line. With an A/B, the case's
 // last time_interleaved's AbTiming goes with it (JSON ab_* fields; a line under the text row); a
 // case that did not time through time_interleaved is then an error.

@@ -21,36 +21,8 @@
 namespace ot::cli {
 namespace bench_layer_ops_local {
 
-struct Case {
-  std::string name, shape, dtype;
-  double work;  // FLOPs (flops) or bytes
-  bool flops;
-  std::function<void()> fast;
-};
-
-void run_cases(const BenchOptions& opt, const std::vector<Case>& cases) {
-  for (const Case& c : cases) {
-    if (!opt.selected(c.name)) continue;
-    auto ref = [&c] {
-      cpu::ScopedForceRef on(true);
-      c.fast();
-    };
-    Timing t = time_interleaved(c.fast, opt.no_ref ? std::function<void()>() : std::function<void()>(ref),
-                                opt.repeats > 0 ? opt.repeats : 20, opt.no_ref ? 0 : 1, !c.flops);
-    BenchResult r;
-    if (c.flops) {
-      r.name = c.name, r.shape = c.shape, r.dtype = c.dtype, r.threads = num_threads();
-      r.ms = t.fast_ms, r.ref_ms = t.ref_ms;
-      r.gflops = c.work / (t.fast_ms * 1e6);
-      const double peak = matrix_peak_gflops("fp32", r.threads);
-      r.peak_fraction = peak > 0 ? r.gflops / peak : 0;
-      r.kernel = kernel_of_call(c.fast);
-    } else {
-      r = bandwidth_result(c.name, c.shape, c.dtype, num_threads(), c.work, t, c.fast);
-    }
-    report(opt, r);
-  }
-}
+using Case = RefCase;
+const auto run_cases = run_ref_cases;
 
 std::vector<Tensor> g_keep;  // the cases' tensors (the closures hold views)
 Tensor keep(Tensor t) {
