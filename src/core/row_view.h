@@ -7,6 +7,7 @@
 
 #include "ot/numeric.h"
 #include "ot/tensor.h"
+#include "src/core/elem_at.h"
 
 namespace ot::detail {
 
@@ -36,6 +37,12 @@ inline std::vector<float> vector_f32(const TensorView& w) {
     for (int64_t i = 0; i < w.sizes[0]; ++i) v[size_t(i)] = float(get_as_double(w, i));
   return v;
 }
+
+// A [rows, N] view's rows as the row kernels take them (row stride = strides[0]).
+inline StridedRows rows_in(const TensorView& v) { return {v.data, v.dtype, v.strides[0]}; }
+inline StridedOutRows rows_out(const TensorView& v) { return {v.data, v.dtype, v.strides[0]}; }
+// A contiguous tensor as [rows, N].
+inline TensorView rows_view(const Tensor& t, int64_t rows, int64_t N) { return TensorView(t.view().data, t.dtype(), {rows, N}); }
 
 // The product of all dims but the last.
 inline int64_t leading_rows(const TensorView& v) {

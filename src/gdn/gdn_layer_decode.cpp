@@ -9,6 +9,7 @@
 #include "ot/gdn.h"
 #include "ot/gdn_layer.h"
 #include "ot/gemm.h"
+#include "ot/numeric.h"
 #include "ot/output_pool.h"
 #include "ot/trace.h"
 #include "src/core/elem_at.h"
@@ -43,11 +44,11 @@ Tensor gated_delta_net_decode(const TensorView& x, const GdnDecodeLayer& L, cons
              ::ot::detail::cat("contiguous fp32 [", HV, "]"), v->defined() ? v->shape_str() : "undefined");
   OT_CHECK(L.norm_weight.defined() && L.norm_weight.ndim == 1 && L.norm_weight.sizes[0] == DV, op, "norm_weight",
            ::ot::detail::cat("[", DV, "]"), L.norm_weight.defined() ? L.norm_weight.shape_str() : "undefined");
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < H; ++i) {
-      const double v = get_as_double(x, b * H + i);
-      OT_CHECK(std::isfinite(v), op, "x", "finite values", ::ot::detail::cat("a non-finite value in row ", b));
-    }
+  std::vector<float> row(static_cast<size_t>(H));
+  for (int64_t b = 0; b < B; ++b) {
+    convert_to_f32(elem_at(x.data, x.dtype, b * x.strides[0]), x.dtype, row.data(), H);
+    for (float v : row) OT_CHECK(std::isfinite(v), op, "x", "finite values", ::ot::detail::cat("a non-finite value in row ", b));
+  }
   const DType dt = x.dtype;
   Tensor y = pooled_empty(dt, {B, H});
   if (B == 0) return y;

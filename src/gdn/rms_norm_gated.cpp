@@ -51,9 +51,6 @@ Args check(const TensorView& x, const TensorView& z, const TensorView& weight, c
   return a;
 }
 
-In in_of(const TensorView& v) { return {v.data, v.dtype, v.strides[0]}; }
-Out out_of(const TensorView& v) { return {v.data, v.dtype, v.strides[0]}; }
-TensorView rows_view(const Tensor& t, int64_t rows, int64_t N) { return TensorView(t.view().data, t.dtype(), {rows, N}); }
 int64_t groups_of(const Args& a) { return a.group == 0 ? 0 : a.N / a.group; }
 
 // The forward's row kernels: the first the ISA runs and whose condition holds.
@@ -100,7 +97,7 @@ RmsNormGatedOut rms_norm_gated(const TensorView& x_in, const TensorView& z_in, c
   if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : kernel.name);
   if (a.rows == 0 || a.N == 0) return r;
   Tensor kx, kz;
-  const TensorView x = as_rows(x_in, a.rows, a.N, kx), z = as_rows(z_in, a.rows, a.N, kz), y = rows_view(r.y, a.rows, a.N);
+  const TensorView x = as_rows(x_in, a.rows, a.N, kx), z = as_rows(z_in, a.rows, a.N, kz), y = ::ot::detail::rows_view(r.y, a.rows, a.N);
   if (use_ref) {
     ref::rms_norm_gated(x, z, weight, o.eps, o.norm_before_gate, a.group, y, r.rstd);
     return r;
@@ -113,7 +110,7 @@ RmsNormGatedOut rms_norm_gated(const TensorView& x_in, const TensorView& z_in, c
   parallel_for_sized(blocks, call_bytes, [&](int64_t b0, int64_t b1) {
     std::vector<float> buf(size_t(fwd_scratch(a.N)), 0.f);
     const int64_t r0 = b0 * kRowBlock, r1 = std::min(a.rows, b1 * kRowBlock);
-    kernel.fn(c, in_of(x), in_of(z), out_of(y), rstd, r0, r1, buf.data());
+    kernel.fn(c, ::ot::detail::rows_in(x), ::ot::detail::rows_in(z), ::ot::detail::rows_out(y), rstd, r0, r1, buf.data());
   });
   return r;
 }
@@ -139,7 +136,7 @@ RmsNormGatedGrads rms_norm_gated_bwd(const TensorView& dy_in, const TensorView& 
   if (a.rows == 0 || a.N == 0) return g;
   Tensor kx, kz, kd;
   const TensorView x = as_rows(x_in, a.rows, a.N, kx), z = as_rows(z_in, a.rows, a.N, kz), dy = as_rows(dy_in, a.rows, a.N, kd);
-  const TensorView dx = rows_view(g.dx, a.rows, a.N), dz = rows_view(g.dz, a.rows, a.N);
+  const TensorView dx = ::ot::detail::rows_view(g.dx, a.rows, a.N), dz = ::ot::detail::rows_view(g.dz, a.rows, a.N);
   if (use_ref) {
     ref::rms_norm_gated_bwd(dy, x, z, weight, o.eps, o.norm_before_gate, a.group, dx, dz, g.dweight);
     return g;
@@ -148,7 +145,7 @@ RmsNormGatedGrads rms_norm_gated_bwd(const TensorView& dy_in, const TensorView& 
   const Cfg c{a.N, a.group, o.eps, o.norm_before_gate, w.data()};
   const int64_t blocks = (a.rows + kRowBlock - 1) / kRowBlock;
   std::vector<float> partial(size_t(blocks * a.N), 0.f);
-  const Bwd b{in_of(dy), in_of(x), in_of(z), out_of(dx), out_of(dz), rstd.defined() ? rstd.ptr<float>() : nullptr};
+  const Bwd b{::ot::detail::rows_in(dy), ::ot::detail::rows_in(x), ::ot::detail::rows_in(z), ::ot::detail::rows_out(dx), ::ot::detail::rows_out(dz), rstd.defined() ? rstd.ptr<float>() : nullptr};
   parallel_for_sized(blocks, double(dy.nbytes() + x.nbytes() + z.nbytes() + dx.nbytes() + dz.nbytes()), [&](int64_t b0, int64_t b1) {
     std::vector<float> buf(size_t(bwd_scratch(a.N)), 0.f);
     for (int64_t k = b0; k < b1; ++k) {

@@ -51,9 +51,6 @@ Plan check(const TensorView& x, const TensorView& weight, float eps, const char*
   return p;
 }
 
-In in_of(const TensorView& v) { return {v.data, v.dtype, v.strides[0]}; }
-Out out_of(const TensorView& v) { return {v.data, v.dtype, v.strides[0]}; }
-TensorView rows_view(const Tensor& t, int64_t rows, int64_t N) { return TensorView(t.view().data, t.dtype(), {rows, N}); }
 
 using FwdRows = void (*)(const Fwd&, int64_t, int64_t);
 const cpu::KernelEntry<FwdRows, cpu::AnyPlan> kFwdKernels[] = {
@@ -91,20 +88,20 @@ RmsNormOut forward(const char* op, const TensorView& x_in, const TensorView& x2_
     for (int64_t i = 0; i < p.rows; ++i) r.rstd.ptr<float>()[i] = 1.f / std::sqrt(eps);
   if (p.rows == 0 || p.N == 0) return r;
   Tensor kx, k2;
-  const TensorView x = as_rows(x_in, p.rows, p.N, kx), y = rows_view(r.y, p.rows, p.N);
-  const TensorView x2 = add ? as_rows(x2_in, p.rows, p.N, k2) : TensorView(), xs = add ? rows_view(r.x_sum, p.rows, p.N) : TensorView();
+  const TensorView x = as_rows(x_in, p.rows, p.N, kx), y = detail::rows_view(r.y, p.rows, p.N);
+  const TensorView x2 = add ? as_rows(x2_in, p.rows, p.N, k2) : TensorView(), xs = add ? detail::rows_view(r.x_sum, p.rows, p.N) : TensorView();
   if (use_ref) {
     ref::rms_norm(x, x2, weight, eps, xs, y, r.rstd);
     return r;
   }
   const std::vector<float> w = detail::vector_f32(weight);
   Fwd f;
-  f.x = in_of(x);
+  f.x = detail::rows_in(x);
   if (add) {
-    f.x2 = in_of(x2);
-    f.x_sum = out_of(xs);
+    f.x2 = detail::rows_in(x2);
+    f.x_sum = detail::rows_out(xs);
   }
-  f.y = out_of(y);
+  f.y = detail::rows_out(y);
   f.w = w.data();
   f.rstd = r.rstd.ptr<float>();
   f.N = p.N;
@@ -150,7 +147,7 @@ RmsNormGrads rms_norm_bwd(const TensorView& dy_in, const TensorView& x_in, const
   if (scope.active()) scope.args(x_in.shape_str()).kernel(use_ref ? "ref" : kernel.name);
   if (p.rows == 0 || p.N == 0) return g;
   Tensor kx, kd, ke;
-  const TensorView x = as_rows(x_in, p.rows, p.N, kx), dy = as_rows(dy_in, p.rows, p.N, kd), dx = rows_view(g.dx, p.rows, p.N);
+  const TensorView x = as_rows(x_in, p.rows, p.N, kx), dy = as_rows(dy_in, p.rows, p.N, kd), dx = detail::rows_view(g.dx, p.rows, p.N);
   const TensorView extra = p.has_extra ? as_rows(extra_in, p.rows, p.N, ke) : TensorView();
   if (use_ref) {
     ref::rms_norm_bwd(dy, x, weight, eps, extra, dx, g.dweight);
@@ -158,10 +155,10 @@ RmsNormGrads rms_norm_bwd(const TensorView& dy_in, const TensorView& x_in, const
   }
   const std::vector<float> w = detail::vector_f32(weight);
   Bwd b;
-  b.dy = in_of(dy);
-  b.x = in_of(x);
-  if (p.has_extra) b.extra = in_of(extra);
-  b.dx = out_of(dx);
+  b.dy = detail::rows_in(dy);
+  b.x = detail::rows_in(x);
+  if (p.has_extra) b.extra = detail::rows_in(extra);
+  b.dx = detail::rows_out(dx);
   b.w = w.data();
   b.rstd = rstd.defined() ? rstd.ptr<float>() : nullptr;
   b.N = p.N;
