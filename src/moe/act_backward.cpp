@@ -35,7 +35,7 @@ void swiglu_forward_rows(const SwigluFwd& p, int64_t m0, int64_t m1) {
     convert_to_f32(row_at(p.z, p.zt, p.ldz, m), p.zt, z.data(), 2 * N);
     for (float& v : z) v = round_to(zr, v);
     if (p.zo) convert_from_f32(z.data(), row_at(p.zo, p.zot, p.ldzo, m), p.zot, 2 * N);
-    for (int64_t j = 0; j < N; ++j) a[size_t(j)] = z[size_t(j)] * detail::sigmoid(z[size_t(j)]) * z[size_t(j + N)];
+    for (int64_t j = 0; j < N; ++j) a[size_t(j)] = z[size_t(j)] * act_math::sigmoid(z[size_t(j)]) * z[size_t(j + N)];
     convert_from_f32(a.data(), row_at(p.a, p.at, p.lda, m), p.at, N);
   }
 }
@@ -49,7 +49,7 @@ void swiglu_backward_rows(const SwigluBwd& p, int64_t m0, int64_t m1) {
     const float s = p.scale ? p.scale[m] : 1.f;
     double dot = 0;
     for (int64_t j = 0; j < N; ++j) {
-      const float g = z[size_t(j)], u = z[size_t(j + N)], sg = detail::sigmoid(g), silu = g * sg;
+      const float g = z[size_t(j)], u = z[size_t(j + N)], sg = act_math::sigmoid(g), silu = g * sg;
       const float a = round_to(p.zt, silu * u), ds = d[size_t(j)] * s;
       dot += double(d[size_t(j)]) * a;
       aw[size_t(j)] = a * s;
@@ -101,7 +101,7 @@ void act_backward_rows(gemm::Act act, int64_t m0, int64_t m1, int64_t N, const v
   for (int64_t m = m0; m < m1; ++m) {
     convert_to_f32(row_at(z, zt, ldz, m), zt, zr.data(), N);
     convert_to_f32(row_at(dy, dyt, lddy, m), dyt, dyr.data(), N);
-    for (int64_t n = 0; n < N; ++n) dzr[size_t(n)] = detail::act_grad(act, zr[size_t(n)], dyr[size_t(n)]);
+    for (int64_t n = 0; n < N; ++n) dzr[size_t(n)] = act_math::act_grad(act, zr[size_t(n)], dyr[size_t(n)]);
     convert_from_f32(dzr.data(), row_at(dz, dzt, lddz, m), dzt, N);
   }
 }

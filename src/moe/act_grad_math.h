@@ -5,7 +5,7 @@
 
 #include "ot/gemm.h"
 
-namespace ot::moe::detail {
+namespace ot::moe::act_math {
 
 template <class T> inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
 // d silu(x) / dx = s (1 + x (1 - s)), s = sigmoid(x)
@@ -35,4 +35,4 @@ template <class T> inline void swiglu_grad(T g, T u, T dy, T* dg, T* du) {
   *dg = dy * u * s * (T(1) + g * (T(1) - s));
 }
 
-}  // namespace ot::moe::detail
+}  // namespace ot::moe::act_math
