@@ -1,5 +1,5 @@
-// Scalar derivatives of the GEMM epilogue activations (formulas of src/gemm/epilogue_math.h),
-// shared by the backward reference and fast paths; templated so the reference runs them in fp64.
+// Scalar derivatives of the GEMM epilogue activations (formulas of src/gemm/epilogue_math.h) for
+// the fast backward rows (act_backward.cpp); the reference has its own fp64 forms (src/ref/act_math.h).
 #pragma once
 #include <cmath>
 
@@ -27,12 +27,6 @@ template <class T> inline T act_grad(gemm::Act act, T z, T dy) {
     case gemm::Act::silu: return silu_grad(z) * dy;
     default: return dy;
   }
-}
-// swiglu: y = silu(g) * u  ->  dg = dy * u * silu'(g), du = dy * silu(g)
-template <class T> inline void swiglu_grad(T g, T u, T dy, T* dg, T* du) {
-  T s = sigmoid(g);
-  *du = dy * g * s;
-  *dg = dy * u * s * (T(1) + g * (T(1) - s));
 }
 
 }  // namespace ot::moe::act_math
