@@ -1,10 +1,9 @@
 // Routers, fast path: rows split over threads, each range through the first kernel of
-// kRouterKernels that the ISA runs and that applies: the AVX-512 16-tokens-in-lanes kernels
-// (router_t16__avx512.cpp, router_t16_sigmoid__avx512.cpp) or the AVX-512 row kernel
-// (router__avx512.cpp) for k <= 16, else with AVX2 the 8-tokens-in-lanes kernels
-// (router_t8__avx2.cpp, router_t8_sigmoid__avx2.cpp) or the row kernel (router__avx2.cpp), else
-// the scalar row below, whose top-k is an insertion into a k-long sorted buffer (strict '>' keeps
-// the lower expert id on ties).
+// kRouterKernels that the ISA runs and that applies: the AVX-512 16-tokens-in-lanes kernel
+// (router_t16__avx512.cpp: E a multiple of 16 up to 256, no mask), else with AVX2 the
+// 8-tokens-in-lanes kernels (router_t8__avx2.cpp, router_t8_sigmoid__avx2.cpp) or the row kernel
+// (router__avx2.cpp), else the scalar row below, whose top-k is an insertion into a k-long sorted
+// buffer (strict '>' keeps the lower expert id on ties).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -30,17 +29,14 @@ RouterScratch::RouterScratch(const RouterSpec& s) {
   size_t ep = size_t((s.E + 15) / 16 * 16), kp = size_t(std::max<int64_t>(s.k, 16)), g = size_t(s.groups);
   const size_t rows = kRouterBlock;
   stride = int64_t(ep);
-  cand_stride = int64_t(ep + 32);
-  size_t n = (2 * rows + std::max<size_t>(rows, kT16Rows) + kT16Rows) * ep + 2 * ep + g + 3 * kp + 3 * 80 + rows * size_t(cand_stride) + 14 * 16;  // floats, each piece rounded up to 16
+  size_t n = (2 * rows + std::max<size_t>(rows, kT16Rows) + kT16Rows) * ep + 2 * ep + g + 3 * kp + 2 * 80 + 9 * 16;  // floats, each piece rounded up to 16
   mem = aligned_alloc64(n * 4);
   float* f = static_cast<float*>(mem);
   auto take = [&](size_t n) { float* p = f; f += (n + 15) / 16 * 16; return p; };
   xr = take(std::max<size_t>(rows, kT16Rows) * ep); sc = take(rows * ep); key = take(rows * ep); key16 = take(kT16Rows * ep); gs = take(g); kv = take(kp); vals = take(kp); cand = take(ep + 80);
   ki = reinterpret_cast<int32_t*>(take(kp));
   cand_id = reinterpret_cast<int32_t*>(take(ep + 80));
-  rank = reinterpret_cast<int32_t*>(take(80));
   key_E = s.E; key_k = s.k; key_groups = s.groups;
-  cid_rows = reinterpret_cast<int32_t*>(take(rows * size_t(cand_stride)));
 }
 RouterScratch::~RouterScratch() { aligned_free(mem); }
 
@@ -163,15 +159,12 @@ static bool rows_scalar(const RouterSpec& s, GatingResult& r, int64_t r0, int64_
 }
 // The vector kernels keep k <= 16 candidates in registers.
 static bool small_k(const RouterSpec& s) { return s.k <= 16; }
-static bool t16(const RouterSpec& s) { return small_k(s) && t16_applies(s); }
-static bool t16_sigmoid(const RouterSpec& s) { return small_k(s) && t16_sigmoid_applies(s); }
 static bool t8(const RouterSpec& s) { return small_k(s) && g_router_t8.get() && t8_applies(s); }
 static bool t8_sigmoid(const RouterSpec& s) { return small_k(s) && g_router_t8.get() && t8_sigmoid_applies(s); }
 
+// The AVX2 kernels also take what the AVX-512 one does not (masks, other E, cores without VBMI).
 const RouterKernel kRouterKernels[] = {
-    {cpu::Isa::avx512, t16, route_rows_t16, "avx512_t16"},
-    {cpu::Isa::avx512, t16_sigmoid, route_rows_t16_sigmoid, "avx512_t16"},
-    {cpu::Isa::avx512, small_k, route_rows_avx512_rowwise, "avx512_rows"},
+    {cpu::Isa::avx512, t16_applies, route_rows_t16, "avx512_t16"},
     {cpu::Isa::avx2, t8, route_rows_t8, "avx2_t8"},
     {cpu::Isa::avx2, t8_sigmoid, route_rows_t8_sigmoid, "avx2_t8"},
     {cpu::Isa::avx2, small_k, route_rows_avx2, "avx2_rows"},

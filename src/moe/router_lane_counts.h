@@ -1,7 +1,7 @@
 // The expert counts E that the tokens-in-lanes router kernels (router_t8__avx2.cpp, 8 lanes;
 // router_t16__avx512.cpp, 16 lanes) are compiled for: the counts of released MoE models. Each count
-// is its own instantiation of a fully unrolled kernel (compile time grows with every one), so any
-// other E takes the row kernel, which gives the same results.
+// is its own instantiation of a fully unrolled kernel (compile time grows with every one): any
+// other E takes the AVX2 row kernel (t8) or the run-time vector count (t16).
 #pragma once
 #include <cstdint>
 #include <type_traits>

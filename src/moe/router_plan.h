@@ -38,7 +38,7 @@ GatingResult alloc_outputs(const RouterSpec& s, const TensorView& x);
 // The fast executor (parallel, fp32; false when some row fails check_rows).
 bool route_fast(const RouterSpec& s, GatingResult& r);
 
-// ---- what the fast executors (router.cpp scalar, router__avx512.cpp) share.
+// ---- what the fast executors share.
 // Group-limited selection is on (some groups are masked out).
 inline bool limits_groups(const RouterSpec& s) { return s.select == Select::gating && s.groups > 1 && s.k_group < s.groups; }
 // Selection may run on the raw logits: softmax and sigmoid are strictly increasing, so without a bias
@@ -47,10 +47,8 @@ inline bool limits_groups(const RouterSpec& s) { return s.select == Select::gati
 inline bool select_on_logits(const RouterSpec& s) {
   return s.select == Select::topk_softmax || (s.bias.empty() && !(limits_groups(s) && s.group_mode == 1));
 }
-// Rows the vector kernel carries through each of its phases together (independent dependency
-// chains for the out-of-order core; one row's chain is several hundred cycles long).
-constexpr int kRouterBlock = 8;
-constexpr int kT16Rows = 16;  // rows of route_rows_t16's block (lanes = tokens)
+constexpr int kRouterBlock = 8;  // rows of the AVX2 8-tokens-in-lanes kernels' block
+constexpr int kT16Rows = 16;     // rows of route_rows_t16's block (lanes = tokens)
 // Per-thread row buffers of the fast executors (rows padded to a multiple of 16 floats, `stride`
 // apart: sc and key hold kRouterBlock rows, xr max(kRouterBlock, kT16Rows); the scalar row uses
 // the first).
@@ -62,20 +60,15 @@ struct RouterScratch {
   RouterScratch(const RouterScratch&) = delete;
   RouterScratch& operator=(const RouterScratch&) = delete;
   float *xr, *sc, *key, *gs, *kv, *vals;
-  float* key16;  // [kT16Rows, stride]: the selection keys of route_rows_t16_sigmoid's block
+  float* key16;  // [kT16Rows, stride]: the selection keys (or exps) of route_rows_t16's block
   int64_t stride;
   int32_t* ki;
-  float* cand;       // [E + 80]: candidates of the vector top-k (compressed stores run 16 past)
+  float* cand;       // [E + 80]: candidates of the AVX2 row top-k (8-lane stores run past)
   int32_t* cand_id;  // [E + 80]: their expert ids, likewise
-  int32_t* rank;     // [80]
-  // Per row of a block, cand_stride apart: the candidate ids of the vector top-k, read back after
-  // the block's other rows have stored theirs.
-  int32_t* cid_rows;
-  int64_t cand_stride;
   void* mem;
   int64_t key_E, key_k, key_groups;  // the shape these buffers were made for
 };
-// One row, scalar: the fallback of the vector kernel and the path of non-AVX-512 machines.
+// One row, scalar: the fallback of the vector kernels and the path of machines without AVX2.
 // False (nothing written) when the row fails check_rows.
 bool route_row_scalar(const RouterSpec& s, GatingResult& r, int64_t row, RouterScratch& b);
 // Masks (-inf) every expert of key[0, E) outside the k_group best groups (group score: max, or sum
@@ -85,11 +78,9 @@ void limit_groups(const RouterSpec& s, float* key, float* gscore);
 void keep_groups(const RouterSpec& s, float* key, float* gscore);
 // Writes ids (E for finished rows), y (cast to x's dtype) and the v1 row_idx of one row.
 void write_row(const RouterSpec& s, GatingResult& r, int64_t row, const int32_t* ids, const float* vals);
-// The row kernels, listed in kRouterKernels (router.cpp). Each routes rows [r0, r1) (k <= 16) and
+// The vector kernels, listed in kRouterKernels (router.cpp). Each routes rows [r0, r1) (k <= 16) and
 // sends rows it cannot decide exactly to route_row_scalar; false when some row fails check_rows.
-// AVX-512 (router__avx512.cpp):
-bool route_rows_avx512_rowwise(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
-// AVX2 (router__avx2.cpp):
+// AVX2 rows (router__avx2.cpp): any call.
 bool route_rows_avx2(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 // The calls route_rows_t8 (router_t8__avx2.cpp: 8 tokens in lanes, AVX2) handles: softmax routers
 // selecting on the logits (no bias, no group limit, no mask, no scores output), E a multiple of 8
@@ -101,15 +92,10 @@ bool route_rows_t8(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1,
 // 8 up to 256, k <= 8, T >= 4.
 bool t8_sigmoid_applies(const RouterSpec& s);
 bool route_rows_t8_sigmoid(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
-// The calls route_rows_t16 handles: softmax routers selecting on the logits (no bias, no group
-// limit, no mask, no scores output), E a multiple of 16 up to 256, k <= 16, AVX512_VBMI/VBMI2.
+// The calls route_rows_t16 (router_t16__avx512.cpp: 16 tokens in lanes) handles: every router with
+// E a multiple of 16 up to 256, k <= 16, no mask, groups of whole vectors (at most 16), on cores
+// with AVX512_VBMI / VBMI2.
 bool t16_applies(const RouterSpec& s);
-// Whole blocks of 16 rows of [r0, r1) (the rest, and rows it cannot decide, by the row kernel).
 bool route_rows_t16(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
-// The same layout for gating_top_k with sigmoid scores: any bias, group limit (groups of whole
-// vectors, at most 16 groups) and scores output; no mask; E a multiple of 16 up to 256, k <= 16,
-// AVX512_VBMI/VBMI2.
-bool t16_sigmoid_applies(const RouterSpec& s);
-bool route_rows_t16_sigmoid(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 
 }  // namespace ot::moe::impl

@@ -1,5 +1,5 @@
-// AVX-512 pieces the router kernels share (router__avx512.cpp: rows; router_t16__avx512.cpp: 16
-// tokens in lanes): masked row loads, 2^x, the candidate collection, the row stores.
+// AVX-512 pieces of the 16-tokens-in-lanes router kernel (router_t16__avx512.cpp): row loads, 2^x,
+// sigmoid, the candidate collection, the row stores.
 // Only for translation units built with the AVX-512 flags (*__avx512*.cpp).
 #pragma once
 #include <immintrin.h>
@@ -106,14 +106,9 @@ inline bool has_vbmi_and_vbmi2() {
   static const bool yes = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2");
   return yes;
 }
-inline bool has_vbmi2() {
-  static const bool yes = __builtin_cpu_supports("avx512vbmi2");
-  return yes;
-}
 
-// Lanes [0, k) of v summed in lane order: the order of the 16-tokens-in-lanes kernels (a vertical
-// sum over the chosen) and of the scalar row, so a row's weights do not depend on which kernel
-// routed it (a call split into tasks sends a task's last rows to the row kernel).
+// Lanes [0, k) of v summed in lane order: the order of the block's vertical sum over the chosen,
+// for the rows of many candidates.
 inline float sum_in_order(__m512 v, int64_t k) {
   alignas(64) float a[16];
   _mm512_store_ps(a, v);

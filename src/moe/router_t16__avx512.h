@@ -1,7 +1,6 @@
-// The 16-tokens-in-lanes router kernels' shared pieces (router_t16__avx512.cpp: softmax routers;
-// router_t16_sigmoid__avx512.cpp: gating_top_k sigmoid with bias and groups): vertical sorting
-// networks, 16x16 transposes, transposing reduction trees, the candidates' (value, id) keys and
-// their per-lane sort, the k = 8 row stores. Only for translation units built with the AVX-512
+// The 16-tokens-in-lanes router kernel's building blocks (router_t16__avx512.cpp): vertical
+// sorting networks, 16x16 transposes, transposing reduction trees, the candidates' (value, id) keys
+// and their per-lane sort, the k = 8 row stores. Only for translation units built with the AVX-512
 // flags; its functions get the VBMI targets (they run only where CPUID has them).
 #pragma once
 #include <algorithm>
@@ -155,7 +154,7 @@ alignas(64) constexpr auto kByteT = [] {
 OT_T16_AI inline __m512i ordered(__m512i u) { return _mm512_xor_si512(u, _mm512_and_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32(0x7fffffff))); }
 
 // The candidates of a block's 16 rows (row i's ids as bytes at cb + 16 i, nc lane i of them;
-// the rows of `slow` skipped) -> per lane the top Live (value, id) pairs, descending, ties to the
+// the rows of `slow` skipped: never read, so they may be padding past the input) -> per lane the top Live (value, id) pairs, descending, ties to the
 // lower id: id[j] and val[j] for j < k, the values read from xf (rows E floats apart, +0 for -0).
 // Rows of an even NV vectors (E = 16 NV, up to 256): the values by gather_perm a row and one
 // transpose (a vgatherdps zmm measured ~19 cycles here, Zen 5: 5% of the E 128 softmax router;
@@ -183,7 +182,7 @@ OT_T16_AI inline void select16(const uint8_t* cb, __m512i nc, __mmask16 slow, co
     alignas(64) int32_t n[16];
     _mm512_store_si512(n, nc);
     for (int i = 0; i < 16; ++i)
-      pv[i] = gather_perm<NV>(xf + i * E, _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(cb + 16 * i))),
+      pv[i] = gather_perm<NV>(xf + ((live >> i & 1) ? i * E : 0), _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(cb + 16 * i))),
                               (live >> i & 1) ? lanes(n[i]) : __mmask16(0));
     transpose16(pv);
   }
@@ -229,19 +228,11 @@ inline void many_candidates_topk(const float* key, int64_t nv, float th, int k, 
   }
 }
 
-// Rows [r0, r1): the whole blocks of 16 by blocks(r0, r16) -> bool, the rest by the row kernel.
-// false: some row failed its checks (the entry point then checks every row and runs the reference).
-template <class Blocks>
-bool whole_blocks_then_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b, Blocks&& blocks) {
-  const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
-  return (r16 == r0 || blocks(r0, r16)) && (r16 == r1 || route_rows_avx512_rowwise(s, r, r16, r1, b));
-}
-
-// f(direct, k) for the two choices each kernel is compiled for: direct (std::true_type) when the
-// logits are fp32 and read in place, and k as std::integral_constant 8 when k == 8, else 0 (any k).
-template <class F> bool with_direct_and_k(const RouterSpec& s, F&& f) {
-  auto by_k = [&](auto direct) { return s.k == 8 ? f(direct, std::integral_constant<int, 8>{}) : f(direct, std::integral_constant<int, 0>{}); };
-  return s.x.dtype == DType::f32 ? by_k(std::true_type{}) : by_k(std::false_type{});
+// f(direct, k) for the two choices the kernel is compiled for: direct (std::true_type) when the
+// logits are read in place, and k as std::integral_constant 8 when k == 8, else 0 (any k).
+template <class F> bool with_direct_and_k(const RouterSpec& s, bool direct, F&& f) {
+  auto by_k = [&](auto d) { return s.k == 8 ? f(d, std::integral_constant<int, 8>{}) : f(d, std::integral_constant<int, 0>{}); };
+  return direct ? by_k(std::true_type{}) : by_k(std::false_type{});
 }
 
 // The block's k choices (ids[j], w[j]: choice j of every row, a row per lane) as a vector per row
@@ -272,8 +263,6 @@ inline void write_pairs8(const RouterSpec& s, GatingResult& r, int64_t rb, const
     if (rp) _mm512_storeu_si512(rp + 16 * m, _mm512_add_epi32(jr8, _mm512_set1_epi32(int32_t(rb + 2 * m))));
   }
 }
-
-
 }  // namespace ot::moe::impl::t16
 
 #include "src/moe/router_vbmi_end.h"
