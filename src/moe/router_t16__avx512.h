@@ -182,8 +182,8 @@ OT_T16_AI inline void select16(const uint8_t* cb, __m512i nc, __mmask16 slow, co
     alignas(64) int32_t n[16];
     _mm512_store_si512(n, nc);
     for (int i = 0; i < 16; ++i)
-      pv[i] = gather_perm<NV>(xf + ((live >> i & 1) ? i * E : 0), _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(cb + 16 * i))),
-                              (live >> i & 1) ? lanes(n[i]) : __mmask16(0));
+      pv[i] = !(live >> i & 1) ? _mm512_set1_ps(kNegInf)
+                               : gather_perm<NV>(xf + i * E, _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(cb + 16 * i))), lanes(n[i]));
     transpose16(pv);
   }
   const __m512i rowoff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(int32_t(E)));
