@@ -1,8 +1,8 @@
 // Routers, fast path: rows split over threads, each range through the first kernel of
 // kRouterKernels that the ISA runs and that applies: the AVX-512 16-tokens-in-lanes kernel
 // (router_t16__avx512.cpp: E a multiple of 16 up to 256, no mask), else with AVX2 the
-// 8-tokens-in-lanes kernels (router_t8__avx2.cpp, router_t8_sigmoid__avx2.cpp) or the row kernel
-// (router__avx2.cpp), else the scalar row below, whose top-k is an insertion into a k-long sorted
+// 8-tokens-in-lanes kernel (router_t8__avx2.cpp) or the row kernel (router__avx2.cpp), else the
+// scalar row below, whose top-k is an insertion into a k-long sorted
 // buffer (strict '>' keeps the lower expert id on ties).
 #include <algorithm>
 #include <atomic>
@@ -159,14 +159,12 @@ static bool rows_scalar(const RouterSpec& s, GatingResult& r, int64_t r0, int64_
 }
 // The vector kernels keep k <= 16 candidates in registers.
 static bool small_k(const RouterSpec& s) { return s.k <= 16; }
-static bool t8(const RouterSpec& s) { return small_k(s) && g_router_t8.get() && t8_applies(s); }
-static bool t8_sigmoid(const RouterSpec& s) { return small_k(s) && g_router_t8.get() && t8_sigmoid_applies(s); }
+static bool t8(const RouterSpec& s) { return g_router_t8.get() && t8_applies(s); }
 
 // The AVX2 kernels also take what the AVX-512 one does not (masks, other E, cores without VBMI).
 const RouterKernel kRouterKernels[] = {
     {cpu::Isa::avx512, t16_applies, route_rows_t16, "avx512_t16"},
     {cpu::Isa::avx2, t8, route_rows_t8, "avx2_t8"},
-    {cpu::Isa::avx2, t8_sigmoid, route_rows_t8_sigmoid, "avx2_t8"},
     {cpu::Isa::avx2, small_k, route_rows_avx2, "avx2_rows"},
     {cpu::Isa::scalar, nullptr, rows_scalar, "fp32_rows"},
 };

@@ -83,15 +83,11 @@ void write_row(const RouterSpec& s, GatingResult& r, int64_t row, const int32_t*
 // AVX2 rows (router__avx2.cpp): any call.
 bool route_rows_avx2(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 // The calls route_rows_t8 (router_t8__avx2.cpp: 8 tokens in lanes, AVX2) handles: softmax routers
-// selecting on the logits (no bias, no group limit, no mask, no scores output), E a multiple of 8
-// up to 256, k <= 8, T >= 4. Rows it does not decide go to route_rows_avx2.
+// selecting on the logits (no bias, no group limit, no scores output) and gating_top_k with sigmoid
+// scores (any bias, groups of whole vectors, at most 16, the scores output); no mask, E one of
+// router_lane_counts.h, k <= 8, T >= 4. Rows it does not decide go to route_rows_avx2.
 bool t8_applies(const RouterSpec& s);
 bool route_rows_t8(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
-// The same layout for gating_top_k with sigmoid scores (router_t8_sigmoid__avx2.cpp): any bias,
-// group limit (groups of whole vectors, at most 16 groups), scores output; no mask; E a multiple of
-// 8 up to 256, k <= 8, T >= 4.
-bool t8_sigmoid_applies(const RouterSpec& s);
-bool route_rows_t8_sigmoid(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, RouterScratch& b);
 // The calls route_rows_t16 (router_t16__avx512.cpp: 16 tokens in lanes) handles: every router with
 // E a multiple of 16 up to 256, k <= 16, no mask, groups of whole vectors (at most 16), on cores
 // with AVX512_VBMI / VBMI2.

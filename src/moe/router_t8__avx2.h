@@ -1,8 +1,7 @@
-// The 8-tokens-in-lanes AVX2 router kernels' shared pieces (router_t8__avx2.cpp: softmax routers;
-// router_t8_sigmoid__avx2.cpp: gating_top_k sigmoid with bias and groups): the vertical sorting
-// network, the candidates (a bitmask) into slots, their per-lane top-k insertion, the block's row
-// stores, the loop over blocks. Only for translation units built with the AVX2 flags; internal to
-// each (anonymous namespace).
+// The 8-tokens-in-lanes AVX2 router kernel's building blocks (router_t8__avx2.cpp): the vertical
+// sorting network, the candidates (a bitmask) into slots, their per-lane top-k insertion, the
+// block's row stores, the loop over blocks. Only for translation units built with the AVX2 flags;
+// internal to each (anonymous namespace).
 #pragma once
 #include <algorithm>
 #include <type_traits>

@@ -393,14 +393,14 @@ TEST(MoeRouterPaths, WholeVectorRowsAndBlockEdges) {
   }
 }
 
-// The 16-tokens-in-lanes kernel (softmax routers selecting on the logits, E a multiple of 16 up to
-// 256, no mask / bias / groups / scores output): whole blocks of 16 rows, the rest by the row
-// kernel, so T below and past multiples of 16 (100: E 128, k 8); E of 1, 5, 6, 8, 12 and 16 vectors (the candidate
+// The 16-tokens-in-lanes kernel's softmax routers (E a multiple of 16 up to 256, no mask): blocks of
+// 16 rows and a partial one, so T below and past multiples of 16 (100: E 128, k 8); E of 1, 5, 6, 8, 12 and 16 vectors (the candidate
 // values: a gather at odd counts, gather_perm's blend tree of 3, 4, 6 and 8 pairs at even); k from 1 to 16 (8 has
 // its own pruned networks); random rows, rows of a few levels (exact ties: the lower expert wins;
 // rows of more than 16 candidates: the kernel's insertion), rows of +0 and -0 (equal: the lower id
 // wins), rows of +-1e30 (a saturated softmax; every unchosen score underflows alike); bad values in
-// a block's rows on the paths with and without the full softmax.
+// a block's rows on the paths with and without the full softmax; at E 128 / 192 / 256 also keys
+// that are probabilities + bias, the scores output and group limits.
 TEST(MoeRouterPaths, TokensInLanesKernel) {
   {  // the machine's own ISA (the scalar rows have their tests above)
     const cpu::Isa isa = cpu::detected_isa();
@@ -426,6 +426,22 @@ TEST(MoeRouterPaths, TokensInLanesKernel) {
               GatingTopKOptions o;
               o.k = k; o.routed_scaling_factor = 2.5f;
               expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), t, what + " gating softmax");
+              // Softmax scores not on the logits: keys = probabilities + bias, the scores output;
+              // a group limit on the logits (max) or on the probabilities (top-2 sum).
+              if (E % 64 != 0) continue;
+              Tensor bias = randn(DType::f32, {E}, uint32_t(E + k + variant), 0.1f);
+              GatingTopKOptions g = o;
+              g.out_flag = true;
+              if (variant != 3) {  // (+-1e30 rows: probabilities 0 and 1 / n, a bias would order them by fp32 rounding)
+                g.bias = bias;
+                expect_match(moe_gating_top_k(x, g), ref::moe_gating_top_k(x, g), t, what + " gating softmax bias");
+              }
+              g.bias = {};
+              g.group_count = 4; g.k_group = 2;
+              for (int mode : {0, 1}) {
+                g.group_select_mode = mode;
+                expect_match(moe_gating_top_k(x, g), ref::moe_gating_top_k(x, g), t, what + " gating softmax groups mode " + std::to_string(mode));
+              }
             }
     for (float bad : {NAN, INFINITY, -INFINITY})
       for (int64_t row : {3, 16, 31}) {
@@ -439,8 +455,8 @@ TEST(MoeRouterPaths, TokensInLanesKernel) {
   }
 }
 
-// The 16-tokens-in-lanes kernel of gating_top_k with sigmoid scores (route_rows_t16_sigmoid: E a
-// multiple of 16 up to 256, groups of whole vectors, no mask): T below 16, past multiples of 16;
+// The 16-tokens-in-lanes kernel's gating_top_k with sigmoid scores (route_rows_t16: E a multiple
+// of 16 up to 256, groups of whole vectors, no mask): T below 16, past multiples of 16;
 // 1, 4, 8 and 16 groups of 1 to 4 vectors (E 192: rows of a run-time vector count), k_group from
 // 1 to all groups, both group scores, with and without bias, k 1 / 8 / 16 (8 has pruned networks),
 // fp32 and bf16 logits; rows of a few levels (exact ties in the scores and in the group scores: the
@@ -619,9 +635,9 @@ TEST(MoeRouterPaths, TokensInLanesCandidateBoundary) {
   knobs::set("moe.router_t8", knobs::find("moe.router_t8").default_value());
 }
 
-// The AVX2 8-tokens-in-lanes kernels (router_t8__avx2.cpp: softmax routers selecting on the logits,
-// E a multiple of 8 up to 256, k <= 8, no mask / scores output; router_t8_sigmoid__avx2.cpp: sigmoid
-// gating, below), on every path and with the
+// The AVX2 8-tokens-in-lanes kernel (router_t8__avx2.cpp: softmax routers selecting on the logits,
+// E a multiple of 8 up to 256, k <= 8, no mask / scores output; sigmoid gating, below), on every
+// path and with the
 // moe.router_t8 knob at both values (0: the AVX2 row kernel): T 1 and 3 (the row kernel), 4 and 7
 // (one padded block), 8, 9 (a block and a row), 15, 513 (blocks, a tail, two threads' chunks); E of
 // 1, 2, 3, 16 and 32 vectors; k 1, 3, 8; random rows, rows of a few levels (ties within a row and
@@ -660,7 +676,7 @@ TEST(MoeRouterPaths, TokensInLanesAvx2) {
                 o.k = k; o.routed_scaling_factor = 2.5f;
                 expect_match(moe_gating_top_k(x, o), ref::moe_gating_top_k(x, o), t, what + " gating softmax");
               }
-      // Sigmoid gating (router_t8_sigmoid__avx2.cpp): no groups, or 4 / 8 groups of whole vectors
+      // Sigmoid gating: no groups, or 4 / 8 groups of whole vectors
       // (E 64: groups of one vector; 256: of 4 or 8), k_group 1 / half / all, both group scores,
       // without bias (keys: the logits or, top-2 groups, the sigmoids), with a random bias and with
       // a tied one (one level a group), the scores output; random, tied, and flat / huge rows.
