@@ -55,11 +55,6 @@ inline float hmax(__m256 v) {
   x = _mm_max_ps(x, _mm_movehl_ps(x, x));
   return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
 }
-inline float hsum(__m256 v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-}
 
 // The sum of v's lanes as the 8-tokens-in-lanes kernels' transposing hadd tree adds a row:
 // ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)).

@@ -19,19 +19,11 @@ inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
 
-// 16 floats of a row (masked lanes read as -inf).
-inline __m512 load16(const void* base, DType t, int64_t i, __mmask16 m) {
-  const bool full = m == 0xffff;  // plain loads where possible: masked ones are slower on some cores
-  __m512 v;
-  if (t == DType::f32) {
-    const float* p = static_cast<const float*>(base) + i;
-    v = full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
-  } else {
-    const uint16_t* p = static_cast<const uint16_t*>(base) + i;
-    __m256i h = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(m, p);
-    v = t == DType::bf16 ? simd::bf16x16_to_f32(h) : simd::f16x16_to_f32(h);
-  }
-  return full ? v : _mm512_mask_blend_ps(m, _mm512_set1_ps(kNegInf), v);
+// 16 floats of a row from element i, as fp32.
+inline __m512 load16(const void* base, DType t, int64_t i) {
+  if (t == DType::f32) return _mm512_loadu_ps(static_cast<const float*>(base) + i);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
+  return t == DType::bf16 ? simd::bf16x16_to_f32(h) : simd::f16x16_to_f32(h);
 }
 
 constexpr float kLog2e = 1.44269504088896341f;

@@ -91,7 +91,7 @@ OT_T16_AI inline __m512 keys_row(const char* xp, DType xt, int64_t nv, const flo
 #pragma GCC unroll 16
   for (int64_t v = 0; v < n; ++v) {
     if (pf) _mm_prefetch(pf + (Direct ? 64 : 32) * v, _MM_HINT_T0);  // the vector's bytes (bf16: each line twice)
-    const __m512 x = Direct ? _mm512_loadu_ps(reinterpret_cast<const float*>(xp) + 16 * v) : load16(xp, xt, 16 * v, 0xffff);
+    const __m512 x = Direct ? _mm512_loadu_ps(reinterpret_cast<const float*>(xp) + 16 * v) : load16(xp, xt, 16 * v);
     if (!Direct) _mm512_store_ps(cp + 16 * v, x);
     const __mmask16 nf = _mm512_fpclass_ps_mask(x, 0x99);  // NaN (quiet, signalling), +Inf, -Inf
     if (v & 1) b1 |= nf; else b0 |= nf;
@@ -317,7 +317,7 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
           for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch(xp + 16 * row_bytes + o, _MM_HINT_T0);
         __m512 c = ninf, nf = zero;
         for (int64_t v = 0; v < nv; ++v) {
-          const __m512 x = load16(xp, xt, 16 * v, 0xffff);
+          const __m512 x = load16(xp, xt, 16 * v);
           if (!Direct) _mm512_storeu_ps(copy + i * E + 16 * v, x);
           nf = _mm512_fmadd_ps(x, zero, nf);
           c = _mm512_max_ps(c, x);
