@@ -6,6 +6,7 @@
 
 #include "ot/cpu.h"
 #include "ot/parallel.h"
+#include "ot/trace.h"
 #include "src/core/knobs.h"
 
 namespace test_router_paths {
@@ -43,6 +44,42 @@ Tensor tied(DType t, int64_t T, int64_t E, uint32_t seed, int levels) {
 }
 
 }  // namespace
+
+// The dispatch table (router.cpp, kRouterKernels) as the trace names it: the AVX-512 lanes kernel
+// takes every router with E = 16 m <= 256, k <= 16 and no mask; the AVX2 kernels the rest (masks,
+// other E), also on AVX-512 machines; k > 16 the portable rows.
+TEST(MoeRouterPaths, DispatchTable) {
+  auto kernel = [](auto&& call) {
+    trace::take_events();
+    trace::set_timeline(true);
+    call();
+    trace::set_timeline(false);
+    std::vector<trace::Event> ev = trace::take_events();
+    return ev.empty() ? std::string() : ev.back().kernel;
+  };
+  Tensor x128 = randn(DType::f32, {33, 128}, 1), x40 = randn(DType::f32, {33, 40}, 2), x2 = randn(DType::f32, {2, 128}, 3);
+  Tensor allowed = Tensor::zeros(DType::u8, {33, 128});
+  std::fill(allowed.ptr<uint8_t>(), allowed.ptr<uint8_t>() + 33 * 128, uint8_t(1));
+  GatingTopKOptions bias;
+  bias.k = 8; bias.group_count = 8; bias.k_group = 4; bias.group_select_mode = 1;
+  Tensor b = randn(DType::f32, {128}, 4);
+  bias.bias = b;
+  const bool vbmi = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2");
+  if (cpu::detected_isa() >= cpu::Isa::avx512 && vbmi) {
+    EXPECT_EQ(kernel([&] { moe_gating_top_k_softmax(x128, 8); }), "avx512_t16");
+    EXPECT_EQ(kernel([&] { moe_gating_top_k(x128, bias); }), "avx512_t16");  // softmax keys + bias, top-2 groups
+    EXPECT_EQ(kernel([&] { moe_gating_top_k_softmax(x2, 8); }), "avx512_t16");  // a partial block
+    EXPECT_EQ(kernel([&] { moe_gating_top_k_softmax(x128, 8, {}, allowed); }), "avx2_rows");
+    EXPECT_EQ(kernel([&] { moe_gating_top_k_softmax(x40, 8); }), "avx2_t8");
+  }
+  if (cpu::detected_isa() >= cpu::Isa::avx2) {
+    cpu::ScopedMaxIsa cap(cpu::Isa::avx2);
+    EXPECT_EQ(kernel([&] { moe_gating_top_k_softmax(x128, 8); }), "avx2_t8");
+    EXPECT_EQ(kernel([&] { moe_gating_top_k_softmax(x2, 8); }), "avx2_rows");  // fewer than 4 rows
+    EXPECT_EQ(kernel([&] { moe_gating_top_k(x128, bias); }), "avx2_rows");     // softmax keys + bias
+  }
+  EXPECT_EQ(kernel([&] { moe_gating_top_k_softmax(x128, 17); }), "fp32_rows");
+}
 
 TEST(MoeRouterPaths, SoftmaxRoutersMatchReference) {
   for (cpu::Isa isa : paths()) {
