@@ -2,8 +2,8 @@
 // kRouterKernels that the ISA runs and that applies: the AVX-512 16-tokens-in-lanes kernel
 // (router_t16__avx512.cpp: E a multiple of 16 up to 256, no mask), else with AVX2 the
 // 8-tokens-in-lanes kernel (router_t8__avx2.cpp) or the row kernel (router__avx2.cpp), else the
-// scalar row below, whose top-k is an insertion into a k-long sorted
-// buffer (strict '>' keeps the lower expert id on ties).
+// scalar row below, whose top-k is an insertion into a k-long sorted buffer (strict '>' keeps the
+// lower expert id on ties).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
