@@ -374,10 +374,12 @@ bool t16_rows(const RouterSpec& s, GatingResult& r, int64_t r0, int64_t r1, Rout
           alignas(64) float inv[16];
           _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), sums));
           for (int i = 0; i < q.rows; ++i) {
+            cm[i] = ninf;
+            if (q.huge >> i & 1) continue;  // (the scalar row redoes it)
             float* er = kbuf + i * E;
             const __m512 vi = _mm512_set1_ps(inv[i]);
             __m512 c = ninf;
-            for (int64_t v = 0; !(q.huge >> i & 1) && v < nv; ++v) {
+            for (int64_t v = 0; v < nv; ++v) {
               const __m512 p = _mm512_mul_ps(_mm512_load_ps(er + 16 * v), vi);
               if (scores) _mm512_storeu_ps(scores + (rb + i) * E + 16 * v, p);
               if (on_x) continue;

@@ -153,9 +153,10 @@ alignas(64) constexpr auto kByteT = [] {
 // involution on the bits.
 OT_T16_AI inline __m512i ordered(__m512i u) { return _mm512_xor_si512(u, _mm512_and_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32(0x7fffffff))); }
 
-// The candidates of a block's 16 rows (row i's ids as bytes at cb + 16 i, nc lane i of them;
-// the rows of `slow` skipped: never read, so they may be padding past the input) -> per lane the top Live (value, id) pairs, descending, ties to the
-// lower id: id[j] and val[j] for j < k, the values read from xf (rows E floats apart, +0 for -0).
+// The candidates of a block's 16 rows (row i's ids as bytes at cb + 16 i, nc lane i of them; the
+// rows of `slow` skipped: never read, so they may be padding past the input) -> per lane the top
+// Live (value, id) pairs, descending, ties to the lower id: id[j] and val[j] for j < k, the values
+// read from xf (rows E floats apart, +0 for -0).
 // Rows of an even NV vectors (E = 16 NV, up to 256): the values by gather_perm a row and one
 // transpose (a vgatherdps zmm measured ~19 cycles here, Zen 5: 5% of the E 128 softmax router;
 // E 256 since gather_perm's blend tree: sigmoid E 256 b/a 0.98-0.99, 2026-12-01); else (NV 0, odd)
